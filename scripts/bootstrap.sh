@@ -21,7 +21,11 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "bootstrap: installing pinned requirements into $venv (first time: several minutes)"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet -r "$root/requirements.txt" -c "$root/constraints.txt"
-  "$venv/bin/python" -m pip install --quiet --no-deps -e "$root"
+  # The editable build is chatty (setuptools warnings); keep its log and show it on failure.
+  if ! "$venv/bin/python" -m pip install --quiet --no-deps -e "$root" >"$venv/editable-install.log" 2>&1; then
+    cat "$venv/editable-install.log" >&2
+    exit 1
+  fi
   "$venv/bin/python" -m ipykernel install --sys-prefix --name endoexplain \
       --display-name "endoExplain (.venv)" >/dev/null
   echo "$want" > "$stamp"

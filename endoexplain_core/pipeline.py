@@ -1,0 +1,369 @@
+"""The orchestrator behind ``run_all.sh``: execute the numbered notebooks of one profile.
+
+For each ``notebooks/NN_name.ipynb`` in order, the stage's parameters (the profile's ``shared``
+section, its own ``stages`` section and the run paths) are passed to Papermill; the executed
+notebook and its HTML export go to ``runs/<profile>/notebooks/``. A stage is skipped when its
+digest -- notebook sources, parameters, core code, the upstream stage's digest and (for the
+first stage) the input data -- equals the one stamped by its last successful run. A failing
+notebook stops the run naming the notebook and the failing cell; the partial notebook is kept.
+Every run ends with ``provenance.json``, the figure index and ``index.html``.
+
+Usage: ``python -m endoexplain_core.pipeline --profile smoke [--data-root DIR] [--force]
+[--only 00_roles 01_training] [--adopt-manifest] [--output-root DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from endoexplain_core import config as profiles
+
+REPO_ROOT = profiles.REPO_ROOT
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+CORE_DIR = Path(__file__).resolve().parent
+KERNEL_NAME = "endoexplain"
+# Packages whose versions go into the provenance record.
+RECORDED_PACKAGES = ("torch", "torchvision", "grad-cam", "numpy", "scipy", "statsmodels", "pandas",
+                     "pyarrow", "matplotlib", "pillow", "albumentations", "ImageHash",
+                     "papermill", "nbconvert", "ipykernel", "PyYAML", "tqdm")
+
+log = logging.getLogger("endoexplain")
+
+
+class StageFailed(RuntimeError):
+    """A notebook raised; the message names the notebook, the cell and the partial output."""
+
+
+@dataclass
+class RunPaths:
+    """Where one profile's run writes: ``<output_root>/runs/<profile>`` and ``figures/<profile>``."""
+
+    profile: str
+    output_root: Path
+    run_dir: Path = field(init=False)
+    figures_dir: Path = field(init=False)
+    notebooks_out: Path = field(init=False)
+    stamps: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.output_root / "runs" / self.profile
+        self.figures_dir = self.output_root / "figures" / self.profile
+        self.notebooks_out = self.run_dir / "notebooks"
+        self.stamps = self.run_dir / "stamps"
+
+
+def discover_stages(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
+    """Numbered notebooks (``NN_name.ipynb``) in execution order."""
+    return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb") if p.is_file())
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def notebook_source_digest(path: Path) -> str:
+    """Digest of a notebook's cell types and sources (outputs and metadata ignored)."""
+    cells = json.loads(path.read_text())["cells"]
+    sources = [(cell["cell_type"], "".join(cell["source"])) for cell in cells]
+    return sha256_bytes(json.dumps(sources).encode())
+
+
+def core_code_digest(core_dir: Path = CORE_DIR) -> str:
+    """Digest of every Python file of the core: any change to it reruns every stage."""
+    digest = hashlib.sha256()
+    for path in sorted(core_dir.rglob("*.py")):
+        digest.update(path.relative_to(core_dir).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def data_fingerprint(data_root: str, reference_dir: Path) -> str:
+    """Cheap fingerprint of the inputs of the first stage.
+
+    For a real data root: relative path, size and modification time of every file (hashing the
+    bytes is the roles stage's job). Always: the committed reference manifest.
+    """
+    digest = hashlib.sha256()
+    if data_root:
+        root = Path(data_root)
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                stat = path.stat()
+                digest.update(f"{path.relative_to(root).as_posix()}\t{stat.st_size}\t"
+                              f"{stat.st_mtime_ns}\n".encode())
+    if reference_dir.is_dir():
+        for path in sorted(reference_dir.iterdir()):
+            if path.is_file():
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def stage_digest(notebook: Path, parameters: dict[str, Any], core_digest: str,
+                 upstream_digest: str, input_fingerprint: str = "") -> str:
+    """The digest that decides whether a stage must run again."""
+    payload = json.dumps({
+        "notebook": notebook_source_digest(notebook),
+        "parameters": parameters,
+        "core": core_digest,
+        "upstream": upstream_digest,
+        "inputs": input_fingerprint,
+    }, sort_keys=True, default=str)
+    return sha256_bytes(payload.encode())
+
+
+def _figure_snapshot(figures_dir: Path) -> dict[str, int]:
+    if not figures_dir.is_dir():
+        return {}
+    return {p.relative_to(figures_dir).as_posix(): p.stat().st_mtime_ns
+            for p in figures_dir.rglob("*") if p.is_file()}
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    temporary.replace(path)
+
+
+def export_html(executed: Path) -> Path:
+    """HTML export of an executed (or partially executed) notebook, next to it."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(executed, as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    html = executed.with_suffix(".html")
+    html.write_text(body)
+    return html
+
+
+def execute_stage(notebook: Path, executed: Path, parameters: dict[str, Any],
+                  kernel_name: str = KERNEL_NAME) -> None:
+    """Run one notebook with Papermill; raise ``StageFailed`` naming the failing cell."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(executed), parameters=parameters, kernel_name=kernel_name,
+            cwd=str(notebook.parent), log_output=True, progress_bar=False,
+        )
+    except PapermillExecutionError as error:
+        raise StageFailed(
+            f"{notebook.name} failed in cell {error.cell_index} (execution count "
+            f"{error.exec_count}): {error.ename}: {error.evalue}\n"
+            f"  partial notebook kept at {executed}"
+        ) from error
+
+
+def git_state(repo_root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Commit hash and whether tracked or untracked (non-ignored) files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def device_description() -> dict[str, Any]:
+    import torch
+
+    description = {"platform": platform.platform(), "python": platform.python_version(),
+                   "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                   "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        description["cuda_device"] = torch.cuda.get_device_name(0)
+    return description
+
+
+def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return {}
+    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.pt"))}
+
+
+def _manifest_digest(run_dir: Path) -> str | None:
+    path = run_dir / "manifest" / "manifest.sha256"
+    return path.read_text().strip() if path.is_file() else None
+
+
+def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
+                 only: list[str] | None = None, adopt_manifest: bool = False,
+                 output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
+                 kernel_name: str = KERNEL_NAME) -> dict[str, Any]:
+    """Execute the profile's stages; return the provenance record (also written to disk).
+
+    Raises ``StageFailed`` after writing the provenance of the failed run.
+    """
+    started = time.perf_counter()
+    config = profiles.load_profile(profile)
+    profile_name = config["profile"]
+    paths = RunPaths(profile_name, Path(output_root).resolve())
+    if data_root and not Path(data_root).is_dir():
+        raise FileNotFoundError(f"--data-root {data_root} is not a folder")
+    data_root = str(Path(data_root).resolve()) if data_root else ""
+    reference_dir = REPO_ROOT / "data_manifest" / profile_name
+
+    stages = discover_stages(notebook_dir)
+    if not stages:
+        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
+    names = [p.stem for p in stages]
+    unknown = sorted(set(only or []) - set(names))
+    if unknown:
+        raise ValueError(f"--only names unknown stages {unknown}; stages are {names}")
+
+    core_digest = core_code_digest()
+    upstream = data_fingerprint(data_root, reference_dir)
+    records: list[dict[str, Any]] = []
+    failure: StageFailed | None = None
+    for notebook in stages:
+        stage = notebook.stem
+        parameters = {**profiles.stage_parameters(config, stage), "profile": profile_name,
+                      "run_dir": str(paths.run_dir), "figures_dir": str(paths.figures_dir),
+                      "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
+        if stage == names[0] and adopt_manifest:
+            parameters["adopt_manifest"] = True
+        digest = stage_digest(notebook, parameters, core_digest, upstream)
+        upstream = digest
+        executed = paths.notebooks_out / notebook.name
+        stamp_path = paths.stamps / f"{stage}.json"
+        stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+        record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
+                  "parameters": parameters, "executed_notebook": str(executed),
+                  "html": str(executed.with_suffix(".html")), "digest": digest,
+                  "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
+        records.append(record)
+
+        if failure is not None or (only and stage not in only):
+            record["status"] = "not_run"
+            continue
+        if not force and stamp.get("digest") == digest and executed.is_file():
+            record.update(status="skipped", seconds=0.0,
+                          last_run_seconds=stamp.get("seconds"))
+            log.info("[%s] unchanged since its last run: skipped", stage)
+            continue
+
+        stamp_path.unlink(missing_ok=True)  # a killed run must not look finished
+        log.info("[%s] running %s", stage, notebook.name)
+        before = _figure_snapshot(paths.figures_dir)
+        stage_started = time.perf_counter()
+        try:
+            execute_stage(notebook, executed, parameters, kernel_name)
+            record["status"] = "ran"
+        except StageFailed as error:
+            record["status"] = "failed"
+            record["error"] = str(error)
+            failure = error
+        record["seconds"] = round(time.perf_counter() - stage_started, 2)
+        after = _figure_snapshot(paths.figures_dir)
+        record["figure_files"] = sorted(name for name, mtime in after.items()
+                                        if before.get(name) != mtime)
+        if executed.is_file():
+            export_html(executed)
+        if failure is None:
+            _write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
+                                            "figure_files": record["figure_files"],
+                                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            log.info("[%s] done in %.1f s", stage, record["seconds"])
+
+    provenance = {
+        "profile": profile_name,
+        "config_file": str(profiles.profile_path(profile)),
+        "data_root": data_root or "(embedded synthetic cohort)",
+        "git": git_state(),
+        "packages": package_versions(),
+        "device": device_description(),
+        "parameters": {r["stage"]: r["parameters"] for r in records},
+        "manifest_digest": _manifest_digest(paths.run_dir),
+        "checkpoints": _checkpoint_digests(paths.run_dir),
+        "stages": records,
+        "wall_seconds": round(time.perf_counter() - started, 2),
+        "status": "failed" if failure else "complete",
+    }
+    _write_json_atomic(paths.run_dir / "provenance.json", provenance)
+    _write_record(paths, provenance)
+    if failure is not None:
+        raise failure
+    return provenance
+
+
+def _write_record(paths: RunPaths, provenance: dict[str, Any]) -> None:
+    """Figure index and ``index.html`` (see ``endoexplain_core.record``)."""
+    from endoexplain_core import record
+
+    record.write_figure_index(paths.figures_dir, provenance["stages"])
+    record.write_run_index(paths.run_dir, paths.figures_dir, provenance)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="default",
+                        help="smoke | default | paper, or a path to a profile YAML")
+    parser.add_argument("--data-root", default="",
+                        help="folder with the real datasets (default: embedded synthetic cohort)")
+    parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
+    parser.add_argument("--only", nargs="+", metavar="STAGE", default=None,
+                        help="run only these stages, e.g. 00_roles 01_training")
+    parser.add_argument("--adopt-manifest", action="store_true",
+                        help="accept a manifest that differs from data_manifest/<profile>/ and "
+                             "make it the new reference")
+    parser.add_argument("--output-root", default=str(REPO_ROOT),
+                        help="where runs/ and figures/ are written (default: the repository)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stdout)
+    try:
+        provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
+                                  only=args.only, adopt_manifest=args.adopt_manifest,
+                                  output_root=Path(args.output_root))
+    except StageFailed as error:
+        print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
+        return 1
+    except (profiles.ProfileError, FileNotFoundError, ValueError) as error:
+        print(f"run_all: {error}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.output_root) / "runs" / provenance["profile"]
+    print(f"\nrun_all: {provenance['status']} in {provenance['wall_seconds']:.0f} s; "
+          f"record: {run_dir / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerate every table and figure of the endoExplain audit (README: "Run everything").
+#
+#   ./run_all.sh [--profile smoke|default|paper] [--data-root DIR] [--force] [--only STAGE...]
+#                [--adopt-manifest] [--output-root DIR]
+#
+# Sets up (or reuses) the pinned virtual environment and its Jupyter kernel, then executes the
+# numbered notebooks with Papermill into runs/<profile>/notebooks/ (executed .ipynb + HTML),
+# skipping stages whose inputs, parameters and code are unchanged. Figures and tables go to
+# figures/<profile>/; the run record is runs/<profile>/index.html.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+"$root/scripts/bootstrap.sh"
+exec "$root/.venv/bin/python" -m endoexplain_core.pipeline "$@"

@@ -1,0 +1,126 @@
+"""The orchestrator on throwaway notebooks: skip, rerun, force, failure and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from endoexplain_core import pipeline
+
+pytestmark = pytest.mark.slow  # each case executes real notebooks through Papermill
+
+
+def write_notebook(path: Path, body: str) -> None:
+    notebook = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell(
+        "profile = 'x'\nrun_dir = ''\nfigures_dir = ''\ndata_root = ''\n"
+        "manifest_reference_dir = ''\nvalue = 0")
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [nbformat.v4.new_markdown_cell("# test stage"), parameters,
+                      nbformat.v4.new_code_cell(body)]
+    notebook.metadata["kernelspec"] = {"name": "endoexplain", "display_name": "endoExplain",
+                                       "language": "python"}
+    nbformat.write(notebook, path)
+
+
+WRITE_TABLE = ("from pathlib import Path\n"
+               "Path(figures_dir).mkdir(parents=True, exist_ok=True)\n"
+               "(Path(figures_dir) / 'table_{stage}.csv').write_text(f'value\\n{{value}}\\n')\n")
+
+
+@pytest.fixture()
+def project(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    write_notebook(notebooks / "00_first.ipynb", WRITE_TABLE.format(stage="first"))
+    write_notebook(notebooks / "01_second.ipynb", WRITE_TABLE.format(stage="second"))
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(yaml.safe_dump({"shared": {"value": 1},
+                                       "stages": {"00_first": {}, "01_second": {}}}))
+    return tmp_path, notebooks, profile
+
+
+def run(project, **kwargs):
+    root, notebooks, profile = project
+    return pipeline.run_pipeline(str(profile), output_root=root / "out", notebook_dir=notebooks,
+                                 **kwargs)
+
+
+def statuses(provenance):
+    return [stage["status"] for stage in provenance["stages"]]
+
+
+def test_first_run_executes_everything_and_records_provenance(project):
+    provenance = run(project)
+    assert statuses(provenance) == ["ran", "ran"]
+    run_dir = project[0] / "out" / "runs" / "tiny"
+    for stage in ("00_first", "01_second"):
+        assert (run_dir / "notebooks" / f"{stage}.ipynb").is_file()
+        assert (run_dir / "notebooks" / f"{stage}.html").is_file()
+        assert (run_dir / "stamps" / f"{stage}.json").is_file()
+    on_disk = json.loads((run_dir / "provenance.json").read_text())
+    assert on_disk["status"] == "complete"
+    assert set(on_disk["git"]) == {"commit", "dirty"}
+    assert on_disk["packages"]["torch"] == "2.14.1"
+    assert on_disk["parameters"]["01_second"]["value"] == 1
+    assert on_disk["stages"][0]["figure_files"] == ["table_first.csv"]
+    assert on_disk["stages"][1]["figure_files"] == ["table_second.csv"]
+    executed = nbformat.read(run_dir / "notebooks" / "01_second.ipynb", as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+
+
+def test_rerun_skips_unchanged_stages_and_force_reruns(project):
+    run(project)
+    assert statuses(run(project)) == ["skipped", "skipped"]
+    assert statuses(run(project, force=True)) == ["ran", "ran"]
+
+
+def test_changed_parameter_reruns_that_stage_and_downstream_only(project):
+    root, notebooks, profile = project
+    run(project)
+    profile.write_text(yaml.safe_dump({"shared": {"value": 1},
+                                       "stages": {"00_first": {}, "01_second": {"value": 2}}}))
+    assert statuses(run(project)) == ["skipped", "ran"]
+    table = root / "out" / "figures" / "tiny" / "table_second.csv"
+    assert table.read_text() == "value\n2\n"
+
+
+def test_changed_upstream_notebook_reruns_downstream(project):
+    root, notebooks, _ = project
+    run(project)
+    write_notebook(notebooks / "00_first.ipynb", WRITE_TABLE.format(stage="first") + "# edited")
+    assert statuses(run(project)) == ["ran", "ran"]
+
+
+def test_failure_names_the_cell_keeps_partial_notebook_and_resumes(project):
+    root, notebooks, _ = project
+    write_notebook(notebooks / "01_second.ipynb", "raise ValueError('planted failure')")
+    with pytest.raises(pipeline.StageFailed) as caught:
+        run(project)
+    message = str(caught.value)
+    assert "01_second.ipynb" in message and "cell" in message and "planted failure" in message
+    run_dir = root / "out" / "runs" / "tiny"
+    assert (run_dir / "notebooks" / "01_second.ipynb").is_file()  # partial notebook kept
+    assert not (run_dir / "stamps" / "01_second.json").exists()
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert provenance["status"] == "failed"
+    assert [s["status"] for s in provenance["stages"]] == ["ran", "failed"]
+    # fixed notebook: the finished stage is not redone, the failed one is
+    write_notebook(notebooks / "01_second.ipynb", WRITE_TABLE.format(stage="second"))
+    assert statuses(run(project)) == ["skipped", "ran"]
+
+
+def test_only_runs_the_named_stages(project):
+    provenance = run(project, only=["00_first"])
+    assert statuses(provenance) == ["ran", "not_run"]
+    with pytest.raises(ValueError, match="unknown stages"):
+        run(project, only=["99_missing"])
+
+
+def test_missing_data_root_is_a_clear_error(project, tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        run(project, data_root=str(tmp_path / "nowhere"))
