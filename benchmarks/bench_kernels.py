@@ -1,0 +1,186 @@
+"""Benchmark of the audit kernels against their physical floor and against pytorch-grad-cam.
+
+Prints, for each architecture, from one run on the same batch:
+  fused/fwd        fused 5-CAM kernel time / one no-grad forward            (target <= 1.15)
+  library/fused    pytorch-grad-cam's five methods one by one / fused       (target >= 10)
+  audit/floor      whole per-image audit (5 CAMs, 2 baselines, metrics, 5 + 20 deletions)
+                   / 26 no-grad forwards                                      (target <= 1.15)
+and the peak memory of streaming 200 vs 1,000 images through the audit in batches, plus the
+memory after repeated streams (target: flat). CPU memory is the resident set's high-water mark
+(reset through /proc/self/clear_refs) and tracemalloc's Python-side peak; on CUDA it is
+torch.cuda.max_memory_allocated.
+
+Usage: python benchmarks/bench_kernels.py --archs resnet34 --image-size 256 --batch 16 --repeats 3
+The timings use random weights (same cost as trained ones) and random images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import tracemalloc
+from pathlib import Path
+
+import torch
+from pytorch_grad_cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, XGradCAM
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+from endoexplain_core import baselines, cams, deletion, metrics, models, threshold
+
+FRACTION = 0.20
+LIBRARY_CLASSES = (GradCAM, GradCAMPlusPlus, XGradCAM, HiResCAM, EigenCAM)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(function, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        function()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _disc_masks(batch: int, size: int, device: torch.device) -> torch.Tensor:
+    """bool (B, S, S) lesion discs of varying centre, as stand-ins for real masks."""
+    rows = torch.arange(size, device=device, dtype=torch.float32)[:, None]
+    cols = torch.arange(size, device=device, dtype=torch.float32)[None, :]
+    offsets = torch.linspace(0.3, 0.7, batch, device=device) * size
+    return ((rows - offsets[:, None, None]) ** 2 + (cols - size / 2) ** 2) < (size / 6) ** 2
+
+
+def audit_batch(model, layer_name: str, images: torch.Tensor, masks: torch.Tensor, sample_ids) -> dict:
+    """Everything the spatial audit computes for one batch (what notebooks 03-05 run)."""
+    batch, _, height, width = images.shape
+    maps, logits = cams.compute_cams(model, layer_name, images, return_logits=True)
+    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
+    all_maps = dict(maps)
+    all_maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
+    all_maps["centre"] = baselines.centre_gaussian(batch, height, width, device=images.device)
+    keeps = {method: threshold.top_fraction_mask(value, FRACTION) for method, value in all_maps.items()}
+    rows = {method: metrics.spatial_metrics(value, masks, FRACTION, keep=keeps[method])
+            for method, value in all_maps.items()}
+    cam_keeps = torch.stack([keeps[method] for method in cams.CAM_METHODS])  # (5, B, H, W)
+    n_pixels = cam_keeps[0].sum(dim=(1, 2))
+    random_keeps = deletion.random_deletion_masks(keys, n_pixels.cpu(), height, width, device=images.device)
+    deleted = deletion.deletion_logits(model, images, torch.cat([cam_keeps, random_keeps]))
+    drops = deletion.logit_drops(logits, deleted)
+    return {"rows": rows, "cam_drops": drops[:5], "random_drops": drops[5:]}
+
+
+def _rss_reset() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (the peak RSS)
+        return True
+    except OSError:
+        return False
+
+
+def _rss_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[float, float]:
+    """Peak memory (MiB) while streaming n_images through audit_batch: (device/RSS, tracemalloc)."""
+    masks = _disc_masks(batch, size, device)
+    generator = torch.Generator().manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        _rss_reset()
+    tracemalloc.start()
+    for start in range(0, n_images, batch):
+        count = min(batch, n_images - start)
+        images = torch.randn(count, 3, size, size, generator=generator).to(device)
+        audit_batch(model, layer_name, images, masks[:count], [f"img{start + i}" for i in range(count)])
+    python_peak = tracemalloc.get_traced_memory()[1] / 2 ** 20
+    tracemalloc.stop()
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20, python_peak
+    return _rss_mib("VmHWM"), python_peak
+
+
+def bench_architecture(arch: str, args, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = models.build_model(arch).eval().to(device)
+    layer_name, layer = models.resolve_target_layer(model, arch)
+    images = torch.randn(args.batch, 3, args.image_size, args.image_size,
+                         generator=torch.Generator().manual_seed(1)).to(device)
+    masks = _disc_masks(args.batch, args.image_size, device)
+    sample_ids = [f"img{i}" for i in range(args.batch)]
+
+    def forward():
+        with torch.no_grad():
+            model(images)
+
+    def fused():
+        cams.compute_cams(model, layer_name, images)
+
+    def library():
+        targets = [ClassifierOutputTarget(1)] * args.batch
+        for cam_class in LIBRARY_CLASSES:
+            with cam_class(model=model, target_layers=[layer]) as explainer:
+                explainer(input_tensor=images, targets=targets)
+
+    forward()  # warm-up (allocator, kernels)
+    fused()
+    t_forward = _median_seconds(forward, args.repeats, device)
+    t_fused = _median_seconds(fused, args.repeats, device)
+    t_audit = _median_seconds(lambda: audit_batch(model, layer_name, images, masks, sample_ids),
+                              args.repeats, device)
+    t_library = _median_seconds(library, 1, device)  # slow: one run is enough
+    model.zero_grad(set_to_none=True)  # the library fills parameter gradients
+
+    memory = {}
+    for n_images in args.memory_images:
+        memory[n_images] = stream_peak_mib(model, layer_name, n_images, args.batch, args.memory_image_size, device)
+    repeated = [stream_peak_mib(model, layer_name, args.memory_images[0], args.batch,
+                                args.memory_image_size, device)[0] for _ in range(2)]
+    return {"arch": arch, "forward_s": t_forward, "fused_s": t_fused, "library_s": t_library,
+            "audit_s": t_audit, "fused/fwd": t_fused / t_forward, "library/fused": t_library / t_fused,
+            "audit/floor": t_audit / (26 * t_forward), "memory": memory, "repeated": repeated}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--archs", nargs="+", default=list(models.ARCHITECTURES), choices=models.ARCHITECTURES)
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    parser.add_argument("--memory-images", type=int, nargs=2, default=[200, 1000],
+                        help="image counts streamed for the memory comparison")
+    parser.add_argument("--memory-image-size", type=int, default=64,
+                        help="image size for the memory streams (small on CPU to keep them short)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"image {args.image_size}px, batch {args.batch}, repeats {args.repeats}; memory streams at "
+          f"{args.memory_image_size}px")
+    unit = "MiB (cuda max allocated)" if device.type == "cuda" else "MiB (peak RSS)"
+    small, large = args.memory_images
+    header = (f"{'arch':16s} {'fwd s':>7s} {'fused s':>8s} {'fused/fwd':>9s} {'lib s':>7s} {'lib/fused':>9s} "
+              f"{'audit s':>8s} {'audit/26fwd':>11s} | {small} img {large} img  repeated {small}  [{unit}]; "
+              f"python peak {small}/{large} MiB")
+    print(header)
+    for arch in args.archs:
+        r = bench_architecture(arch, args, device)
+        (mem_small, py_small), (mem_large, py_large) = r["memory"][small], r["memory"][large]
+        print(f"{arch:16s} {r['forward_s']:7.3f} {r['fused_s']:8.3f} {r['fused/fwd']:9.2f} {r['library_s']:7.2f} "
+              f"{r['library/fused']:9.1f} {r['audit_s']:8.2f} {r['audit/floor']:11.2f} | "
+              f"{mem_small:7.0f} {mem_large:7.0f}  {' '.join(f'{m:.0f}' for m in r['repeated'])}; "
+              f"{py_small:.1f}/{py_large:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,457 @@
+"""The case-level audit table: every map of one checkpoint on one masked cohort.
+
+One row per (dataset, sample_id, checkpoint_id, method), for the five CAMs and the two spatial
+baselines (seeded random heatmap, centred Gaussian). Conventions:
+
+- Images and masks are resized to the model's input size (images as in ``data``: area/bilinear
+  then ImageNet normalisation; masks nearest-neighbour), and every metric is computed at that
+  size. Masks that are empty after resizing are excluded and counted, never scored.
+- Scores come from the same forward that produced the CAMs: z = logit(pos) - logit(neg),
+  ``raw_score = sigmoid(z)``, ``scaled_score = sigmoid(z / T)`` with the checkpoint's
+  validation-fitted temperature T.
+- Deletion (CAMs only): the top-``top_fraction`` pixels of each CAM are set to 0 in normalised
+  space; ``logit_drop`` = original minus deleted positive logit, ``score_drop`` likewise for the
+  scaled score. The control deletes the same number of random pixels ``repetitions`` times per
+  image (seeds derived from (sample id, repetition)); it is written to a second per-image table.
+- The table is streamed batch by batch to a temporary Parquet file, validated, and renamed
+  into place only when complete, so a failing run never replaces a good table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import cv2
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm.auto import tqdm
+
+from endoexplain_core import baselines, cams, deletion, metrics, models, threshold, training
+from endoexplain_core.data import load_manifest, resize_rgb, to_normalised_tensor
+from endoexplain_core.imageio import read_image_and_mask
+
+CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
+BASELINE_METHODS = ("random", "centre")
+MAP_METHODS = CAM_METHODS + BASELINE_METHODS
+TARGET = "polyp_family positive logit"
+CALIBRATION_STATUS = "scaled"
+CENTRE_SIGMA_FRACTION = 0.25
+KEY_COLUMNS = ("dataset", "sample_id", "checkpoint_id", "method")
+
+# Column -> Arrow type of the audit table (the schema is fixed so batches stream into one file).
+AUDIT_SCHEMA = pa.schema([
+    ("dataset", pa.string()), ("sample_id", pa.string()), ("checkpoint_id", pa.string()),
+    ("arch", pa.string()), ("seed", pa.int64()), ("control", pa.string()),
+    ("target", pa.string()), ("target_layer", pa.string()), ("method", pa.string()),
+    ("threshold", pa.float64()), ("calibration", pa.string()), ("temperature", pa.float64()),
+    ("logit_pos", pa.float64()), ("z", pa.float64()),
+    ("raw_score", pa.float64()), ("scaled_score", pa.float64()),
+    ("peak_outside_mask", pa.bool_()), ("peak_row", pa.int64()), ("peak_col", pa.int64()),
+    ("iou", pa.float64()), ("iou_below_0_10", pa.bool_()), ("energy_in_mask", pa.float64()),
+    ("centre_of_mass_distance", pa.float64()), ("lesion_area_fraction", pa.float64()),
+    ("lesion_centre_distance", pa.float64()),
+    ("constant_map", pa.bool_()), ("max_multiplicity", pa.int64()),
+    ("boundary_ties", pa.int64()),
+    ("logit_drop", pa.float64()), ("score_drop", pa.float64()),
+])
+REQUIRED_COLUMNS = tuple(AUDIT_SCHEMA.names)
+
+
+class AuditTableError(ValueError):
+    """An audit table breaks one of the validation rules (DESIGN.md section 8)."""
+
+
+def random_deletion_schema(repetitions: int) -> pa.Schema:
+    """Per-image random-deletion table: the ``repetitions`` logit drops and their means."""
+    fields = [("dataset", pa.string()), ("sample_id", pa.string()),
+              ("checkpoint_id", pa.string()), ("threshold", pa.float64()),
+              ("repetitions", pa.int64())]
+    fields += [(f"logit_drop_{r:02d}", pa.float64()) for r in range(repetitions)]
+    fields += [("logit_drop_mean", pa.float64()), ("score_drop_mean", pa.float64())]
+    return pa.schema(fields)
+
+
+def sigmoid(values: torch.Tensor) -> torch.Tensor:
+    """Logistic function, float64 for stable score differences."""
+    return torch.sigmoid(values.double())
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` -> CUDA when available else CPU; anything else is passed to torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def masked_pool(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Manifest rows of the masked audit pool: role ``spatial_audit`` with a ``mask_path``."""
+    if "mask_path" not in manifest.columns:
+        raise ValueError("manifest has no mask_path column: cannot find the masked audit pool")
+    pool = manifest[(manifest["role"] == "spatial_audit") & (manifest["mask_path"] != "")]
+    return pool.reset_index(drop=True)
+
+
+def manifest_cases(pool: pd.DataFrame, data_root: str | Path
+                   ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Yield (sample_id, uint8 (H, W, 3) RGB image, bool (H, W) mask) for each pool row.
+
+    Files are read lazily, one at a time, so memory does not grow with the pool; unreadable
+    files and mask/image size mismatches raise errors naming the files.
+    """
+    data_root = Path(data_root)
+    for row in pool.itertuples(index=False):
+        image, mask = read_image_and_mask(data_root / row.path, data_root / row.mask_path)
+        yield str(row.sample_id), image, mask
+
+
+def checkpoint_temperature(temperatures_path: str | Path, checkpoint_id: str) -> float:
+    """The fitted temperature of ``checkpoint_id`` from ``calibration/temperatures.csv``."""
+    temperatures_path = Path(temperatures_path)
+    if not temperatures_path.is_file():
+        raise FileNotFoundError(f"{temperatures_path} does not exist: run 02_calibration first")
+    table = pd.read_csv(temperatures_path, dtype={"checkpoint_id": str})
+    match = table.loc[table["checkpoint_id"] == checkpoint_id, "temperature"]
+    if match.empty:
+        raise KeyError(f"{temperatures_path}: checkpoint {checkpoint_id} has no fitted temperature")
+    value = float(match.iloc[0])
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{temperatures_path}: temperature of {checkpoint_id} is {value}, not > 0")
+    return value
+
+
+def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Resize one case: float32 (3, S, S) normalised image and bool (S, S) mask."""
+    if image.shape[:2] != mask.shape[:2]:
+        raise ValueError(f"sample {sample_id}: mask size {mask.shape[:2]} differs from "
+                         f"image size {image.shape[:2]}")
+    resized_mask = cv2.resize(mask.astype(np.uint8), (image_size, image_size),
+                              interpolation=cv2.INTER_NEAREST).astype(bool)
+    return to_normalised_tensor(resize_rgb(image, image_size)), torch.from_numpy(resized_mask)
+
+
+def _batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
+    """Group prepared cases into batches; empty masks go to ``excluded`` instead."""
+    ids, images, masks = [], [], []
+    for sample_id, image, mask in cases:
+        image_tensor, mask_tensor = prepare_case(sample_id, image, mask, image_size)
+        if not mask_tensor.any():
+            excluded.append(sample_id)
+            continue
+        ids.append(sample_id)
+        images.append(image_tensor)
+        masks.append(mask_tensor)
+        if len(ids) == batch_size:
+            yield ids, torch.stack(images), torch.stack(masks)
+            ids, images, masks = [], [], []
+    if ids:
+        yield ids, torch.stack(images), torch.stack(masks)
+
+
+# --- the audit --------------------------------------------------------------------------------
+
+def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,
+                masks: torch.Tensor, sample_ids: list[str], *, temperature: float,
+                top_fraction: float, repetitions: int) -> tuple[dict, dict]:
+    """Audit one batch; return (column -> values over B x 7 rows, random-deletion columns).
+
+    ``images``: float32 (B, 3, S, S) normalised, on the model's device; ``masks``: bool
+    (B, S, S), non-empty. Rows are ordered image-major, methods in ``MAP_METHODS`` order.
+    Forwards: 1 CAM forward (+ its backward) and 5 + ``repetitions`` deletion forwards.
+    """
+    batch, _, height, width = images.shape
+    maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
+                                     methods=CAM_METHODS, return_logits=True)
+    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
+    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
+    maps["centre"] = baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
+                                               images.device)
+    logits = logits.detach().double()
+    z = logits[:, 1] - logits[:, 0]
+
+    # Deletion: the five CAM top areas, then the exact-area random controls, in one call.
+    cam_top = torch.stack([threshold.top_fraction_mask(maps[m], top_fraction) for m in CAM_METHODS])
+    n_pixels = threshold.kept_pixel_count(top_fraction, height, width)
+    random_top = deletion.random_deletion_masks(keys, [n_pixels] * batch, height, width,
+                                                repetitions=repetitions, device=images.device)
+    with torch.no_grad():
+        deleted = deletion.deletion_logits(model, images, torch.cat([cam_top, random_top])).double()
+    logit_drop = logits[None, :, 1] - deleted[..., 1]                                  # (5+R, B)
+    z_deleted = deleted[..., 1] - deleted[..., 0]
+    score_drop = sigmoid(z / temperature)[None] - sigmoid(z_deleted / temperature)    # (5+R, B)
+
+    per_method = {}
+    for index, method in enumerate(MAP_METHODS):
+        is_cam = index < len(CAM_METHODS)
+        spatial = metrics.spatial_metrics(maps[method], masks, top_fraction,
+                                          keep=cam_top[index] if is_cam else None)
+        columns = {name: value.detach().cpu().numpy() for name, value in spatial.items()}
+        columns["logit_drop"] = logit_drop[index].cpu().numpy() if is_cam else np.full(batch, np.nan)
+        columns["score_drop"] = score_drop[index].cpu().numpy() if is_cam else np.full(batch, np.nan)
+        per_method[method] = columns
+
+    # Interleave to image-major order: row = image * 7 + method.
+    rows = {name: np.stack([per_method[m][name] for m in MAP_METHODS], axis=1).reshape(-1)
+            for name in per_method[MAP_METHODS[0]]}
+    rows["sample_id"] = np.repeat(np.asarray(sample_ids, dtype=object), len(MAP_METHODS))
+    rows["method"] = np.tile(np.asarray(MAP_METHODS, dtype=object), batch)
+    for name, value in (("logit_pos", logits[:, 1]), ("z", z), ("raw_score", sigmoid(z)),
+                        ("scaled_score", sigmoid(z / temperature))):
+        rows[name] = np.repeat(value.cpu().numpy(), len(MAP_METHODS))
+
+    random_drops = logit_drop[len(CAM_METHODS):].T.cpu().numpy()                        # (B, R)
+    random_table = {"sample_id": list(sample_ids)}
+    for r in range(repetitions):
+        random_table[f"logit_drop_{r:02d}"] = random_drops[:, r]
+    random_table["logit_drop_mean"] = random_drops.mean(axis=1)
+    random_table["score_drop_mean"] = score_drop[len(CAM_METHODS):].mean(dim=0).cpu().numpy()
+    return rows, random_table
+
+
+def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable,
+                     *, dataset: str, image_size: int, table_path: str | Path,
+                     random_deletion_path: str | Path, top_fraction: float = 0.20,
+                     repetitions: int = 20, batch_size: int = 16, device: str = "cpu",
+                     target_layer: tuple[str, torch.nn.Module] | None = None,
+                     total: int | None = None) -> dict:
+    """Audit one checkpoint on one masked cohort and write its two Parquet tables.
+
+    ``metadata``: checkpoint metadata with ``checkpoint_id``, ``arch``, ``seed`` and optionally
+    ``target_layer`` (layer name) and ``control``. ``temperature``: the checkpoint's fitted T
+    (> 0; None is an error). ``cases``: iterable of (sample_id, uint8 (H, W, 3) RGB, bool
+    (H, W) mask), consumed once, batch by batch. ``target_layer``: optional (name, module)
+    override of ``models.resolve_target_layer``. ``total``: number of cases, for the bar.
+
+    Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
+    the two paths and the wall time in seconds.
+    """
+    missing = [key for key in ("checkpoint_id", "arch", "seed") if key not in metadata]
+    if missing:
+        raise ValueError(f"checkpoint metadata lacks {missing}")
+    checkpoint_id = str(metadata["checkpoint_id"])
+    if temperature is None or not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"checkpoint {checkpoint_id} has no valid fitted temperature "
+                         f"(got {temperature}); run 02_calibration first")
+    started = time.perf_counter()
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    if target_layer is None:
+        target_layer = models.resolve_target_layer(model, metadata["arch"],
+                                                   metadata.get("target_layer"))
+    layer_name, layer_module = target_layer
+    constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,
+                 "arch": str(metadata["arch"]), "seed": int(metadata["seed"]),
+                 "control": str(metadata.get("control", "none")), "target": TARGET,
+                 "target_layer": layer_name, "threshold": float(top_fraction),
+                 "calibration": CALIBRATION_STATUS, "temperature": float(temperature)}
+    deletion_schema = random_deletion_schema(repetitions)
+
+    table_path, random_deletion_path = Path(table_path), Path(random_deletion_path)
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    random_deletion_path.parent.mkdir(parents=True, exist_ok=True)
+    temporary_table = table_path.with_name(table_path.name + ".partial")
+    temporary_deletion = random_deletion_path.with_name(random_deletion_path.name + ".partial")
+    excluded: list[str] = []
+    n_audited = 0
+    try:
+        with pq.ParquetWriter(temporary_table, AUDIT_SCHEMA) as table_writer, \
+                pq.ParquetWriter(temporary_deletion, deletion_schema) as deletion_writer, \
+                tqdm(total=total, desc=checkpoint_id, unit="img") as bar:
+            for ids, images, masks in _batches(cases, image_size, batch_size, excluded):
+                rows, random_table = audit_batch(
+                    model, layer_module, images.to(torch_device), masks.to(torch_device), ids,
+                    temperature=temperature, top_fraction=top_fraction, repetitions=repetitions)
+                n_rows = len(rows["sample_id"])
+                rows.update({k: [v] * n_rows for k, v in constants.items()})
+                table_writer.write_table(pa.Table.from_pydict(rows, schema=AUDIT_SCHEMA))
+                random_table.update({"dataset": [dataset] * len(ids),
+                                     "checkpoint_id": [checkpoint_id] * len(ids),
+                                     "threshold": [float(top_fraction)] * len(ids),
+                                     "repetitions": [repetitions] * len(ids)})
+                deletion_writer.write_table(pa.Table.from_pydict(random_table, schema=deletion_schema))
+                n_audited += len(ids)
+                bar.update(n_audited + len(excluded) - bar.n)   # excluded cases count as seen
+        if n_audited == 0:
+            raise ValueError(f"checkpoint {checkpoint_id}: no case with a non-empty mask to audit "
+                             f"({len(excluded)} empty masks excluded)")
+        validate_audit_table(pd.read_parquet(temporary_table), source=str(table_path))
+        os.replace(temporary_table, table_path)
+        os.replace(temporary_deletion, random_deletion_path)
+    finally:
+        for leftover in (temporary_table, temporary_deletion):
+            leftover.unlink(missing_ok=True)
+    return {"checkpoint_id": checkpoint_id, "n_audited": n_audited,
+            "n_empty_masks_excluded": len(excluded), "excluded_sample_ids": excluded,
+            "table_path": str(table_path), "random_deletion_path": str(random_deletion_path),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd.DataFrame:
+    """Check the rules every audit table obeys; raise ``AuditTableError`` saying what is wrong.
+
+    Rules: all required columns present; no duplicate (dataset, sample_id, checkpoint_id,
+    method) rows; every method covers the same images (per dataset and checkpoint); a single
+    map threshold; one scaled score per image and checkpoint. Returns the table unchanged.
+    """
+    missing = [column for column in REQUIRED_COLUMNS if column not in table.columns]
+    if missing:
+        raise AuditTableError(f"{source}: missing columns {missing}")
+    if table.empty:
+        raise AuditTableError(f"{source}: has no rows")
+    duplicated = table.duplicated(list(KEY_COLUMNS), keep=False)
+    if duplicated.any():
+        examples = table.loc[duplicated, list(KEY_COLUMNS)].drop_duplicates().head(3)
+        raise AuditTableError(f"{source}: {int(duplicated.sum())} duplicate "
+                              f"(dataset, sample_id, checkpoint_id, method) rows, e.g. "
+                              f"{examples.to_dict('records')}")
+    thresholds = sorted(table["threshold"].unique())
+    if len(thresholds) != 1:
+        raise AuditTableError(f"{source}: mixed map thresholds {thresholds}; one per table")
+    for (dataset, checkpoint_id), group in table.groupby(["dataset", "checkpoint_id"]):
+        images = {m: frozenset(g["sample_id"]) for m, g in group.groupby("method")}
+        union = frozenset().union(*images.values())
+        unpaired = {m: len(union - ids) for m, ids in images.items() if ids != union}
+        if unpaired:
+            raise AuditTableError(f"{source}: methods do not cover the same images for "
+                                  f"{dataset}/{checkpoint_id}; images missing per method: {unpaired}")
+        scores = group.groupby("sample_id")["scaled_score"].nunique()
+        if (scores > 1).any():
+            raise AuditTableError(f"{source}: {dataset}/{checkpoint_id} has more than one scaled "
+                                  f"score for images {list(scores[scores > 1].index[:3])}")
+    return table
+
+
+def read_audit_table(path: str | Path) -> pd.DataFrame:
+    """Read and validate an audit Parquet file; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"audit table {path} does not exist")
+    return validate_audit_table(pd.read_parquet(path), source=str(path))
+
+
+# --- one registered checkpoint of a run ---------------------------------------------------------
+
+def read_registry(run_dir: str | Path) -> pd.DataFrame:
+    """``checkpoints/registry.csv`` of a run, checked to name exactly one primary checkpoint."""
+    path = Path(run_dir) / "checkpoints" / "registry.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run 01_training first")
+    registry = pd.read_csv(path, dtype={"checkpoint_id": str, "path": str, "sha256": str})
+    primaries = registry.loc[registry["is_primary"].astype(str).str.lower() == "true", "checkpoint_id"]
+    if len(primaries) != 1:
+        raise ValueError(f"{path}: expected exactly one primary checkpoint, found {list(primaries)}")
+    registry["is_primary"] = registry["checkpoint_id"] == primaries.iloc[0]
+    return registry
+
+
+def load_registered_model(run_dir: str | Path, checkpoint_id: str, image_size: int,
+                          device: str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode, metadata with ``checkpoint_id``) of a registry checkpoint.
+
+    The checkpoint must match the run's manifest digest and ``image_size``.
+    """
+    run_dir = Path(run_dir)
+    registry = read_registry(run_dir).set_index("checkpoint_id")
+    if checkpoint_id not in registry.index:
+        raise KeyError(f"checkpoint {checkpoint_id} is not in {run_dir}/checkpoints/registry.csv")
+    digest_path = run_dir / "manifest" / "manifest.sha256"
+    if not digest_path.is_file():
+        raise FileNotFoundError(f"{digest_path} does not exist: run 00_roles first")
+    digest = digest_path.read_text().split()[0]
+    model, metadata = training.load_model(run_dir / registry.loc[checkpoint_id, "path"], digest,
+                                          image_size, resolve_device(device))
+    return model, {**metadata, "checkpoint_id": checkpoint_id}
+
+
+def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids) -> dict:
+    """sample_id -> (uint8 RGB image, bool mask) for the requested pool members."""
+    wanted = set(sample_ids)
+    return {sample_id: (image, mask) for sample_id, image, mask
+            in manifest_cases(pool[pool["sample_id"].isin(wanted)], data_root)}
+
+
+def audit_paths(run_dir: str | Path, dataset: str, checkpoint_id: str) -> dict[str, Path]:
+    """Where the audit of ``checkpoint_id`` on ``dataset`` lives (docs/architecture.md)."""
+    folder = Path(run_dir) / "audit" / dataset
+    return {"table": folder / f"{checkpoint_id}.parquet",
+            "random_deletion": folder / f"{checkpoint_id}_random_deletion.parquet",
+            "summary": folder / f"{checkpoint_id}_summary.json"}
+
+
+def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
+                                image_size: int, top_fraction: float = 0.20, repetitions: int = 20,
+                                batch_size: int = 16, device: str = "cpu",
+                                dataset: str = "hyperkvasir", reuse: bool = True) -> dict:
+    """Audit a checkpoint of the run's registry on the run's masked HyperKvasir pool.
+
+    Loads the manifest (and its digest), the checkpoint (refusing one trained on another
+    manifest or size) and its temperature. With ``reuse``, an existing audit made from the same
+    checkpoint file (SHA-256), pool and settings is read back instead of recomputed. Returns the
+    audit summary (``audit_checkpoint``) with ``reused`` added; it is also written as JSON.
+    """
+    run_dir = Path(run_dir)
+    registry = read_registry(run_dir).set_index("checkpoint_id")
+    if checkpoint_id not in registry.index:
+        raise KeyError(f"checkpoint {checkpoint_id} is not in {run_dir}/checkpoints/registry.csv")
+    entry = registry.loc[checkpoint_id]
+    manifest = load_manifest(run_dir / "manifest" / "manifest.csv")
+    pool = masked_pool(manifest)
+    paths = audit_paths(run_dir, dataset, checkpoint_id)
+    settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
+                "repetitions": int(repetitions), "image_size": int(image_size),
+                "pool": sorted(pool["sample_id"].astype(str))}
+    if reuse and paths["summary"].is_file() and paths["table"].is_file():
+        previous = json.loads(paths["summary"].read_text())
+        if previous.get("settings") == settings and paths["random_deletion"].is_file():
+            read_audit_table(paths["table"])
+            return {**previous, "reused": True}
+    temperature = checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
+    model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
+    summary = audit_checkpoint(model, metadata, temperature, manifest_cases(pool, data_root),
+                               dataset=dataset, image_size=image_size,
+                               table_path=paths["table"],
+                               random_deletion_path=paths["random_deletion"],
+                               top_fraction=top_fraction, repetitions=repetitions,
+                               batch_size=batch_size, device=device, total=len(pool))
+    summary = {**summary, "settings": settings}
+    temporary = paths["summary"].with_name(paths["summary"].name + ".partial")
+    temporary.write_text(json.dumps(summary, indent=1))
+    os.replace(temporary, paths["summary"])
+    return {**summary, "reused": False}
+
+
+def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: int,
+                   top_fraction: float = 0.20, repetitions: int = 20, batch_size: int = 16,
+                   device: str = "cpu", dataset: str = "hyperkvasir") -> pd.DataFrame:
+    """Audit every checkpoint of the registry (reusing audits already written); one row each."""
+    registry = read_registry(run_dir)
+    summaries = [audit_registered_checkpoint(run_dir, data_root, checkpoint_id,
+                                             image_size=image_size, top_fraction=top_fraction,
+                                             repetitions=repetitions, batch_size=batch_size,
+                                             device=device, dataset=dataset)
+                 for checkpoint_id in registry["checkpoint_id"]]
+    columns = ["checkpoint_id", "n_audited", "n_empty_masks_excluded", "reused", "seconds"]
+    return pd.DataFrame(summaries)[columns].merge(
+        registry[["checkpoint_id", "arch", "seed", "control", "is_primary"]], on="checkpoint_id")
+
+
+def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir"
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(validated audit rows, random-deletion rows) of several checkpoints, concatenated."""
+    tables, deletions = [], []
+    for checkpoint_id in checkpoint_ids:
+        paths = audit_paths(run_dir, dataset, checkpoint_id)
+        tables.append(read_audit_table(paths["table"]))
+        deletions.append(pd.read_parquet(paths["random_deletion"]))
+    return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)

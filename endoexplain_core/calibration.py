@@ -1,0 +1,260 @@
+"""Temperature scaling of the binary logit difference and the calibration metrics.
+
+Conventions (DESIGN.md section 4, Calibration):
+
+- ``z = logit_pos - logit_neg``; the raw score is ``sigmoid(z)`` (= the 2-class softmax of
+  the positive class) and the temperature-scaled score is ``sigmoid(z / T)``.
+- One ``T > 0`` per checkpoint, fitted on the validation split only by minimising the binary
+  negative log-likelihood over ``log T`` in ``[log 0.05, log 20]`` (bounded 1-D search).
+- Decision at the unchanged boundary: positive when the score is ``>= 0.5`` (``z >= 0``), so
+  scaling never changes a decision nor the ranking (AUPRC).
+- ECE and the reliability table use 10 equal-width bins of the positive score:
+  bin ``b`` holds scores in ``[b/10, (b+1)/10)``, the last bin also holds 1.0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize_scalar
+from scipy.special import expit
+
+from endoexplain_core.training import write_csv_atomic, write_parquet_atomic
+
+TEMPERATURE_BOUNDS = (0.05, 20.0)
+SCORE_KINDS = {"raw": "Raw", "scaled": "Temperature-scaled"}
+SPLIT_LABELS = {"train": "Training", "val": "Validation", "test": "Test",
+                "spatial_audit": "Masked audit pool"}
+
+
+def logit_difference(logit_neg: np.ndarray, logit_pos: np.ndarray) -> np.ndarray:
+    """Binary logit difference ``z = logit_pos - logit_neg`` as float64."""
+    return np.asarray(logit_pos, dtype=np.float64) - np.asarray(logit_neg, dtype=np.float64)
+
+
+def scaled_score(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Positive-class score ``sigmoid(z / T)``; ``T = 1`` gives the raw score."""
+    return expit(np.asarray(z, dtype=np.float64) / temperature)
+
+
+def nll(z: np.ndarray, target: np.ndarray, temperature: float = 1.0) -> float:
+    """Mean binary negative log-likelihood of ``sigmoid(z / T)`` (natural log).
+
+    Computed from logits, ``mean(log(1 + exp(-s * z / T)))`` with ``s = +1`` for positives and
+    ``-1`` for negatives, so it stays finite even where the score rounds to 0 or 1.
+    """
+    z, target = _check_pair(z, target)
+    sign = 2.0 * target - 1.0
+    return float(np.mean(np.logaddexp(0.0, -sign * z / temperature)))
+
+
+def brier(score: np.ndarray, target: np.ndarray) -> float:
+    """Brier score ``mean((score - target)^2)``."""
+    score, target = _check_pair(score, target)
+    return float(np.mean((score - target) ** 2))
+
+
+def bin_index(score: np.ndarray, n_bins: int = 10) -> np.ndarray:
+    """Equal-width bin of each score in [0, 1]: ``floor(score * n_bins)``, 1.0 in the last bin."""
+    score = np.asarray(score, dtype=np.float64)
+    if np.any((score < 0) | (score > 1)):
+        raise ValueError("scores must lie in [0, 1]")
+    return np.minimum((score * n_bins).astype(int), n_bins - 1)
+
+
+def reliability_table(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -> pd.DataFrame:
+    """Per equal-width bin: bin, lower, upper, count, mean_score, observed_frequency.
+
+    Empty bins are kept with count 0 and NaN means (a diagram shows the gap).
+    """
+    score, target = _check_pair(score, target)
+    bins = bin_index(score, n_bins)
+    rows = []
+    for b in range(n_bins):
+        inside = bins == b
+        count = int(inside.sum())
+        rows.append({"bin": b, "lower": b / n_bins, "upper": (b + 1) / n_bins, "count": count,
+                     "mean_score": float(score[inside].mean()) if count else np.nan,
+                     "observed_frequency": float(target[inside].mean()) if count else np.nan})
+    return pd.DataFrame(rows)
+
+
+def ece(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -> float:
+    """Expected calibration error: ``sum_b (n_b / N) * |mean score_b - positive rate_b|``."""
+    table = reliability_table(score, target, n_bins)
+    filled = table[table["count"] > 0]
+    gaps = (filled["mean_score"] - filled["observed_frequency"]).abs()
+    return float((filled["count"] * gaps).sum() / table["count"].sum())
+
+
+def fit_temperature(z_val: np.ndarray, y_val: np.ndarray,
+                    bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> float:
+    """The ``T`` minimising validation NLL of ``sigmoid(z / T)``, searched over log T.
+
+    Raises ValueError when validation lacks one of the classes. The optimum may sit on a
+    bound (e.g. perfectly separated or uninformative logits); ``at_bound`` tells.
+    """
+    z_val, y_val = _check_pair(z_val, y_val)
+    if y_val.min() == y_val.max():
+        raise ValueError("temperature fitting needs validation images of both classes")
+    low, high = np.log(bounds[0]), np.log(bounds[1])
+    result = minimize_scalar(lambda log_t: nll(z_val, y_val, np.exp(log_t)),
+                             bounds=(low, high), method="bounded",
+                             options={"xatol": 1e-8, "maxiter": 500})
+    if not result.success:
+        raise RuntimeError(f"temperature fit did not converge: {result.message}")
+    return float(np.exp(result.x))
+
+
+def at_bound(temperature: float, bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> bool:
+    """True when a fitted T lies within 0.1% (in log T) of a search bound: the bound set it."""
+    log_t = np.log(temperature)
+    return bool(min(log_t - np.log(bounds[0]), np.log(bounds[1]) - log_t) < 1e-3)
+
+
+def _check_pair(values: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(values, dtype=np.float64)
+    target = np.asarray(target, dtype=np.float64)
+    if values.shape != target.shape or values.ndim != 1 or len(values) == 0:
+        raise ValueError(f"expected two equal-length non-empty 1-D arrays, got {values.shape} and {target.shape}")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("non-finite logits or scores")
+    if not np.all((target == 0) | (target == 1)):
+        raise ValueError("targets must be 0 or 1")
+    return values, target
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def fit_temperatures(logits: pd.DataFrame) -> pd.DataFrame:
+    """One temperature per checkpoint from its validation rows.
+
+    Columns: checkpoint_id, temperature, at_bound (the fit stopped on a search bound).
+    """
+    rows = []
+    for checkpoint, frame in logits.groupby("checkpoint_id", sort=False):
+        val = frame[frame["role"] == "val"]
+        if val.empty:
+            raise ValueError(f"{checkpoint}: no validation rows in the logits table")
+        z = logit_difference(val["logit_neg"], val["logit_pos"])
+        temperature = fit_temperature(z, val["target"])
+        rows.append({"checkpoint_id": checkpoint, "temperature": temperature,
+                     "at_bound": at_bound(temperature)})
+    return pd.DataFrame(rows)
+
+
+def add_scores(logits: pd.DataFrame, temperatures: pd.DataFrame) -> pd.DataFrame:
+    """Logits table + z, temperature, raw_score, scaled_score (the ``scores.parquet`` table)."""
+    scores = logits.merge(temperatures[["checkpoint_id", "temperature"]], on="checkpoint_id", how="left", validate="many_to_one")
+    if scores["temperature"].isna().any():
+        missing = sorted(scores.loc[scores["temperature"].isna(), "checkpoint_id"].unique())
+        raise ValueError(f"no temperature for checkpoints {missing}")
+    scores["z"] = logit_difference(scores["logit_neg"], scores["logit_pos"])
+    scores["raw_score"] = scaled_score(scores["z"])
+    scores["scaled_score"] = scaled_score(scores["z"], scores["temperature"].to_numpy())
+    columns = list(logits.columns) + ["z", "temperature", "raw_score", "scaled_score"]
+    return scores[columns]
+
+
+def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
+                      splits: tuple[str, ...] = ("val", "test"), n_bins: int = 10) -> pd.DataFrame:
+    """NLL, Brier and ECE of raw and temperature-scaled scores per split (Table 3 layout)."""
+    frame = scores[scores["checkpoint_id"] == checkpoint_id]
+    rows = []
+    for split in splits:
+        part = frame[frame["role"] == split]
+        if part.empty:
+            raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+        temperature = float(part["temperature"].iloc[0])
+        for kind, column, t in (("raw", "raw_score", 1.0), ("scaled", "scaled_score", temperature)):
+            rows.append({"checkpoint_id": checkpoint_id, "split": SPLIT_LABELS[split],
+                         "score": SCORE_KINDS[kind], "temperature": t, "n": len(part),
+                         "nll": nll(part["z"], part["target"], t),
+                         "brier": brier(part[column], part["target"]),
+                         "ece": ece(part[column], part["target"], n_bins)})
+    return pd.DataFrame(rows)
+
+
+def reliability_raw_vs_scaled(scores: pd.DataFrame, checkpoint_id: str, split: str = "test",
+                              n_bins: int = 10) -> pd.DataFrame:
+    """Reliability tables of raw and scaled scores stacked, with a ``score`` column."""
+    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
+    tables = []
+    for kind, column in (("raw", "raw_score"), ("scaled", "scaled_score")):
+        table = reliability_table(part[column], part["target"], n_bins)
+        table.insert(0, "score", SCORE_KINDS[kind])
+        table.insert(0, "split", split)
+        table.insert(0, "checkpoint_id", checkpoint_id)
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True)
+
+
+def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str = "test",
+                          threshold: float = 0.5) -> pd.DataFrame:
+    """Per source category at the unchanged decision boundary (scaled score >= threshold).
+
+    Positive sources: sensitivity, mean scaled score, false negatives and their share of all
+    false negatives. Negative sources: false-positive rate, mean scaled score, false positives
+    and their share of all false positives.
+    """
+    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
+    if part.empty:
+        raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+    called_positive = part["scaled_score"] >= threshold
+    errors = called_positive != (part["target"] == 1)
+    total_fn = int((errors & (part["target"] == 1)).sum())
+    total_fp = int((errors & (part["target"] == 0)).sum())
+    rows = []
+    for (target, source), group in part.groupby(["target", "source"], sort=True):
+        positive_call = called_positive[group.index]
+        n_errors = int((positive_call != (target == 1)).sum())
+        total = total_fn if target == 1 else total_fp
+        rows.append({"target": int(target), "source": source, "n": len(group),
+                     "sensitivity": float(positive_call.mean()) if target == 1 else np.nan,
+                     "false_positive_rate": float(positive_call.mean()) if target == 0 else np.nan,
+                     "mean_scaled_score": float(group["scaled_score"].mean()),
+                     "false_negatives": n_errors if target == 1 else 0,
+                     "false_positives": n_errors if target == 0 else 0,
+                     "share_of_errors": n_errors / total if total else np.nan})
+    table = pd.DataFrame(rows).sort_values(["target", "source"], ascending=[False, True])
+    return table.reset_index(drop=True)
+
+
+def write_outputs(run_dir: str | Path, temperatures: pd.DataFrame, scores: pd.DataFrame,
+                  reliability_test: pd.DataFrame) -> list[Path]:
+    """Write temperatures.csv, scores.parquet and reliability_test.csv under <run_dir>/calibration."""
+    folder = Path(run_dir) / "calibration"
+    return [write_csv_atomic(temperatures, folder / "temperatures.csv"),
+            write_parquet_atomic(scores, folder / "scores.parquet"),
+            write_csv_atomic(reliability_test, folder / "reliability_test.csv")]
+
+
+def plot_reliability_with_counts(reliability: pd.DataFrame):
+    """Figure: (A) reliability raw vs temperature-scaled, (B) images per score bin.
+
+    ``reliability`` is ``reliability_raw_vs_scaled`` output. Panel A is drawn by
+    ``calibration_figures.draw_reliability`` (the same drawing as Figure 2A).
+    """
+    import matplotlib.pyplot as plt
+
+    from endoexplain_core.calibration_figures import SCORE_COLOURS, draw_reliability
+
+    fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.2),
+                                             gridspec_kw={"width_ratios": [1, 1.1]})
+    draw_reliability(curve_ax, reliability)
+    curve_ax.set_title("A  Reliability", loc="left")
+    width = 0.045
+    for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
+        part = reliability[reliability["score"] == kind]
+        centres = (part["lower"] + part["upper"]) / 2 + offset
+        count_ax.bar(centres, part["count"], width=width, color=SCORE_COLOURS[kind],
+                     label=f"{kind} score")
+    count_ax.set_yscale("symlog", linthresh=1)
+    count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
+    count_ax.set_title("B  Bin counts", loc="left")
+    count_ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,105 @@
+"""Figure 2: (A) reliability of raw vs temperature-scaled scores on the test split; (B) CAM
+failure (peak outside the lesion) vs the score threshold, with eligible counts.
+
+Inputs are the run artefacts: ``<run_dir>/calibration/reliability_test.csv`` (02_calibration:
+checkpoint_id, split, score = "Raw" | "Temperature-scaled", bin, lower, upper, count,
+mean_score, observed_frequency) and ``<run_dir>/robustness/threshold_sensitivity.csv``
+(04_robustness: threshold, method, n_eligible, failure_rate, ci_low, ci_high).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from endoexplain_core import style
+
+RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
+THRESHOLD_COLUMNS = ("threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
+SCORE_COLOURS = {"Raw": "#999999", "Temperature-scaled": "#1f4e79"}
+
+
+def read_checked_csv(path: str | Path, columns: tuple[str, ...], producer: str) -> pd.DataFrame:
+    """Read a CSV artefact; name the file and the notebook that writes it on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run {producer} first")
+    table = pd.read_csv(path)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing} (written by {producer})")
+    if table.empty:
+        raise ValueError(f"{path}: has no rows (written by {producer})")
+    return table
+
+
+def draw_reliability(ax, reliability: pd.DataFrame) -> None:
+    """Observed positive frequency vs mean score per bin, raw and scaled; empty bins skipped.
+    Bin counts of the scaled curve are printed next to its points."""
+    ax.plot([0, 1], [0, 1], color="black", linewidth=0.7, linestyle=":", label="Perfect calibration")
+    for kind in ("Raw", "Temperature-scaled"):
+        part = reliability[(reliability["score"] == kind) & (reliability["count"] > 0)]
+        ax.plot(part["mean_score"], part["observed_frequency"], marker="o", markersize=3,
+                linewidth=1.0, color=SCORE_COLOURS[kind], label=f"{kind} score")
+        if kind == "Temperature-scaled":
+            for x, y, n in zip(part["mean_score"], part["observed_frequency"], part["count"]):
+                ax.annotate(f"{int(n)}", (x, y), textcoords="offset points", xytext=(3, -8),
+                            fontsize=6, color=SCORE_COLOURS[kind])
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("Mean score in bin")
+    ax.set_ylabel("Observed frequency of target")
+    ax.legend(frameon=False, loc="upper left")
+
+
+def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
+    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top."""
+    thresholds = np.sort(sensitivity["threshold"].unique())
+    order = [m for m in (*style.CAM_METHODS, *style.BASELINES) if m in set(sensitivity["method"])]
+    offsets = np.linspace(-0.006, 0.006, len(order)) if len(order) > 1 else [0.0]
+    for offset, method in zip(offsets, order):
+        part = sensitivity[sensitivity["method"] == method].sort_values("threshold")
+        errors = np.vstack([part["failure_rate"] - part["ci_low"], part["ci_high"] - part["failure_rate"]])
+        ax.errorbar(part["threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
+                    markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
+                    color=style.METHOD_COLOURS.get(method, "black"),
+                    linestyle="--" if method in style.BASELINES else "-",
+                    label=style.method_label(method))
+    counts = sensitivity.groupby("threshold")["n_eligible"].max()
+    for threshold in thresholds:
+        ax.annotate(f"n={int(counts.loc[threshold])}", (threshold, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(thresholds)
+    ax.set_xticklabels([f"{t:.2f}" for t in thresholds])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("Temperature-scaled score threshold")
+    ax.set_ylabel("Peak outside lesion (95% CI)")
+    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+
+
+def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame):
+    """Figure 2 with panels A (reliability) and B (failure vs threshold)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.1),
+                                      gridspec_kw={"width_ratios": [1, 1.25]})
+    draw_reliability(left, reliability)
+    draw_threshold_sensitivity(right, sensitivity)
+    for ax, letter in ((left, "A"), (right, "B")):
+        ax.text(-0.18, 1.06, letter, transform=ax.transAxes, fontsize=11, fontweight="bold")
+    fig.text(0.01, -0.01, style.EIGEN_FOOTNOTE, fontsize=7, ha="left", va="top")
+    fig.tight_layout()
+    return fig
+
+
+def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str:
+    """One-line caption computed from the two tables (test n; eligible n per threshold)."""
+    n_test = int(reliability.loc[reliability["score"] == "Raw", "count"].sum())
+    counts = sensitivity.groupby("threshold")["n_eligible"].max()
+    eligible = ", ".join(f"{int(n)} at ≥ {t:.2f}" for t, n in counts.items())
+    return (f"Figure 2. A: reliability of raw and temperature-scaled scores on the test split "
+            f"(n = {n_test} images, 10 equal-width bins; numbers are bin counts). B: share of "
+            f"high-score masked images whose CAM peak lies outside the lesion, with 95% "
+            f"bootstrap CIs; eligible images: {eligible}.")

@@ -1,0 +1,189 @@
+"""Fused class activation maps: five CAM methods from one forward and one backward pass.
+
+Formulas follow pytorch-grad-cam 1.5.x, with A = target-layer activation (B, C, h, w) and
+g = d logit[target_class] / dA (same shape):
+
+  gradcam    weights w_c = mean_hw g                      cam = sum_c w_c A_c
+  gradcampp  a = g^2 / (2 g^2 + S_c g^3 + 1e-6) (0 where g == 0), S_c = sum_hw A_c,
+             w_c = sum_hw relu(g) a                      cam = sum_c w_c A_c
+  xgradcam   w_c = sum_hw g A_c / (S_c + 1e-7)             cam = sum_c w_c A_c
+  hirescam   cam = sum_c g_c A_c (element-wise, no pooling of the gradient)
+  eigencam   cam = projection of the spatially centred activations (h*w rows, C columns) on
+             their first right singular vector, with the sign chosen so that the projection's
+             largest-magnitude value is positive (the library leaves the sign arbitrary).
+             Class-agnostic: it ignores ``target_class``.
+
+Then, for every method, as three separate steps: ReLU; bilinear resize to the input size
+(half-pixel centres, no antialiasing, as cv2.resize); per-image min-max to [0, 1]. A map whose
+range is exactly zero after the resize (e.g. all-negative before the ReLU) becomes all zeros;
+``threshold.tie_diagnostics`` flags it. The library min-maxes before and after resizing; since
+bilinear resizing commutes with affine rescaling, both orders agree up to its 1e-7 epsilon.
+
+Cost: the layers before the target layer run without autograd (no graph is recorded) and the
+backward pass runs only from the logit to the target activation, so the five maps cost about
+one inference forward. Model parameter gradients (``.grad``) are never touched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
+GRADIENT_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam")
+
+_GRADCAMPP_EPS = 1e-6  # pytorch-grad-cam GradCAMPlusPlus
+_XGRADCAM_EPS = 1e-7  # pytorch-grad-cam XGradCAM
+
+
+def _resolve_layer(model: nn.Module, target_layer: nn.Module | str) -> nn.Module:
+    if isinstance(target_layer, str):
+        try:
+            return model.get_submodule(target_layer)
+        except AttributeError as error:
+            raise ValueError(f"target layer {target_layer!r} is not a module of the model") from error
+    if not any(module is target_layer for module in model.modules()):
+        raise ValueError(f"target layer {type(target_layer).__name__} is not a module of the model")
+    return target_layer
+
+
+class _ActivationCapture:
+    """Forward hook: detaches the target activation, makes it the autograd leaf, and switches
+    gradient recording on for the rest of the forward pass (the caller's ``torch.no_grad``
+    block restores the previous mode when it exits, also on errors)."""
+
+    def __init__(self, record_graph: bool) -> None:
+        self.record_graph = record_graph
+        self.activation: torch.Tensor | None = None
+        self.calls = 0
+
+    def __call__(self, module: nn.Module, inputs, output):
+        if not isinstance(output, torch.Tensor) or output.dim() != 4:
+            raise ValueError(f"target layer {type(module).__name__} must output a (B, C, h, w) tensor")
+        self.calls += 1
+        leaf = output.detach().requires_grad_(self.record_graph)
+        self.activation = leaf
+        if self.record_graph:
+            torch.set_grad_enabled(True)
+        # A clone so that in-place operations after the layer do not modify the leaf.
+        return leaf.clone()
+
+
+def _forward_with_activation_gradient(model: nn.Module, layer: nn.Module, images: torch.Tensor,
+                                      target_class: int, need_gradient: bool):
+    """Return (activation (B,C,h,w), gradient or None, logits (B,K)), all detached."""
+    capture = _ActivationCapture(record_graph=need_gradient)
+    handle = layer.register_forward_hook(capture)
+    try:
+        with torch.no_grad():  # trunk: no graph; the hook enables recording from the layer on
+            logits = model(images)
+    finally:
+        handle.remove()
+    if capture.calls != 1:
+        raise ValueError(f"target layer ran {capture.calls} times in one forward pass; expected once")
+    activation = capture.activation
+    if logits.dim() != 2 or not 0 <= target_class < logits.shape[1]:
+        raise ValueError(f"target_class {target_class} is not a column of logits of shape {tuple(logits.shape)}")
+    gradient = None
+    if need_gradient:
+        (gradient,) = torch.autograd.grad(logits[:, target_class].sum(), activation)
+    return activation.detach(), gradient, logits.detach()
+
+
+def _channel_weight_cam(weights: torch.Tensor, activation: torch.Tensor) -> torch.Tensor:
+    """sum_c weights[b, c] * activation[b, c] -> (B, h, w)."""
+    return torch.einsum("bc,bchw->bhw", weights, activation)
+
+
+def _gradient_cams(activation: torch.Tensor, gradient: torch.Tensor, methods) -> dict[str, torch.Tensor]:
+    cams: dict[str, torch.Tensor] = {}
+    channel_sum = activation.sum(dim=(2, 3), keepdim=True)  # S_c, (B, C, 1, 1)
+    if "gradcam" in methods:
+        cams["gradcam"] = _channel_weight_cam(gradient.mean(dim=(2, 3)), activation)
+    if "gradcampp" in methods:
+        gradient_2 = gradient.pow(2)
+        alpha = gradient_2 / (2 * gradient_2 + channel_sum * gradient_2 * gradient + _GRADCAMPP_EPS)
+        alpha = torch.where(gradient != 0, alpha, torch.zeros_like(alpha))
+        cams["gradcampp"] = _channel_weight_cam((gradient.clamp(min=0) * alpha).sum(dim=(2, 3)), activation)
+    if "xgradcam" in methods:
+        weights = (gradient * activation / (channel_sum + _XGRADCAM_EPS)).sum(dim=(2, 3))
+        cams["xgradcam"] = _channel_weight_cam(weights, activation)
+    if "hirescam" in methods:
+        cams["hirescam"] = (gradient * activation).sum(dim=1)
+    return cams
+
+
+def eigen_projection(activation: torch.Tensor) -> torch.Tensor:
+    """First principal component projection of each image's activation, sign-fixed.
+
+    activation : (B, C, h, w) float. Each image's activation is reshaped to an (h*w, C)
+    matrix, centred per channel over space, and projected on its first right singular vector.
+    The sign is chosen so that the projection's largest-magnitude value is positive (when the
+    most negative value is larger in magnitude than the largest one, the map is negated).
+    Returns (B, h, w) float32, before ReLU. Batched SVD in torch, on the input's device.
+    """
+    batch, channels, height, width = activation.shape
+    rows = activation.float().reshape(batch, channels, height * width).transpose(1, 2)
+    centred = rows - rows.mean(dim=1, keepdim=True)
+    _, _, right_vectors_t = torch.linalg.svd(centred, full_matrices=False)
+    projection = torch.einsum("bnc,bc->bn", centred, right_vectors_t[:, 0, :])
+    flip = projection.amin(dim=1).abs() > projection.amax(dim=1).abs()
+    projection = torch.where(flip[:, None], -projection, projection)
+    return projection.reshape(batch, height, width)
+
+
+def minmax_per_map(maps: torch.Tensor) -> torch.Tensor:
+    """Rescale every map of (..., H, W) to [0, 1]; maps with zero range become all zeros."""
+    low = maps.amin(dim=(-2, -1), keepdim=True)
+    span = maps.amax(dim=(-2, -1), keepdim=True) - low
+    scaled = (maps - low) / torch.where(span > 0, span, torch.ones_like(span))
+    return torch.where(span > 0, scaled, torch.zeros_like(scaled))
+
+
+def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.Tensor,
+                 target_class: int = 1, methods=CAM_METHODS, return_logits: bool = False):
+    """Compute several CAMs of ``images`` from one forward and (at most) one backward pass.
+
+    Parameters
+    ----------
+    model : classifier returning logits (B, K). Put in eval mode here and left in eval mode.
+    target_layer : the module (or its ``get_submodule`` path) whose output is used; it must
+        run exactly once per forward pass and output (B, C, h, w).
+    images : float tensor (B, 3, H, W), normalised model input, on the model's device.
+    target_class : logit column the gradient methods explain (1 = positive class).
+    methods : subset of ``CAM_METHODS``, in any order.
+    return_logits : also return the logits of the very same forward pass.
+
+    Returns
+    -------
+    dict method -> float32 tensor (B, H, W) in [0, 1] on the images' device (ReLU, bilinear
+    resize, per-image min-max; zero-range maps are all zeros); with ``return_logits`` a tuple
+    ``(maps, logits)`` with logits float (B, K), detached.
+
+    Hooks are removed even when an error occurs; parameters' ``.grad`` are left untouched.
+    """
+    methods = tuple(methods)
+    unknown = [m for m in methods if m not in CAM_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"unknown CAM methods {unknown}; choose from {CAM_METHODS}")
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
+        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a float tensor (B, C, H, W); got {shape}")
+    layer = _resolve_layer(model, target_layer)
+    model.eval()
+    need_gradient = any(m in GRADIENT_METHODS for m in methods)
+    activation, gradient, logits = _forward_with_activation_gradient(
+        model, layer, images, target_class, need_gradient)
+    activation = activation.float()
+    with torch.no_grad():
+        raw = _gradient_cams(activation, gradient.float(), methods) if need_gradient else {}
+        if "eigencam" in methods:
+            raw["eigencam"] = eigen_projection(activation)
+        stacked = torch.stack([raw[m] for m in methods])  # (M, B, h, w)
+        stacked = stacked.clamp(min=0)  # ReLU
+        resized = F.interpolate(stacked.flatten(0, 1)[:, None], size=images.shape[-2:],
+                                mode="bilinear", align_corners=False)[:, 0]
+        normalised = minmax_per_map(resized).reshape(len(methods), images.shape[0], *images.shape[-2:])
+    maps = {method: normalised[i] for i, method in enumerate(methods)}
+    return (maps, logits) if return_logits else maps

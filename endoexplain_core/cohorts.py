@@ -1,0 +1,358 @@
+"""External mask cohorts: one adapter per dataset layout, real downloads and synthetic copies alike.
+
+Every adapter returns ``(cases, report)``:
+
+- ``cases``: a DataFrame with one row per *case* (a unique frame, after collapsing byte-identical
+  frames) and the columns of ``CASE_COLUMNS``: ``dataset``, ``sample_id`` (unique within the
+  cohort), ``image_path`` (the case's first frame, POSIX path relative to the data root),
+  ``mask_paths`` (tuple of relative mask paths; several when identical frames were collapsed:
+  the case's mask is their union), ``frame_paths`` (tuple of every collapsed frame),
+  ``centre`` and ``modality`` (``""`` where the dataset has no such label), ``sha256`` (hex of
+  the image bytes), ``ahash`` (16x16 average hash, 64 hex characters, as in the HyperKvasir
+  manifest), ``height``, ``width`` (pixels) and ``lesion_pixels`` (count of mask pixels).
+- ``report``: a ``CohortReport`` with the rows read, the duplicate frames collapsed and every
+  exclusion with its reason (a case whose mask has no positive pixel is excluded from
+  localisation, never scored).
+
+Bad input raises an error naming the file: ``CohortError`` for a missing cohort folder, an
+unknown layout or an image without a mask; ``imageio.MaskSizeError`` for a mask whose size
+differs from its image; ``imageio.ImageReadError`` for an undecodable frame or mask.
+
+Layouts (docs/architecture.md, DESIGN.md section 9), relative to the data root:
+``ETIS-LaribPolypDB/ETIS-LaribPolypDB/<n>.tif`` + ``ETIS-LaribPolypDB/Ground Truth/p<n>.tif``
+(or ``GroundTruth``); ``PolypGen/data_C<k>/{images_C<k>,masks_C<k>}`` with ``<stem>_mask.jpg``;
+``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}``; ``Kvasir-SEG/{images,masks}``;
+``CVC-ClinicDB/{Original,Ground Truth}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from endoexplain_core import imageio, roles
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+EMPTY_MASK = "mask has no positive pixel (excluded from localisation)"
+CASE_COLUMNS = ("dataset", "sample_id", "image_path", "mask_paths", "frame_paths", "centre",
+                "modality", "sha256", "ahash", "height", "width", "lesion_pixels")
+
+DATASET_FOLDERS = {"etis": "ETIS-LaribPolypDB", "polypgen": "PolypGen", "polypdb": "PolypDB",
+                   "kvasir_seg": "Kvasir-SEG", "cvc_clinicdb": "CVC-ClinicDB"}
+DATASET_LABELS = {"etis": "ETIS-LaribPolypDB", "polypgen": "PolypGen", "polypdb": "PolypDB",
+                  "kvasir_seg": "Kvasir-SEG", "cvc_clinicdb": "CVC-ClinicDB"}
+
+
+class CohortError(ValueError):
+    """A cohort folder cannot be read as its dataset's layout; the message names the file."""
+
+
+@dataclass
+class CohortReport:
+    """What an adapter read and left out.
+
+    ``rows_read``: image files indexed. ``duplicates_collapsed``: frames merged into another
+    case because their bytes are identical. ``exclusions``: (relative path, reason) per excluded
+    case. ``notes``: layout remarks (e.g. trees that were deliberately not indexed).
+    """
+
+    dataset: str
+    root: Path
+    rows_read: int = 0
+    duplicates_collapsed: int = 0
+    exclusions: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def excluded_count(self, reason: str | None = None) -> int:
+        """Number of excluded cases, for one reason or all."""
+        return sum(1 for _, why in self.exclusions if reason is None or why == reason)
+
+    def summary(self) -> dict:
+        """One table row: counts read, collapsed, excluded (by reason) and kept."""
+        kept = self.rows_read - self.duplicates_collapsed - self.excluded_count()
+        by_reason = "; ".join(f"{why}: {self.excluded_count(why)}"
+                              for why in dict.fromkeys(why for _, why in self.exclusions))
+        return {"dataset": self.dataset, "rows_read": self.rows_read,
+                "duplicates_collapsed": self.duplicates_collapsed,
+                "excluded": self.excluded_count(), "exclusion_reasons": by_reason,
+                "cases": kept, "notes": " ".join(self.notes)}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One image file of a cohort before duplicate collapsing (paths absolute)."""
+
+    sample_id: str
+    image: Path
+    mask: Path
+    centre: str = ""
+    modality: str = ""
+
+
+# --------------------------------------------------------------------------- file helpers
+
+def content_hashes(path: Path) -> tuple[str, str, tuple[int, int]]:
+    """SHA-256 of the file bytes, its 16x16 average hash (64 hex chars) and its (height, width).
+
+    Computed by ``roles.hash_image_bytes``, the function that hashes the HyperKvasir manifest,
+    so hashes compare across cohorts. An undecodable file raises ``ImageReadError`` naming it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CohortError(f"{path}: file does not exist")
+    hashed = roles.hash_image_bytes(path.read_bytes(), path)
+    return hashed["sha256"], hashed["ahash"], (hashed["height"], hashed["width"])
+
+
+def _natural_key(text: str) -> list:
+    """Sort key that orders ``2`` before ``10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """Image files directly in ``folder`` (any case of the usual suffixes), naturally sorted."""
+    files = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(files, key=lambda p: _natural_key(p.name))
+
+
+def _mask_index(mask_dir: Path) -> dict[str, Path]:
+    index: dict[str, Path] = {}
+    for candidate in _images_in(mask_dir):
+        index.setdefault(candidate.stem, candidate)
+    return index
+
+
+def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
+                image: Path) -> Path:
+    for stem in stems:
+        if stem in index:
+            return index[stem]
+    expected = " or ".join(f"'{s}.*'" for s in stems)
+    raise CohortError(f"{image}: no mask {expected} in {mask_dir}")
+
+
+def _one_folder(root: Path, names: tuple[str, ...], what: str) -> Path:
+    """The single existing folder among ``names`` (spelling variants, e.g. ``Ground Truth``
+    with its space and ``GroundTruth``)."""
+    found = [root / name for name in names if (root / name).is_dir()]
+    if len(found) > 1:
+        raise CohortError(f"{root}: several {what} folders ({', '.join(p.name for p in found)}); "
+                          f"keep one")
+    if not found:
+        raise CohortError(f"{root}: unknown layout: no {what} folder "
+                          f"({' or '.join(repr(n) for n in names)}); found {_listing(root)}")
+    return found[0]
+
+
+GROUND_TRUTH_NAMES = ("Ground Truth", "GroundTruth")
+
+
+def _listing(folder: Path) -> str:
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    return "[" + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "") + "]"
+
+
+def _cohort_root(data_root: Path, dataset: str) -> Path:
+    root = Path(data_root) / DATASET_FOLDERS[dataset]
+    if not root.is_dir():
+        raise CohortError(f"{root}: {DATASET_LABELS[dataset]} folder not found under the data "
+                          f"root {data_root}")
+    return root
+
+
+# --------------------------------------------------------------------------- case building
+
+def build_cases(dataset: str, data_root: Path, frames: list[Frame],
+                report: CohortReport) -> pd.DataFrame:
+    """Hash and check every frame, collapse byte-identical frames, drop empty masks.
+
+    Frames with identical SHA-256 become one case named after the first frame (in the given
+    order) whose mask is the union of their masks. A case whose (union) mask has no positive
+    pixel is excluded and recorded in ``report``. Mask and image must have the same size.
+    """
+    data_root = Path(data_root)
+    report.rows_read = len(frames)
+    groups: dict[str, list[tuple[Frame, str, tuple[int, int], int]]] = {}
+    for frame in frames:
+        sha256, ahash, shape = content_hashes(frame.image)
+        mask = imageio.read_mask(frame.mask)
+        imageio.check_mask_size(frame.image, shape, frame.mask, mask.shape)
+        groups.setdefault(sha256, []).append((frame, ahash, shape, int(mask.sum())))
+
+    rows = []
+    for sha256, members in groups.items():
+        first, ahash, (height, width), _ = members[0]
+        report.duplicates_collapsed += len(members) - 1
+        lesion_pixels = (int(_union_mask([m[0].mask for m in members]).sum())
+                         if len(members) > 1 else members[0][3])
+        relative = lambda path: path.relative_to(data_root).as_posix()  # noqa: E731
+        if lesion_pixels == 0:
+            report.exclusions.append((relative(first.image), EMPTY_MASK))
+            continue
+        rows.append({"dataset": dataset, "sample_id": first.sample_id,
+                     "image_path": relative(first.image),
+                     "mask_paths": tuple(relative(m[0].mask) for m in members),
+                     "frame_paths": tuple(relative(m[0].image) for m in members),
+                     "centre": first.centre, "modality": first.modality, "sha256": sha256,
+                     "ahash": ahash, "height": height, "width": width,
+                     "lesion_pixels": lesion_pixels})
+    cases = pd.DataFrame(rows, columns=list(CASE_COLUMNS))
+    if cases["sample_id"].duplicated().any():
+        repeated = cases.loc[cases["sample_id"].duplicated(), "sample_id"].tolist()[:5]
+        raise CohortError(f"{report.root}: sample ids are not unique: {repeated}")
+    return cases.astype({"height": "int64", "width": "int64", "lesion_pixels": "int64"})
+
+
+def _union_mask(paths: list[Path]) -> np.ndarray:
+    union = imageio.read_mask(paths[0])
+    for path in paths[1:]:
+        union = union | imageio.read_mask(path)
+    return union
+
+
+def load_case(case: pd.Series | dict, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Image (uint8 HxWx3) and mask (bool HxW, union over collapsed frames) of one case."""
+    data_root = Path(data_root)
+    image = imageio.read_rgb(data_root / case["image_path"])
+    mask = _union_mask([data_root / p for p in case["mask_paths"]])
+    imageio.check_mask_size(data_root / case["image_path"], image.shape,
+                            data_root / case["mask_paths"][0], mask.shape)
+    return image, mask
+
+
+def iter_cases(cases: pd.DataFrame, data_root: Path) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Stream ``(sample_id, image uint8 HxWx3, mask bool HxW)`` one case at a time."""
+    for case in cases.to_dict("records"):
+        image, mask = load_case(case, data_root)
+        yield case["sample_id"], image, mask
+
+
+# --------------------------------------------------------------------------- adapters
+
+def read_etis(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """ETIS-LaribPolypDB: ``<n>.tif`` frames, ``Ground Truth/p<n>.tif`` masks.
+
+    Byte-identical frames (the dataset holds a few) are collapsed into one case whose mask is
+    the union of their masks. ``sample_id`` is the frame number.
+    """
+    root = _cohort_root(data_root, "etis")
+    image_dir = root / "ETIS-LaribPolypDB"
+    if not image_dir.is_dir():
+        raise CohortError(f"{root}: unknown layout: expected the frame folder "
+                          f"'ETIS-LaribPolypDB' inside it; found {_listing(root)}")
+    mask_dir = _one_folder(root, GROUND_TRUTH_NAMES, "mask")
+    masks = _mask_index(mask_dir)
+    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (f"p{image.stem}", image.stem),
+                                                   image))
+              for image in _images_in(image_dir)]
+    if not frames:
+        raise CohortError(f"{image_dir}: no image files")
+    report = CohortReport("etis", root)
+    report.notes.append(f"masks read from '{mask_dir.name}'.")
+    return build_cases("etis", data_root, frames, report), report
+
+
+def read_polypgen(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """PolypGen single frames: ``data_C<k>/images_C<k>/<stem>.jpg`` + ``masks_C<k>/<stem>_mask.jpg``.
+
+    The centre label ``C<k>`` is kept; ``sample_id`` is ``C<k>/<stem>``. Empty-mask frames are
+    excluded from localisation and counted; ``sequenceData`` (videos) is not indexed.
+    """
+    root = _cohort_root(data_root, "polypgen")
+    centre_dirs = sorted((p for p in root.iterdir() if p.is_dir() and re.fullmatch(r"data_C\d+", p.name)),
+                         key=lambda p: _natural_key(p.name))
+    if not centre_dirs:
+        raise CohortError(f"{root}: unknown layout: expected data_C1..data_C6 folders; "
+                          f"found {_listing(root)}")
+    report = CohortReport("polypgen", root)
+    if (root / "sequenceData").exists():
+        report.notes.append("sequenceData (video sequences) not indexed.")
+    frames = []
+    for centre_dir in centre_dirs:
+        centre = centre_dir.name.removeprefix("data_")
+        image_dir, mask_dir = centre_dir / f"images_{centre}", centre_dir / f"masks_{centre}"
+        for folder in (image_dir, mask_dir):
+            if not folder.is_dir():
+                raise CohortError(f"{centre_dir}: unknown layout: missing folder '{folder.name}'; "
+                                  f"found {_listing(centre_dir)}")
+        masks = _mask_index(mask_dir)
+        frames += [Frame(f"{centre}/{image.stem}", image,
+                         _match_mask(masks, mask_dir, (f"{image.stem}_mask",), image), centre=centre)
+                   for image in _images_in(image_dir)]
+    return build_cases("polypgen", data_root, frames, report), report
+
+
+def read_polypdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """PolypDB centre-wise tree: ``PolypDB_center_wise/<centre>/<modality>/{images,masks}``.
+
+    Centre and modality are kept; ``sample_id`` is ``<centre>/<modality>/<stem>``. The
+    modality-wise tree re-organises the same images and is deliberately not indexed.
+    """
+    root = _cohort_root(data_root, "polypdb")
+    tree = root / "PolypDB_center_wise"
+    if not tree.is_dir():
+        raise CohortError(f"{root}: unknown layout: the centre-wise tree 'PolypDB_center_wise' "
+                          f"is missing (only it is indexed); found {_listing(root)}")
+    report = CohortReport("polypdb", root)
+    ignored = [p.name for p in root.iterdir() if p.is_dir() and p.name != tree.name]
+    if ignored:
+        report.notes.append(f"not indexed (same images re-organised): {', '.join(sorted(ignored))}.")
+    frames = []
+    for centre_dir in sorted((p for p in tree.iterdir() if p.is_dir()), key=lambda p: p.name):
+        for modality_dir in sorted((p for p in centre_dir.iterdir() if p.is_dir()),
+                                   key=lambda p: p.name):
+            image_dir, mask_dir = modality_dir / "images", modality_dir / "masks"
+            for folder in (image_dir, mask_dir):
+                if not folder.is_dir():
+                    raise CohortError(f"{modality_dir}: unknown layout: missing folder "
+                                      f"'{folder.name}'; found {_listing(modality_dir)}")
+            masks = _mask_index(mask_dir)
+            frames += [Frame(f"{centre_dir.name}/{modality_dir.name}/{image.stem}", image,
+                             _match_mask(masks, mask_dir, (image.stem,), image),
+                             centre=centre_dir.name, modality=modality_dir.name)
+                       for image in _images_in(image_dir)]
+    if not frames:
+        raise CohortError(f"{tree}: no <centre>/<modality>/images files found")
+    return build_cases("polypdb", data_root, frames, report), report
+
+
+def read_kvasir_seg(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """Kvasir-SEG: ``images/<id>.jpg`` + ``masks/<id>.jpg`` (the pictures of HyperKvasir's
+    segmented set, so a hash audit against the manifest is expected to exclude them all)."""
+    return _paired_folders("kvasir_seg", data_root, ("images",), ("masks",))
+
+
+def read_cvc_clinicdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """CVC-ClinicDB: ``Original/<n>.tif`` + ``Ground Truth/<n>.tif`` (.png in some mirrors)."""
+    return _paired_folders("cvc_clinicdb", data_root, ("Original",), GROUND_TRUTH_NAMES)
+
+
+def _paired_folders(dataset: str, data_root: Path, image_names: tuple[str, ...],
+                    mask_names: tuple[str, ...]) -> tuple[pd.DataFrame, CohortReport]:
+    """Cohorts with one image folder and one mask folder whose files share stems."""
+    root = _cohort_root(data_root, dataset)
+    image_dir = _one_folder(root, image_names, "image")
+    mask_dir = _one_folder(root, mask_names, "mask")
+    masks = _mask_index(mask_dir)
+    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (image.stem,), image))
+              for image in _images_in(image_dir)]
+    if not frames:
+        raise CohortError(f"{image_dir}: no image files")
+    report = CohortReport(dataset, root)
+    return build_cases(dataset, data_root, frames, report), report
+
+
+ADAPTERS = {"etis": read_etis, "polypgen": read_polypgen, "polypdb": read_polypdb,
+            "kvasir_seg": read_kvasir_seg, "cvc_clinicdb": read_cvc_clinicdb}
+
+
+def read_cohort(dataset: str, data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+    """Dispatch to the adapter of ``dataset`` (a key of ``ADAPTERS``)."""
+    if dataset not in ADAPTERS:
+        raise CohortError(f"unknown cohort '{dataset}'; known: {', '.join(ADAPTERS)}")
+    return ADAPTERS[dataset](Path(data_root))

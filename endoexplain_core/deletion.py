@@ -1,0 +1,149 @@
+"""Deletion response: how much the positive logit falls when a set of pixels is removed.
+
+"Removing" a pixel sets it to 0 in all channels of the normalised input, i.e. to the
+ImageNet mean colour. The CAM deletion removes each map's top-area pixels
+(``threshold.top_fraction_mask``); the control removes the same number of pixels chosen at
+random, 20 times per image, with a seed derived from (sample id, repetition).
+
+Drops are ``reference - deleted`` (positive = the evidence was in the removed pixels), for the
+positive logit and for the binary logit difference z = logit_pos - logit_neg.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+RANDOM_REPETITIONS = 20
+
+
+def sample_key(sample_id: str) -> int:
+    """Stable non-negative 63-bit integer of a sample id (first 8 bytes of its SHA-256)."""
+    digest = hashlib.sha256(str(sample_id).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") & (2 ** 63 - 1)
+
+
+def repetition_seed(key: int, repetition: int) -> int:
+    """Seed of random deletion ``repetition`` of the sample with ``key`` (SHA-256 derived,
+    so it never coincides with the random heat map's seed ``key``)."""
+    return sample_key(f"random-deletion/{int(key)}/{int(repetition)}")
+
+
+def _check_keep(images: torch.Tensor, keep: torch.Tensor) -> None:
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
+        raise ValueError(f"images must be a float tensor (B, C, H, W); got "
+                         f"{tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__}")
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        raise ValueError("keep must be a bool tensor (True = pixel to delete)")
+    if keep.shape[-3:] != (images.shape[0], *images.shape[-2:]):
+        raise ValueError(f"keep {tuple(keep.shape)} does not match images {tuple(images.shape)} "
+                         "(expected (..., B, H, W))")
+
+
+def delete_pixels(images: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Copy of ``images`` (B, C, H, W) with the pixels where ``keep`` (bool (B, H, W)) is True
+    set to 0 in every channel (normalised space: the ImageNet mean colour)."""
+    _check_keep(images, keep)
+    if keep.dim() != 3:
+        raise ValueError(f"keep must be (B, H, W); got {tuple(keep.shape)}")
+    return images.masked_fill(keep[:, None], 0.0)
+
+
+def deletion_logits(model: nn.Module, images: torch.Tensor, keeps: torch.Tensor,
+                    chunk_size: int = 64) -> torch.Tensor:
+    """Logits after each of M deletions: float (M, B, K).
+
+    images : (B, C, H, W) normalised input. keeps : bool (M, B, H, W), True = delete.
+    chunk_size : at most this many deleted images per no-grad forward (whole deletions are
+    grouped, at least one per forward). The model is put in eval mode.
+    """
+    _check_keep(images, keeps)
+    if keeps.dim() != 4:
+        raise ValueError(f"keeps must be (M, B, H, W); got {tuple(keeps.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive; got {chunk_size}")
+    model.eval()
+    n_deletions, batch = keeps.shape[:2]
+    per_forward = max(1, chunk_size // batch)
+    outputs = []
+    with torch.no_grad():
+        for start in range(0, n_deletions, per_forward):
+            chunk = keeps[start:start + per_forward]
+            deleted = images[None].masked_fill(chunk[:, :, None], 0.0)  # (m, B, C, H, W)
+            logits = model(deleted.flatten(0, 1))
+            outputs.append(logits.reshape(chunk.shape[0], batch, -1))
+    return torch.cat(outputs)
+
+
+def logit_drops(reference_logits: torch.Tensor, deleted_logits: torch.Tensor,
+                target_class: int = 1) -> torch.Tensor:
+    """Drop of the ``target_class`` logit: reference (B, K) minus deleted (..., B, K) -> (..., B)."""
+    return reference_logits[:, target_class] - deleted_logits[..., target_class]
+
+
+def logit_difference(logits: torch.Tensor, positive_class: int = 1, negative_class: int = 0) -> torch.Tensor:
+    """Binary logit difference z = logit_pos - logit_neg of (..., K) logits -> (...)."""
+    return logits[..., positive_class] - logits[..., negative_class]
+
+
+def logit_difference_drops(reference_logits: torch.Tensor, deleted_logits: torch.Tensor) -> torch.Tensor:
+    """Drop of z = logit_pos - logit_neg: reference (B, K) vs deleted (..., B, K) -> (..., B)."""
+    return logit_difference(reference_logits) - logit_difference(deleted_logits)
+
+
+def deletion_response(model: nn.Module, images: torch.Tensor, keep: torch.Tensor,
+                      target_class: int = 1, reference_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) drop of the ``target_class`` logit when the ``keep`` pixels (bool (B, H, W)) are deleted.
+
+    ``reference_logits`` (B, K) of the intact images may be passed (e.g. from
+    ``cams.compute_cams(..., return_logits=True)``) to save one forward pass.
+    """
+    _check_keep(images, keep)
+    if keep.dim() != 3:
+        raise ValueError(f"keep must be (B, H, W); got {tuple(keep.shape)}")
+    model.eval()
+    if reference_logits is None:
+        with torch.no_grad():
+            reference_logits = model(images)
+    deleted = deletion_logits(model, images, keep[None], chunk_size=images.shape[0])[0]
+    return logit_drops(reference_logits, deleted, target_class)
+
+
+def random_deletion_masks(sample_keys, n_pixels, height: int, width: int,
+                          repetitions: int = RANDOM_REPETITIONS, device=None) -> torch.Tensor:
+    """bool (R, B, H, W): for each repetition r and sample b exactly ``n_pixels[b]`` pixels.
+
+    Each (sample, repetition) gets its own CPU generator seeded with
+    ``repetition_seed(key, r)``; it draws one uniform float64 per pixel and the ``n_pixels[b]``
+    lowest-drawn pixels are deleted. The draws are made unique by appending the pixel index in
+    the low bits of an integer sort key, so the selection is exact and identical on every
+    device. Reproducible per (sample, repetition), independent of batch composition and of the
+    number of repetitions.
+    """
+    sample_keys = [int(key) for key in sample_keys]
+    n_pixels = torch.as_tensor(n_pixels, dtype=torch.int64).reshape(-1).cpu()
+    n_total = height * width
+    if n_pixels.numel() != len(sample_keys):
+        raise ValueError(f"{len(sample_keys)} sample keys but {n_pixels.numel()} pixel counts")
+    if ((n_pixels < 0) | (n_pixels > n_total)).any():
+        raise ValueError(f"pixel counts must lie in [0, {n_total}]; got {n_pixels.tolist()}")
+    if repetitions < 1:
+        raise ValueError(f"repetitions must be positive; got {repetitions}")
+    draws = torch.stack([
+        torch.stack([torch.rand(n_total, dtype=torch.float64,
+                                generator=torch.Generator().manual_seed(repetition_seed(key, r)))
+                     for key in sample_keys])
+        for r in range(repetitions)
+    ])  # (R, B, N), drawn on the CPU for device independence
+    index_bits = n_total.bit_length()
+    sort_keys = ((draws * 2.0 ** (62 - index_bits)).long() << index_bits) | torch.arange(n_total)
+    sort_keys = sort_keys.to(device)
+    largest_count = int(n_pixels.max())
+    keep = torch.zeros(repetitions, len(sample_keys), n_total, dtype=torch.bool, device=sort_keys.device)
+    if largest_count > 0:
+        lowest = torch.topk(sort_keys, largest_count, dim=-1, largest=False, sorted=True).indices
+        wanted = torch.arange(largest_count, device=keep.device) < n_pixels.to(keep.device)[:, None]
+        keep.scatter_(-1, lowest, wanted.expand_as(lowest))
+    return keep.reshape(repetitions, len(sample_keys), height, width)

@@ -1,0 +1,244 @@
+"""HyperKvasir adapter: the labelled lower-GI images and the segmented polyp subset.
+
+Reads a real HyperKvasir tree and the embedded synthetic one with the same code:
+
+    <data_root>/hyper-kvasir/labeled-images/lower-gi-tract/<group>/<category>/<file>
+    <data_root>/hyper-kvasir/labeled-images/upper-gi-tract/...          (counted, excluded)
+    <data_root>/hyper-kvasir/segmented-images/images/<stem>.jpg
+    <data_root>/hyper-kvasir/segmented-images/masks/<stem>.jpg          (white = polyp)
+
+Conventions:
+- One row per labelled lower-GI image. ``source`` is the canonical category folder name,
+  ``group`` the canonical group folder, ``target`` (``polyp_family``) is 1 for ``polyps`` and
+  ``dyed-lifted-polyps`` and 0 for every other lower-GI category.
+- Category folders are matched after lower-casing and turning "_" and " " into "-", and through
+  the aliases the official split files use (``polyp``, ``hemorroids``, ``normal-cecum``, ...).
+  An unrecognised category is an error (its target would be a guess).
+- Image files are recognised by extension, case-insensitively (.jpg/.jpeg/.png/.tif/.tiff/.bmp);
+  hidden files are skipped, other files are counted as ignored.
+- The segmented images are matched to labelled images by SHA-256 (their names differ). The
+  mask path is recorded on the first labelled file (by path) with those bytes. A segmented
+  image with no byte-identical labelled lower-GI image is an error: it could not be kept out
+  of development.
+- Masks are thresholded at 128 (JPEG noise). A mask whose size differs from its image, or one
+  with no lesion pixel, is an error, not an exclusion: in HyperKvasir every segmented image
+  shows a polyp, so an empty mask means a broken file, and dropping the image silently would
+  let an audit image drift into development. (Empty-mask frames of external cohorts such as
+  PolypGen are recorded exclusions; that is the ``cohorts`` module's rule.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pandas as pd
+
+from endoexplain_core.imageio import check_mask_size, read_mask
+from endoexplain_core.roles import hash_files, sha256_file
+
+HYPERKVASIR_FOLDER = "hyper-kvasir"
+LOWER_GI = "lower-gi-tract"
+UPPER_GI = "upper-gi-tract"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+POSITIVE_SOURCES = ("polyps", "dyed-lifted-polyps")
+
+# Canonical lower-GI category -> its group folder (DESIGN.md section 9).
+CATEGORY_GROUP: dict[str, str] = {
+    "cecum": "anatomical-landmarks",
+    "ileum": "anatomical-landmarks",
+    "retroflex-rectum": "anatomical-landmarks",
+    "hemorrhoids": "pathological-findings",
+    "polyps": "pathological-findings",
+    "ulcerative-colitis-grade-0-1": "pathological-findings",
+    "ulcerative-colitis-grade-1": "pathological-findings",
+    "ulcerative-colitis-grade-1-2": "pathological-findings",
+    "ulcerative-colitis-grade-2": "pathological-findings",
+    "ulcerative-colitis-grade-2-3": "pathological-findings",
+    "ulcerative-colitis-grade-3": "pathological-findings",
+    "bbps-0-1": "quality-of-mucosal-views",
+    "bbps-2-3": "quality-of-mucosal-views",
+    "impacted-stool": "quality-of-mucosal-views",
+    "dyed-lifted-polyps": "therapeutic-interventions",
+    "dyed-resection-margins": "therapeutic-interventions",
+}
+
+# Spellings used by the official split files and some mirrors.
+CATEGORY_ALIASES: dict[str, str] = {
+    "polyp": "polyps",
+    "hemorroids": "hemorrhoids",
+    "haemorrhoids": "hemorrhoids",
+    "normal-cecum": "cecum",
+    "caecum": "cecum",
+    "terminal-ileum": "ileum",
+    "retroflex-rectum": "retroflex-rectum",
+    "dyed-lifted-polyp": "dyed-lifted-polyps",
+    "dyed-resection-margin": "dyed-resection-margins",
+    "ulcerative-colitis-0-1": "ulcerative-colitis-grade-0-1",
+    "ulcerative-colitis-1-2": "ulcerative-colitis-grade-1-2",
+    "ulcerative-colitis-2-3": "ulcerative-colitis-grade-2-3",
+}
+
+TABLE_COLUMNS = ("sample_id", "path", "group", "source", "target", "sha256", "ahash", "width",
+                 "height", "mask_path")
+
+
+class HyperKvasirError(ValueError):
+    """The HyperKvasir tree is missing, incomplete or inconsistent (message names the path)."""
+
+
+@dataclass
+class HyperKvasirIndex:
+    """Result of ``index_hyperkvasir``.
+
+    ``images``: one row per labelled lower-GI image, columns ``TABLE_COLUMNS`` (paths relative
+    to the data root, POSIX; ``mask_path`` "" unless the image is in the segmented set; width
+    and height in pixels). ``summary``: what was read, excluded and matched.
+    """
+
+    images: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def canonical_category(folder_name: str) -> str | None:
+    """Canonical lower-GI category of a folder name, or None if it is not one."""
+    name = folder_name.strip().lower().replace("_", "-").replace(" ", "-")
+    name = CATEGORY_ALIASES.get(name, name)
+    return name if name in CATEGORY_GROUP else None
+
+
+def _is_image(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _visible_children(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def _require_folder(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise HyperKvasirError(f"{path}: {what} folder not found")
+    return path
+
+
+def _relative(path: Path, data_root: Path) -> str:
+    return PurePosixPath(path.relative_to(data_root)).as_posix()
+
+
+def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperKvasirIndex:
+    """Index ``<data_root>/hyper-kvasir``: labelled lower-GI images, hashes, segmented masks.
+
+    Hashes every labelled image (SHA-256, 16x16 average hash, size; see ``roles.hash_files``),
+    matches ``segmented-images/images`` to them by SHA-256 and checks every mask (same size as
+    its image, at least one lesion pixel). Raises ``HyperKvasirError`` naming the path for a
+    missing data root or folder, an unknown category, a repeated file stem, a segmented image
+    without labelled twin, a missing mask or an empty mask; ``imageio.ImageReadError`` for an
+    unreadable image or mask; ``imageio.MaskSizeError`` for a mask of the wrong size.
+    """
+    data_root = Path(data_root)
+    if not data_root.is_dir():
+        raise HyperKvasirError(f"{data_root}: data root does not exist")
+    root = _require_folder(data_root / HYPERKVASIR_FOLDER, "HyperKvasir ('hyper-kvasir')")
+    labelled = _require_folder(root / "labeled-images", "HyperKvasir labeled-images")
+    lower = _require_folder(labelled / LOWER_GI, "HyperKvasir labeled-images/lower-gi-tract")
+    segmented = _require_folder(root / "segmented-images", "HyperKvasir segmented-images")
+    segmented_images = _require_folder(segmented / "images", "segmented-images/images")
+    segmented_masks = _require_folder(segmented / "masks", "segmented-images/masks")
+
+    rows, ignored, unknown = [], [], []
+    for group_dir in (p for p in _visible_children(lower) if p.is_dir()):
+        for category_dir in (p for p in _visible_children(group_dir) if p.is_dir()):
+            category = canonical_category(category_dir.name)
+            if category is None:
+                unknown.append(_relative(category_dir, data_root))
+                continue
+            for file in _visible_children(category_dir):
+                if not _is_image(file):
+                    ignored.append(_relative(file, data_root))
+                    continue
+                rows.append({"sample_id": file.stem, "path": _relative(file, data_root),
+                             "group": CATEGORY_GROUP[category], "source": category,
+                             "target": int(category in POSITIVE_SOURCES)})
+    if unknown:
+        raise HyperKvasirError(f"unrecognised lower-GI categories (target unknown): {unknown}; "
+                               f"known: {sorted(CATEGORY_GROUP)}")
+    if not rows:
+        raise HyperKvasirError(f"{lower}: no labelled lower-GI images found")
+    images = pd.DataFrame(rows)
+    repeated = images[images["sample_id"].duplicated(keep=False)].sort_values("path")
+    if len(repeated):
+        raise HyperKvasirError("file stems must be unique sample ids; repeated: "
+                               + ", ".join(repeated["path"].head(4)))
+    hashes = hash_files([data_root / p for p in images["path"]], progress=progress,
+                        description="hashing labelled images")
+    images = pd.concat([images, hashes], axis=1)
+    images["mask_path"] = ""
+
+    upper_gi = 0
+    if (labelled / UPPER_GI).is_dir():
+        upper_gi = sum(1 for p in (labelled / UPPER_GI).rglob("*")
+                       if _is_image(p) and not p.name.startswith("."))
+    matched, duplicate_segmented = _match_segmented(images, data_root, segmented_images,
+                                                    segmented_masks, progress)
+    summary = {
+        "labelled_lower_gi": len(images),
+        "per_category": images["source"].value_counts().sort_index().to_dict(),
+        "upper_gi_excluded": upper_gi,
+        "ignored_files": ignored,
+        "segmented_images": matched + duplicate_segmented,
+        "segmented_matched_by_sha256": matched,
+        "segmented_byte_duplicates": duplicate_segmented,
+    }
+    return HyperKvasirIndex(images.loc[:, list(TABLE_COLUMNS)], summary)
+
+
+def _find_mask(masks_dir: Path, stem: str) -> Path | None:
+    """The mask file with this stem, whatever the (image) extension or its case."""
+    candidates = [p for p in masks_dir.glob(f"{stem}.*") if _is_image(p)]
+    return sorted(candidates)[0] if candidates else None
+
+
+def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, masks_dir: Path,
+                     progress: bool) -> tuple[int, int]:
+    """Record ``mask_path`` on the labelled rows whose bytes equal a segmented image.
+
+    Modifies ``images`` in place; returns (segmented images matched, segmented images whose
+    bytes repeat an earlier segmented image and are therefore skipped).
+    """
+    first_row_of_digest = (images.sort_values("path").drop_duplicates("sha256")
+                           .reset_index().set_index("sha256")["index"])
+    files = [p for p in _visible_children(images_dir) if _is_image(p)]
+    if not files:
+        raise HyperKvasirError(f"{images_dir}: no segmented images found")
+    digests = hash_files(files, progress=progress, description="hashing segmented images")
+    unmatched = [str(f) for f, d in zip(files, digests["sha256"]) if d not in first_row_of_digest]
+    if unmatched:
+        raise HyperKvasirError(
+            f"{len(unmatched)} segmented image(s) have no byte-identical labelled lower-GI "
+            f"image, so they cannot be kept out of development, e.g. {unmatched[:3]}")
+    matched = duplicates = 0
+    for file, (digest, width, height) in zip(files, digests[["sha256", "width", "height"]]
+                                             .itertuples(index=False)):
+        row = first_row_of_digest[digest]
+        if images.at[row, "mask_path"]:
+            duplicates += 1
+            continue
+        mask_file = _find_mask(masks_dir, file.stem)
+        if mask_file is None:
+            raise HyperKvasirError(f"segmented image {file} has no mask in {masks_dir}")
+        mask = read_mask(mask_file)
+        check_mask_size(file, (height, width), mask_file, mask.shape)
+        if not mask.any():
+            raise HyperKvasirError(f"mask {mask_file} has no lesion pixel (threshold 128); "
+                                   f"every HyperKvasir segmented image shows a polyp")
+        images.at[row, "mask_path"] = _relative(mask_file, data_root)
+        matched += 1
+    return matched, duplicates
+
+
+def segmented_sha256(data_root: str | Path) -> list[str]:
+    """SHA-256 of every image in ``segmented-images/images`` (for cross-dataset hash audits)."""
+    folder = _require_folder(Path(data_root) / HYPERKVASIR_FOLDER / "segmented-images" / "images",
+                             "segmented-images/images")
+    return [sha256_file(p) for p in _visible_children(folder) if _is_image(p)]

@@ -1,0 +1,151 @@
+"""Architectures, their CAM target layers, and which CAM methods coincide by construction.
+
+The study uses three torchvision classifiers with a 2-class head (index 0 = negative,
+index 1 = positive). Each has one CAM target layer, given here as a module path for
+``model.get_submodule``; the audit records the name with every map.
+
+Models are always built with ``weights=None``: nothing is ever downloaded. ImageNet weights
+are used only when a local file exists (``find_local_imagenet_weights``) or is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+
+ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
+
+# CAM target layer per architecture (DESIGN.md section 4):
+#   efficientnet_b0  features[-1][0]  the last 1x1 convolution, before its BatchNorm and SiLU
+#   resnet34         layer4[-1]       the last residual block (output after its ReLU)
+#   convnext_tiny    features[-1]     the last stage (residual stream, can be negative)
+TARGET_LAYERS = {
+    "efficientnet_b0": "features.8.0",
+    "resnet34": "layer4.2",
+    "convnext_tiny": "features.7",
+}
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+
+
+def _replace_head(model: nn.Module, arch: str, num_classes: int) -> None:
+    """Swap the final linear layer for a freshly initialised one with ``num_classes`` outputs."""
+    if arch == "resnet34":
+        model.fc = nn.Linear(model.fc.in_features, num_classes)
+    elif arch == "efficientnet_b0":
+        model.classifier[1] = nn.Linear(model.classifier[1].in_features, num_classes)
+    else:  # convnext_tiny: classifier = LayerNorm2d, Flatten, Linear
+        model.classifier[2] = nn.Linear(model.classifier[2].in_features, num_classes)
+
+
+def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None = None) -> nn.Module:
+    """Build a torchvision classifier with ``num_classes`` outputs.
+
+    Parameters
+    ----------
+    arch : one of ``ARCHITECTURES``.
+    num_classes : size of the output layer (2 for the study: negative, positive).
+    weights_path : optional local file holding an ImageNet (1000-class) state dict for this
+        architecture. When given, the trunk is loaded from it and the 1000-class head is
+        replaced by a new ``num_classes`` head (initialised from torch's global RNG, so seed it
+        first). When None the model is randomly initialised (torch's global RNG).
+
+    Returns the model in train mode on the CPU. Never downloads anything.
+    Raises ValueError for an unknown architecture, FileNotFoundError for a missing file and
+    ValueError naming the file when its state dict does not fit the architecture.
+    """
+    _check_arch(arch)
+    if weights_path is None:
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    weights_path = Path(weights_path)
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"ImageNet weights file not found: {weights_path}")
+    model = torchvision.models.get_model(arch, weights=None, num_classes=1000)
+    try:
+        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except Exception as error:  # unreadable or mismatched file: say which and why
+        raise ValueError(f"{weights_path}: not an ImageNet state dict for {arch}: {error}") from error
+    _replace_head(model, arch, num_classes)
+    return model
+
+
+def find_local_imagenet_weights(arch: str) -> Path | None:
+    """Path of torchvision's ImageNet weights for ``arch`` in the local torch hub cache, or None.
+
+    Looks for the file name torchvision would download (``<torch hub dir>/checkpoints/<name>``,
+    e.g. ``resnet34-b627a593.pth``) and returns it when present. Never downloads.
+    """
+    _check_arch(arch)
+    url = torchvision.models.get_model_weights(arch).DEFAULT.url
+    candidate = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+    return candidate if candidate.is_file() else None
+
+
+def resolve_target_layer(model: nn.Module, arch: str, layer_name: str | None = None) -> tuple[str, nn.Module]:
+    """Return ``(name, module)`` of the CAM target layer.
+
+    ``layer_name`` defaults to ``TARGET_LAYERS[arch]``; any module path of the model is
+    accepted (e.g. ``"layer3.5"``). Raises ValueError naming the layer and architecture when
+    the path does not exist in the model.
+    """
+    _check_arch(arch)
+    name = TARGET_LAYERS[arch] if layer_name is None else layer_name
+    try:
+        module = model.get_submodule(name)
+    except AttributeError as error:
+        raise ValueError(f"target layer {name!r} is not a module of this {arch} model") from error
+    return name, module
+
+
+# Layers whose output goes straight into global average pooling, per torchvision class, and
+# whether that output is non-negative (ends in a ReLU). Whatever follows the pooling (linear
+# head, ConvNeXt's LayerNorm on the pooled vector) only sees the pooled vector, so the gradient
+# of any class logit with respect to such a layer's activation A[c, h, w] is g_c / (H * W):
+# constant over space. Consequences (pytorch-grad-cam formulas):
+#   HiResCAM  sum_c g_c/(HW) * A[c]           == Grad-CAM  sum_c mean(g_c/(HW)) * A[c]
+#   XGrad-CAM weight sum_hw(g A)/(sum_hw A + eps) = g_c/(HW) * S_c/(S_c + eps), equal to the
+#             Grad-CAM weight whenever every channel sum S_c is positive (or the channel is all
+#             zero). That holds for non-negative (post-ReLU) activations, so only for ResNet.
+# EfficientNet's default layer features[-1][0] is followed by BatchNorm + SiLU before pooling,
+# which makes the gradient vary over space: no identity there.
+def _gap_fed_layers(model: nn.Module) -> tuple[set[str], bool]:
+    if isinstance(model, torchvision.models.ResNet):
+        return {"layer4", f"layer4.{len(model.layer4) - 1}"}, True
+    if isinstance(model, torchvision.models.ConvNeXt):
+        return {"features", f"features.{len(model.features) - 1}"}, False
+    if isinstance(model, torchvision.models.EfficientNet):
+        last = len(model.features) - 1
+        return {"features", f"features.{last}"}, False  # output after SiLU: can be negative
+    return set(), False
+
+
+def identical_methods(model: nn.Module, layer_name: str) -> list[tuple[str, ...]]:
+    """Groups of CAM methods that are identical by construction at ``layer_name``.
+
+    Decided from the architecture table above (torchvision ResNet, ConvNeXt, EfficientNet),
+    not from data. A layer that feeds global average pooling directly has a spatially constant
+    gradient, so Grad-CAM == HiResCAM; when the layer's output is also non-negative (ResNet
+    blocks end in a ReLU) XGrad-CAM joins them (its eps of 1e-7 aside).
+
+    Returns e.g. ``[("gradcam", "hirescam", "xgradcam")]`` for resnet34 ``layer4.2``,
+    ``[("gradcam", "hirescam")]`` for convnext_tiny ``features.7`` and ``[]`` for
+    efficientnet_b0 ``features.8.0`` or any layer not feeding the pooling directly.
+    Raises ValueError when ``layer_name`` is not a module of the model.
+    """
+    try:
+        model.get_submodule(layer_name)
+    except AttributeError as error:
+        raise ValueError(f"target layer {layer_name!r} is not a module of this model") from error
+    gap_fed, non_negative = _gap_fed_layers(model)
+    if layer_name not in gap_fed:
+        return []
+    if non_negative:
+        return [("gradcam", "hirescam", "xgradcam")]
+    return [("gradcam", "hirescam")]

@@ -1,0 +1,290 @@
+"""The audit record of a run: the figure index (``figures/<profile>/README.md``),
+``runs/<profile>/index.html``, and the paper's final tables in one format (notebook 06).
+
+Both are written by the orchestrator at the end of ``run_all.sh`` from the provenance record's
+``stages`` list, whose entries look like ``{"stage": "05_transfer", "notebook":
+"notebooks/05_transfer.ipynb", "status": "ran" | "skipped" | "failed" | "not_run", "seconds":
+float, "parameters": {...}, "executed_notebook": "<abs .ipynb>", "html": "<abs .html>",
+"figure_files": ["figure5_transfer.png", ...]}``. Nothing here knows the stage names, so
+notebooks added after 06 are picked up unchanged.
+
+Conventions: a file written by several stages is attributed to the last of them (the one whose
+version is on disk); a file that no stage claims is still listed, as "unknown stage", so that
+the index is complete. Every link is relative, so the record opens from disk, and a link is
+only written for a file that exists.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+import pandas as pd
+
+from endoexplain_core import style
+
+INDEX_NAME = "README.md"
+UNKNOWN_STAGE = "unknown stage"
+FILE_KINDS = {".png": "figure (PNG)", ".pdf": "figure (PDF)", ".csv": "table (CSV)",
+              ".md": "table (Markdown)", ".tex": "table (LaTeX)"}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def figure_files(figures_dir: str | Path) -> list[str]:
+    """Every file under ``figures_dir`` (POSIX paths relative to it), except the index itself
+    and hidden temporary files, sorted."""
+    figures_dir = Path(figures_dir)
+    if not figures_dir.is_dir():
+        return []
+    return sorted(p.relative_to(figures_dir).as_posix() for p in figures_dir.rglob("*")
+                  if p.is_file() and p.name != INDEX_NAME and not p.name.startswith("."))
+
+
+def attribute_files(figures_dir: str | Path, stage_records: list[dict]) -> dict[str, dict | None]:
+    """Map each file in ``figures_dir`` to the stage record that wrote it (``None`` if none)."""
+    producer: dict[str, dict] = {}
+    for record in stage_records:  # in execution order: a later writer wins
+        for name in record.get("figure_files") or []:
+            producer[name] = record
+    return {name: producer.get(name) for name in figure_files(figures_dir)}
+
+
+def _kind(name: str) -> str:
+    return FILE_KINDS.get(Path(name).suffix.lower(), f"other ({Path(name).suffix or 'no suffix'})")
+
+
+def _markdown_cell(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Path:
+    """Write ``<figures_dir>/README.md``: every figure and table file with the notebook and
+    parameters that produced it. Returns the path of the index."""
+    figures_dir = Path(figures_dir)
+    attribution = attribute_files(figures_dir, stage_records)
+    lines = [f"# Figures and tables: profile `{figures_dir.name}`", "",
+             "Generated at the end of `run_all.sh` by `endoexplain_core.record`; do not edit. "
+             "Each file is listed with the notebook that wrote it; that notebook's parameters "
+             "are listed below the table.", "",
+             "| file | kind | produced by |", "|---|---|---|"]
+    for name, record in attribution.items():
+        producer = (f"[{record['stage']}](#{record['stage']}) (`{record.get('notebook', '')}`)"
+                    if record else UNKNOWN_STAGE)
+        lines.append(f"| [{_markdown_cell(name)}]({quote(name)}) | {_kind(name)} | {producer} |")
+    if not attribution:
+        lines.append("| (no files) | | |")
+    lines += ["", "## Notebooks and their parameters", ""]
+    for record in stage_records:
+        written = sorted(n for n, r in attribution.items() if r is record)
+        lines += [f"<a id=\"{record['stage']}\"></a>", f"### {record['stage']}", "",
+                  f"Notebook `{record.get('notebook', '')}`, status {record.get('status', '?')}, "
+                  f"{float(record.get('seconds') or 0.0):.1f} s, {len(written)} file(s) on disk "
+                  f"from it.", "", "| parameter | value |", "|---|---|"]
+        lines += [f"| {_markdown_cell(key)} | {_markdown_cell(value)} |"
+                  for key, value in sorted((record.get("parameters") or {}).items())]
+        lines.append("")
+    unknown = [n for n, r in attribution.items() if r is None]
+    if unknown:
+        lines += ["### " + UNKNOWN_STAGE, "",
+                  f"{len(unknown)} file(s) no stage of this run claims (e.g. left by an earlier "
+                  "run or written by hand).", ""]
+    path = figures_dir / INDEX_NAME
+    _write_atomic(path, "\n".join(lines))
+    return path
+
+
+# --------------------------------------------------------------------------- index.html
+
+_STYLE = """
+body { font-family: DejaVu Sans, Arial, sans-serif; margin: 1.5em; max-width: 75em; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+code { font-size: 0.9em; }
+.status-ran { color: #1b7f3b; } .status-skipped { color: #555; }
+.status-failed { color: #b00020; font-weight: bold; } .status-not_run { color: #999; }
+.gallery { display: flex; flex-wrap: wrap; gap: 1em; }
+figure { margin: 0; width: 16em; } figure img { width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: 0.85em; word-break: break-all; }
+"""
+
+
+def _href(target: Path, start: Path) -> str:
+    """Relative, URL-quoted link from folder ``start`` to ``target``."""
+    return quote(Path(os.path.relpath(target, start)).as_posix())
+
+
+def _link(target: Path, start: Path, text: str) -> str:
+    """An ``<a>`` to ``target`` if it exists, else the plain text marked as missing."""
+    if target.is_file():
+        return f'<a href="{_href(target, start)}">{html.escape(text)}</a>'
+    return f"{html.escape(text)} (not written)"
+
+
+def _parameter_table(parameters: dict) -> str:
+    rows = "".join(f"<tr><td><code>{html.escape(str(k))}</code></td>"
+                   f"<td><code>{html.escape(json.dumps(v, default=str))}</code></td></tr>"
+                   for k, v in sorted(parameters.items()))
+    return (f"<details><summary>{len(parameters)} parameters</summary>"
+            f"<table>{rows}</table></details>")
+
+
+def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: dict) -> Path:
+    """Write ``<run_dir>/index.html`` linking the executed notebooks' HTML exports (with their
+    parameters, status and duration), ``provenance.json``, the figure index and a thumbnail of
+    every figure PNG. Returns the path of the page."""
+    run_dir, figures_dir = Path(run_dir).resolve(), Path(figures_dir).resolve()
+    escape = html.escape
+    git = provenance.get("git") or {}
+    head = [f"<h1>endoExplain run record: profile <code>{escape(str(provenance.get('profile')))}"
+            "</code></h1>",
+            "<ul>",
+            f"<li>status: {escape(str(provenance.get('status', 'unknown')))}, wall time "
+            f"{float(provenance.get('wall_seconds') or 0.0):.1f} s</li>",
+            f"<li>git commit <code>{escape(str(git.get('commit')))}</code>"
+            f"{' (working tree dirty)' if git.get('dirty') else ''}</li>",
+            f"<li>manifest digest <code>{escape(str(provenance.get('manifest_digest')))}</code></li>",
+            f"<li>data: {escape(str(provenance.get('data_root', '')))}</li>",
+            f"<li>provenance record: {_link(run_dir / 'provenance.json', run_dir, 'provenance.json')}"
+            "</li>",
+            f"<li>figure index: {_link(figures_dir / INDEX_NAME, run_dir, INDEX_NAME)}</li>",
+            "</ul>"]
+
+    stage_rows = []
+    for record in provenance.get("stages") or []:
+        status = str(record.get("status", "unknown"))
+        html_path = Path(record["html"]) if record.get("html") else None
+        notebook_path = (Path(record["executed_notebook"]) if record.get("executed_notebook")
+                         else None)
+        html_cell = (_link(html_path, run_dir, html_path.name) if html_path else "(none)")
+        notebook_cell = (_link(notebook_path, run_dir, notebook_path.name) if notebook_path
+                         else "(none)")
+        stage_rows.append(
+            f"<tr><td>{escape(str(record.get('stage')))}</td>"
+            f"<td class=\"status-{escape(status)}\">{escape(status)}</td>"
+            f"<td>{float(record.get('seconds') or 0.0):.1f}</td>"
+            f"<td>{html_cell}<br>{notebook_cell}</td>"
+            f"<td>{_parameter_table(record.get('parameters') or {})}</td></tr>")
+    stages = ["<h2>Notebooks</h2>", "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
+              "<th>executed notebook</th><th>parameters</th></tr>", *stage_rows, "</table>"]
+
+    checkpoints = provenance.get("checkpoints") or {}
+    checkpoint_rows = "".join(f"<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>"
+                              for k, v in sorted(checkpoints.items()))
+    checkpoint_part = ["<h2>Checkpoints (SHA-256)</h2>",
+                       f"<table>{checkpoint_rows}</table>" if checkpoints else "<p>none</p>"]
+
+    names = figure_files(figures_dir)
+    thumbnails = []
+    for name in (n for n in names if n.lower().endswith(".png")):
+        png = figures_dir / name
+        pdf = png.with_suffix(".pdf")
+        pdf_link = f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else ""
+        thumbnails.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
+                          f' alt="{escape(name)}" loading="eager"></a>'
+                          f"<figcaption>{escape(name)}{pdf_link}</figcaption></figure>")
+    tables = [n for n in names if Path(n).suffix.lower() == ".csv"]
+    table_items = "".join(
+        f"<li>{_link(figures_dir / n, run_dir, n)}"
+        + "".join(f" | {_link((figures_dir / n).with_suffix(s), run_dir, s[1:])}"
+                  for s in (".md", ".tex") if (figures_dir / n).with_suffix(s).is_file())
+        + "</li>" for n in tables)
+    figures = ["<h2>Figures</h2>", f'<div class="gallery">{"".join(thumbnails)}</div>'
+               if thumbnails else "<p>no figures</p>",
+               "<h2>Tables</h2>", f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
+
+    page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+                      f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
+                      "</title>", f"<style>{_STYLE}</style></head><body>",
+                      *head, *stages, *checkpoint_part, *figures, "</body></html>", ""])
+    path = run_dir / "index.html"
+    _write_atomic(path, page)
+    return path
+
+
+# --------------------------------------------------------------------------- final tables
+
+# The paper's tables: the name each earlier notebook saves under ``figures_dir`` -> that notebook.
+FINAL_TABLES = {"table2_roles": "00_roles", "table3_calibration": "02_calibration",
+                "table4_spatial_audit": "03_spatial_audit",
+                "table5_adjusted_model": "04_robustness",
+                "table_source_category": "02_calibration", "table_transfer": "05_transfer"}
+FINAL_PREFIX = "final_"
+CI_SUFFIXES = ("_ci_low", "_ci_high")
+
+
+def _format_number(value, digits: int = 3) -> str:
+    return "" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _format_p(value) -> str:
+    if pd.isna(value):
+        return ""
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
+    """(estimate, low, high) column triples: ``x, x_ci_low, x_ci_high`` anywhere, and bare
+    ``ci_low, ci_high`` that directly follow their estimate column."""
+    triples = []
+    for column in columns:
+        low, high = f"{column}{CI_SUFFIXES[0]}", f"{column}{CI_SUFFIXES[1]}"
+        if low in columns and high in columns:
+            triples.append((column, low, high))
+    position = {c: i for i, c in enumerate(columns)}
+    if "ci_low" in position and "ci_high" in position and position["ci_low"] > 0:
+        estimate = columns[position["ci_low"] - 1]
+        if (estimate, "ci_low", "ci_high") not in triples:
+            triples.append((estimate, "ci_low", "ci_high"))
+    return triples
+
+
+def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """One consistent presentation of a paper table.
+
+    Estimates with CI columns become ``"0.471 (0.395-0.547)"`` under ``<name> (95% CI)``;
+    other floats are rounded to ``digits``; p-value columns (``p``, ``p_value``, ``p_holm``, ...)
+    show ``<0.001``; map methods and architectures get their display labels (Eigen-CAM*);
+    underscores in column names become spaces. Integer columns stay integers.
+    """
+    shown = table.copy()
+    if "method" in shown.columns:
+        shown["method"] = shown["method"].map(lambda m: style.method_label(m) if isinstance(m, str) else m)
+    if "arch" in shown.columns:
+        shown["arch"] = shown["arch"].map(lambda a: style.ARCH_LABELS.get(a, a))
+    columns = list(shown.columns)
+    for estimate, low, high in _ci_columns(columns):
+        combined = [("" if pd.isna(e) else f"{_format_number(e, digits)} "
+                     f"({_format_number(lo, digits)}–{_format_number(hi, digits)})")
+                    for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
+        shown[estimate] = combined
+        shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})
+    for column in shown.columns:
+        name = str(column).lower()
+        if pd.api.types.is_float_dtype(shown[column]):
+            is_p = name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name
+            shown[column] = shown[column].map(_format_p if is_p else
+                                              (lambda v: _format_number(v, digits)))
+    return shown.rename(columns=lambda c: str(c).replace("_", " "))
+
+
+def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_TABLES,
+                         digits: int = 3) -> dict[str, pd.DataFrame]:
+    """Read each paper table CSV an earlier notebook saved in ``figures_dir`` and format it with
+    ``final_table``. Raises ``FileNotFoundError`` naming the missing file and its notebook."""
+    figures_dir = Path(figures_dir)
+    missing = [f"{figures_dir / (n + '.csv')} (written by {stage})" for n, stage in names.items()
+               if not (figures_dir / f"{n}.csv").is_file()]
+    if missing:
+        raise FileNotFoundError("paper tables missing: " + "; ".join(missing))
+    return {name: final_table(pd.read_csv(figures_dir / f"{name}.csv"), digits) for name in names}

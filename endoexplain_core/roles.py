@@ -1,0 +1,410 @@
+"""Content hashing, hash groups, study roles, the manifest and Table 2.
+
+Protocol (DESIGN.md section 4, stage 00):
+
+1. Every labelled image gets the SHA-256 of its bytes and a 16x16 average hash
+   (``imagehash.average_hash(hash_size=16)``, 256 bits written as 64 hex characters).
+2. Two files belong to one *hash group* when their SHA-256 is equal or their average hash is
+   identical (Hamming distance 0); groups are the connected components of that relation.
+3. Every group with a member in the segmented set (non-empty ``mask_path``) gets the role
+   ``spatial_audit``, all members, before any split.
+4. The other groups are split train/val/test (default 70/15/15), stratified by source
+   category, whole groups at a time, with a fixed seed.
+5. No group may cross roles; the manifest CSV (columns ``MANIFEST_COLUMNS``, sorted by path,
+   "\\n" line endings) and its SHA-256 are written to ``<run_dir>/manifest/`` and compared
+   with the committed reference in ``data_manifest/<profile>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Sequence
+
+import imagehash
+import numpy as np
+import pandas as pd
+from PIL import Image, UnidentifiedImageError
+from tqdm.auto import tqdm
+
+from endoexplain_core.config import resolve_data_root
+from endoexplain_core.imageio import ImageReadError
+
+AHASH_SIZE = 16
+ROLES = ("train", "val", "test", "spatial_audit")
+SPLIT_ROLES = ("train", "val", "test")
+DEFAULT_SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
+MANIFEST_COLUMNS = ("sample_id", "path", "group", "source", "target", "role", "sha256", "ahash",
+                    "group_id", "width", "height", "mask_path")
+MANIFEST_FILE = "manifest.csv"
+DIGEST_FILE = "manifest.sha256"
+
+
+class RoleIntegrityError(RuntimeError):
+    """A hash group crosses study roles, or a segmented image is outside ``spatial_audit``."""
+
+
+class ManifestMismatchError(RuntimeError):
+    """The manifest differs from the committed reference (message summarises the difference)."""
+
+
+class ManifestVerificationError(RuntimeError):
+    """The files on disk no longer match the manifest, or the manifest its digest."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing
+# ---------------------------------------------------------------------------------------------
+
+def sha256_bytes(data: bytes) -> str:
+    """Lowercase hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Lowercase hex SHA-256 of a file's bytes; ``ImageReadError`` naming a missing file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageReadError(f"{path}: file does not exist")
+    return sha256_bytes(path.read_bytes())
+
+
+def hash_image_bytes(data: bytes, name: str | Path = "<bytes>") -> dict[str, object]:
+    """SHA-256, 16x16 average hash (64 hex chars), width and height of one encoded image.
+
+    The image is fully decoded; ``ImageReadError`` naming ``name`` if it cannot be.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            ahash = str(imagehash.average_hash(image, hash_size=AHASH_SIZE))
+            width, height = image.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+        raise ImageReadError(f"{name}: cannot decode image file ({error})") from error
+    return {"sha256": sha256_bytes(data), "ahash": ahash, "width": width, "height": height}
+
+
+def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
+               description: str = "hashing") -> pd.DataFrame:
+    """Hash every file: DataFrame (one row per path, input order) with columns
+    ``sha256`` (str), ``ahash`` (str, 64 hex), ``width``, ``height`` (int, pixels)."""
+    rows = []
+    for path in tqdm(paths, desc=description, disable=not progress, unit="file"):
+        path = Path(path)
+        if not path.is_file():
+            raise ImageReadError(f"{path}: file does not exist")
+        rows.append(hash_image_bytes(path.read_bytes(), path))
+    return pd.DataFrame(rows, columns=["sha256", "ahash", "width", "height"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Hash groups
+# ---------------------------------------------------------------------------------------------
+
+def hash_groups(sha256: Sequence[str], ahash: Sequence[str]) -> list[str]:
+    """Group id of each file: connected components of "same SHA-256 or same average hash".
+
+    Union-find over file indices. A group's id is ``"g"`` + the first 16 hex characters of the
+    smallest SHA-256 among its members, so ids depend on content only (not on paths or order).
+    """
+    if len(sha256) != len(ahash):
+        raise ValueError("sha256 and ahash must have the same length")
+    parent = list(range(len(sha256)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # path halving
+            i = parent[i]
+        return i
+
+    for keys in (sha256, ahash):
+        first_with_key: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if key in first_with_key:
+                root_a, root_b = find(i), find(first_with_key[key])
+                parent[max(root_a, root_b)] = min(root_a, root_b)
+            else:
+                first_with_key[key] = i
+    smallest: dict[int, str] = {}
+    for i, digest in enumerate(sha256):
+        root = find(i)
+        smallest[root] = min(smallest.get(root, digest), digest)
+    return ["g" + smallest[find(i)][:16] for i in range(len(sha256))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Roles
+# ---------------------------------------------------------------------------------------------
+
+def _stratum_rng(seed: int, stratum: str) -> np.random.Generator:
+    """Independent stream per stratum, so one category's size never reshuffles another."""
+    key = int.from_bytes(hashlib.sha256(stratum.encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), key])
+
+
+def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
+                 fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS) -> dict[str, str]:
+    """Assign the groups of one stratum to train/val/test, whole groups at a time.
+
+    ``group_sizes``: images per group, indexed by group id. Groups are put in a seeded random
+    order (from ids sorted alphabetically) and laid end to end; a group goes to the role whose
+    share of the stratum's images (cumulative fractions) contains the group's midpoint. With
+    single-image groups this is a plain 70/15/15 split of a shuffled list.
+    Returns {group_id: role}.
+    """
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or not np.isclose(sum(fractions), 1):
+        raise ValueError(f"split fractions must be three non-negative numbers summing to 1, "
+                         f"got {fractions}")
+    ids = sorted(group_sizes.index)
+    order = _stratum_rng(seed, stratum).permutation(len(ids))
+    sizes = np.array([group_sizes[ids[i]] for i in order], dtype=float)
+    midpoints = (np.cumsum(sizes) - sizes / 2) / sizes.sum()
+    boundaries = np.cumsum(fractions)[:2]
+    role_index = np.searchsorted(boundaries, midpoints, side="right")
+    return {ids[i]: SPLIT_ROLES[r] for i, r in zip(order, role_index)}
+
+
+def assign_roles(table: pd.DataFrame, *, seed: int,
+                 fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS) -> pd.DataFrame:
+    """Add ``group_id`` and ``role`` to an image table.
+
+    ``table`` needs columns ``path``, ``source``, ``sha256``, ``ahash``, ``mask_path`` (empty
+    string when the image is not in the segmented set). A group with any segmented member is
+    ``spatial_audit``; other groups are split by ``split_groups`` within strata. A group's
+    stratum is its most common source (ties: alphabetical), so a group whose members were filed
+    under two categories still moves as one.
+    """
+    result = table.copy()
+    result["group_id"] = hash_groups(list(result["sha256"]), list(result["ahash"]))
+    audit_groups = set(result.loc[result["mask_path"] != "", "group_id"])
+    result["role"] = ""
+    result.loc[result["group_id"].isin(audit_groups), "role"] = "spatial_audit"
+    development = result[result["role"] == ""]
+    stratum_of_group = (development.groupby(["group_id", "source"]).size().reset_index(name="n")
+                        .sort_values(["group_id", "n", "source"], ascending=[True, False, True])
+                        .drop_duplicates("group_id").set_index("group_id")["source"])
+    group_sizes = development.groupby("group_id").size()
+    role_of_group: dict[str, str] = {}
+    for stratum in sorted(set(stratum_of_group)):
+        members = stratum_of_group.index[stratum_of_group == stratum]
+        role_of_group.update(split_groups(group_sizes[members], seed, stratum, fractions))
+    undecided = result["role"] == ""
+    result.loc[undecided, "role"] = result.loc[undecided, "group_id"].map(role_of_group)
+    check_roles(result)
+    return result
+
+
+def check_roles(table: pd.DataFrame) -> None:
+    """Raise ``RoleIntegrityError`` if a hash group spans roles, a role is unknown, or an image
+    of the segmented set is not ``spatial_audit``."""
+    unknown = sorted(set(table["role"]) - set(ROLES))
+    if unknown:
+        raise RoleIntegrityError(f"unknown roles {unknown}; expected {ROLES}")
+    roles_per_group = table.groupby("group_id")["role"].nunique()
+    crossing = roles_per_group[roles_per_group > 1]
+    if len(crossing):
+        example = table[table["group_id"] == crossing.index[0]][["path", "role"]]
+        raise RoleIntegrityError(
+            f"{len(crossing)} hash group(s) cross study roles, e.g. {crossing.index[0]}: "
+            + "; ".join(f"{p} ({r})" for p, r in example.itertuples(index=False)))
+    leaked = table[(table["mask_path"] != "") & (table["role"] != "spatial_audit")]
+    if len(leaked):
+        raise RoleIntegrityError(f"{len(leaked)} segmented image(s) outside spatial_audit, "
+                                 f"e.g. {leaked['path'].iloc[0]} ({leaked['role'].iloc[0]})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+# ---------------------------------------------------------------------------------------------
+
+def build_manifest(table: pd.DataFrame) -> pd.DataFrame:
+    """The manifest: ``MANIFEST_COLUMNS`` in order, rows sorted by ``path``, checked roles."""
+    missing = [c for c in MANIFEST_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"image table lacks manifest columns {missing}")
+    manifest = table.loc[:, list(MANIFEST_COLUMNS)].sort_values("path", kind="stable")
+    manifest = manifest.reset_index(drop=True)
+    duplicated = manifest["sample_id"][manifest["sample_id"].duplicated()]
+    if len(duplicated):
+        raise ValueError(f"sample_id must be unique; repeated: {sorted(set(duplicated))[:5]}")
+    check_roles(manifest)
+    return manifest
+
+
+def manifest_bytes(manifest: pd.DataFrame) -> bytes:
+    """The exact bytes of ``manifest.csv`` (UTF-8, "\\n" line endings, no index)."""
+    return manifest.to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write to ``<path>.tmp`` then rename, so a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def write_manifest(manifest: pd.DataFrame, manifest_dir: str | Path) -> str:
+    """Write ``manifest.csv`` and ``manifest.sha256`` (hex digest + newline); return the digest."""
+    manifest_dir = Path(manifest_dir)
+    data = manifest_bytes(manifest)
+    digest = sha256_bytes(data)
+    _atomic_write(manifest_dir / MANIFEST_FILE, data)
+    _atomic_write(manifest_dir / DIGEST_FILE, (digest + "\n").encode())
+    return digest
+
+
+def read_manifest(path: str | Path) -> pd.DataFrame:
+    """Read a manifest CSV with its column types (strings stay strings, empty mask_path is "")."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: manifest does not exist")
+    manifest = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in MANIFEST_COLUMNS if c not in manifest.columns]
+    if missing:
+        raise ManifestVerificationError(f"{path}: missing manifest columns {missing}")
+    for column in ("target", "width", "height"):
+        manifest[column] = manifest[column].astype(int)
+    return manifest
+
+
+def read_digest(path: str | Path) -> str:
+    """The hex digest stored in a ``manifest.sha256`` file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: digest file does not exist")
+    return path.read_text().strip()
+
+
+def describe_differences(new: pd.DataFrame, reference: pd.DataFrame, examples: int = 3) -> str:
+    """Human-readable summary of how two manifests differ (rows keyed by ``path``)."""
+    new_rows, ref_rows = new.set_index("path"), reference.set_index("path")
+    added = new_rows.index.difference(ref_rows.index)
+    removed = ref_rows.index.difference(new_rows.index)
+    parts = [f"{len(new_rows)} rows now vs {len(ref_rows)} in the reference"]
+    if len(added):
+        parts.append(f"{len(added)} added (e.g. {', '.join(added[:examples])})")
+    if len(removed):
+        parts.append(f"{len(removed)} removed (e.g. {', '.join(removed[:examples])})")
+    common = new_rows.index.intersection(ref_rows.index)
+    columns = [c for c in new_rows.columns if c in ref_rows.columns]
+    left = new_rows.loc[common, columns].astype(str)
+    right = ref_rows.loc[common, columns].astype(str)
+    for column in columns:
+        changed = common[(left[column] != right[column]).to_numpy()]
+        if len(changed) == 0:
+            continue
+        if column == "role":
+            moves = (right.loc[changed, "role"] + " -> " + left.loc[changed, "role"]).value_counts()
+            detail = ", ".join(f"{move}: {n}" for move, n in sorted(moves.items()))
+            parts.append(f"role changed for {len(changed)} rows ({detail})")
+        else:
+            parts.append(f"{column} changed for {len(changed)} rows (e.g. {changed[0]})")
+    if len(parts) == 1:
+        parts.append("same rows and values, but the bytes differ (column order or formatting)")
+    return "; ".join(parts)
+
+
+def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, *,
+                           adopt: bool = False) -> dict[str, str]:
+    """Compare ``<manifest_dir>/manifest.csv`` with the committed reference.
+
+    Equal digests: returns ``{"status": "match", ...}``. Different or missing reference:
+    raises ``ManifestMismatchError`` with a summary of the differences, unless ``adopt`` is
+    true, in which case the new manifest and digest are copied over the reference (temporary
+    file + rename) and ``{"status": "adopted", ...}`` is returned with the summary.
+    """
+    manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
+    new_digest = read_digest(manifest_dir / DIGEST_FILE)
+    new_bytes = (manifest_dir / MANIFEST_FILE).read_bytes()
+    if sha256_bytes(new_bytes) != new_digest:
+        raise ManifestVerificationError(f"{manifest_dir / MANIFEST_FILE} does not match its "
+                                        f"digest file {manifest_dir / DIGEST_FILE}")
+    reference_csv = reference_dir / MANIFEST_FILE
+    if reference_csv.is_file():
+        reference_digest = sha256_bytes(reference_csv.read_bytes())
+        if reference_digest == new_digest:
+            return {"status": "match", "digest": new_digest, "summary": "identical"}
+        summary = describe_differences(read_manifest(manifest_dir / MANIFEST_FILE),
+                                       read_manifest(reference_csv))
+        summary = f"digest {new_digest[:12]} vs reference {reference_digest[:12]}: {summary}"
+    else:
+        summary = f"no reference manifest at {reference_csv}"
+    if not adopt:
+        raise ManifestMismatchError(
+            f"manifest {manifest_dir / MANIFEST_FILE} differs from the committed reference in "
+            f"{reference_dir}: {summary}. If the change is intended, adopt the new manifest "
+            f"(notebook parameter adopt_manifest=True, or run_all.sh --adopt-manifest) and "
+            f"commit {reference_dir}.")
+    _atomic_write(reference_csv, new_bytes)
+    _atomic_write(reference_dir / DIGEST_FILE, (new_digest + "\n").encode())
+    return {"status": "adopted", "digest": new_digest, "summary": summary}
+
+
+def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
+                    progress: bool = True) -> pd.DataFrame:
+    """Check that the run's manifest still describes the files; return the manifest.
+
+    Later stages call this first. ``data_root`` is the notebook parameter ("" = the synthetic
+    cohort under ``<run_dir>/data``). Checks: ``manifest.csv`` matches ``manifest.sha256``;
+    every listed file exists and has its recorded SHA-256; every listed mask exists. Raises
+    ``ManifestVerificationError`` with a summary otherwise.
+    """
+    manifest_dir = Path(run_dir) / "manifest"
+    root = resolve_data_root(data_root, run_dir)
+    csv_path, digest_path = manifest_dir / MANIFEST_FILE, manifest_dir / DIGEST_FILE
+    if not csv_path.is_file() or not digest_path.is_file():
+        raise ManifestVerificationError(f"no manifest in {manifest_dir}: run 00_roles first")
+    recorded, actual = read_digest(digest_path), sha256_bytes(csv_path.read_bytes())
+    if recorded != actual:
+        raise ManifestVerificationError(f"{csv_path} was changed after it was written: its "
+                                        f"SHA-256 is {actual[:12]}, {digest_path} says "
+                                        f"{recorded[:12]}; rerun 00_roles")
+    manifest = read_manifest(csv_path)
+    missing, changed = [], []
+    for path, digest, mask in tqdm(manifest[["path", "sha256", "mask_path"]].itertuples(
+            index=False), total=len(manifest), desc="verifying files", disable=not progress):
+        file = root / path
+        if not file.is_file():
+            missing.append(path)
+        elif sha256_file(file) != digest:
+            changed.append(path)
+        if mask and not (root / mask).is_file():
+            missing.append(mask)
+    if missing or changed:
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if changed:
+            problems.append(f"{len(changed)} with different bytes (e.g. {', '.join(changed[:3])})")
+        raise ManifestVerificationError(
+            f"the files under {root} no longer match manifest {csv_path} "
+            f"(digest {recorded[:12]}): {'; '.join(problems)}. Rerun 00_roles.")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 2
+# ---------------------------------------------------------------------------------------------
+
+def image_kind(source: str, target: int) -> str:
+    """Table 2 column of an image: ``negative``, ``dyed-lifted polyp`` or ``standard polyp``."""
+    if int(target) == 0:
+        return "negative"
+    return "dyed-lifted polyp" if source == "dyed-lifted-polyps" else "standard polyp"
+
+
+def table2(manifest: pd.DataFrame) -> pd.DataFrame:
+    """Table 2: image counts per study role (rows, plus ``total``) and kind (columns, plus
+    ``total``). Columns: ``role``, ``negative``, ``dyed-lifted polyp``, ``standard polyp``,
+    ``total`` (int)."""
+    kinds = ["negative", "dyed-lifted polyp", "standard polyp"]
+    kind = [image_kind(s, t) for s, t in zip(manifest["source"], manifest["target"])]
+    counts = pd.crosstab(manifest["role"], pd.Series(kind, index=manifest.index, name="kind"))
+    counts = counts.reindex(index=list(ROLES), columns=kinds, fill_value=0)
+    counts.loc["total"] = counts.sum()
+    counts["total"] = counts.sum(axis=1)
+    counts.columns.name = None
+    return counts.rename_axis("role").reset_index().astype({c: int for c in kinds + ["total"]})

@@ -1,0 +1,305 @@
+"""Summaries of audit tables: Table 4 panels, paired tests, sensitivity analyses, Table 5.
+
+Every function takes validated audit tables (``audit.validate_audit_table``) and returns a
+tidy ``pandas.DataFrame``. Conventions:
+- "Failure" is ``peak_outside_mask`` (pointing-game failure, first row-major maximum).
+- A high-score population is the set of images with ``scaled_score >= score_threshold`` under
+  a given checkpoint; every outcome of a panel uses exactly the same images.
+- CIs are image-bootstrap percentile intervals (``stats``); outcomes of one population share
+  the same resampled images, so differences between methods are paired.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from endoexplain_core import stats
+from endoexplain_core.audit import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
+from endoexplain_core.style import method_label
+
+RANDOM_DELETION = "random_deletion"
+TABLE4_ROWS = CAM_METHODS + ("random", RANDOM_DELETION, "centre")
+SCORE_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)
+OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",
+            "energy_in_mask": "energy_in_mask", "logit_drop": "logit_drop"}
+TERTILE_LABELS = ("small", "medium", "large")
+
+
+def image_matrix(table: pd.DataFrame, column: str, methods, sample_ids) -> np.ndarray:
+    """Values of ``column`` as float (n_images, n_methods), rows in ``sample_ids`` order.
+
+    ``table`` holds one checkpoint on one dataset. Raises when a requested cell is missing.
+    """
+    wide = table.pivot(index="sample_id", columns="method", values=column)
+    missing = [m for m in methods if m not in wide.columns]
+    if missing:
+        raise ValueError(f"audit table has no rows for methods {missing}")
+    matrix = wide.reindex(index=list(sample_ids), columns=list(methods))
+    return matrix.to_numpy(dtype=np.float64)
+
+
+def high_score_ids(table: pd.DataFrame, score_threshold: float) -> list[str]:
+    """Sorted sample ids whose scaled score under this table's checkpoint is >= threshold."""
+    scores = table.groupby("sample_id")["scaled_score"].first()
+    return sorted(scores.index[scores >= score_threshold])
+
+
+def _single_checkpoint(table: pd.DataFrame) -> None:
+    keys = table[["dataset", "checkpoint_id"]].drop_duplicates()
+    if len(keys) != 1:
+        raise ValueError(f"expected one dataset and checkpoint, got {keys.to_dict('records')}")
+
+
+def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids,
+                  replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
+                  ) -> pd.DataFrame:
+    """One Table 4 panel: per map row, n and each outcome's mean with its 95% CI.
+
+    Rows: the five CAMs, random heatmap, random deletion (logit drop only: the per-image mean of
+    the exact-area draws) and centre baseline. Outcomes that do not apply are NaN. An empty
+    population gives n = 0 and NaN everywhere.
+    """
+    _single_checkpoint(table)
+    sample_ids = sorted(sample_ids)
+    result = pd.DataFrame({"method": TABLE4_ROWS, "label": [method_label(m) for m in TABLE4_ROWS],
+                           "n": len(sample_ids)})
+    for outcome, column in OUTCOMES.items():
+        methods = CAM_METHODS if outcome == "logit_drop" else MAP_METHODS
+        matrix = image_matrix(table, column, methods, sample_ids)
+        if outcome == "logit_drop":
+            means = random_deletion.set_index("sample_id")["logit_drop_mean"]
+            matrix = np.column_stack([matrix, means.reindex(sample_ids).to_numpy(float)])
+            methods = CAM_METHODS + (RANDOM_DELETION,)
+        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        for key, suffix in (("estimate", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
+            values = dict(zip(methods, np.atleast_1d(summary[key])))
+            result[outcome + suffix] = result["method"].map(values).astype(float)
+    return result
+
+
+def table4(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: float,
+           replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
+           ) -> pd.DataFrame:
+    """Panel A (scaled score >= ``score_threshold``) stacked on panel B (all images)."""
+    panels = []
+    for panel, ids in (("A", high_score_ids(table, score_threshold)),
+                       ("B", sorted(table["sample_id"].unique()))):
+        frame = panel_summary(table, random_deletion, ids, replicates, seed)
+        frame.insert(0, "panel", panel)
+        panels.append(frame)
+    return pd.concat(panels, ignore_index=True)
+
+
+def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
+                 replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
+                 ) -> pd.DataFrame:
+    """All pairs of CAMs on the same images: failure and IoU differences, tests, Holm p.
+
+    Failure: difference of rates (first - second) with bootstrap CI and the exact binomial
+    test on discordant images. IoU: mean difference with bootstrap CI and the paired Wilcoxon
+    test. Holm adjustment is applied within each outcome over the ten pairs.
+    ``identical_groups``: tuples of methods identical by construction at this layer
+    (``models.identical_methods``); such pairs are flagged, not presented as evidence.
+    """
+    sample_ids = sorted(sample_ids)
+    failure = image_matrix(table, "peak_outside_mask", CAM_METHODS, sample_ids)
+    iou = image_matrix(table, "iou", CAM_METHODS, sample_ids)
+    rows = []
+    for i, j in combinations(range(len(CAM_METHODS)), 2):
+        first, second = CAM_METHODS[i], CAM_METHODS[j]
+        same = any(first in group and second in group for group in identical_groups)
+        row = {"first": first, "second": second, "n": len(sample_ids),
+               "identical_by_construction": same}
+        if sample_ids:
+            fail_diff = stats.paired_difference_ci(failure[:, i], failure[:, j], replicates, seed)
+            binomial = stats.exact_paired_binomial(failure[:, i] > 0, failure[:, j] > 0)
+            iou_diff = stats.paired_difference_ci(iou[:, i], iou[:, j], replicates, seed)
+            wilcoxon = stats.paired_wilcoxon(iou[:, i], iou[:, j])
+            row.update({"failure_difference": fail_diff["estimate"],
+                        "failure_difference_ci_low": fail_diff["ci_low"],
+                        "failure_difference_ci_high": fail_diff["ci_high"],
+                        "discordant_first_only": binomial["first_only"],
+                        "discordant_second_only": binomial["second_only"],
+                        "failure_p": binomial["p_value"],
+                        "iou_difference": iou_diff["estimate"],
+                        "iou_difference_ci_low": iou_diff["ci_low"],
+                        "iou_difference_ci_high": iou_diff["ci_high"],
+                        "iou_p": wilcoxon["p_value"]})
+        rows.append(row)
+    result = pd.DataFrame(rows)
+    result.insert(2, "pair", [f"{method_label(a)} vs {method_label(b)}"
+                              for a, b in zip(result["first"], result["second"])])
+    if sample_ids:
+        result["failure_p_holm"] = stats.holm_adjust(result["failure_p"].to_numpy())
+        result["iou_p_holm"] = stats.holm_adjust(result["iou_p"].to_numpy())
+    return result
+
+
+def tie_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """Per method: maps, constant maps, maps with a tied maximum, maps with boundary ties."""
+    grouped = table.groupby("method", sort=False)
+    result = pd.DataFrame({
+        "maps": grouped.size(),
+        "constant_maps": grouped["constant_map"].sum().astype(int),
+        "tied_maximum": grouped["max_multiplicity"].apply(lambda v: int((v > 1).sum())),
+        "boundary_ties": grouped["boundary_ties"].apply(lambda v: int((v > 0).sum())),
+    }).reindex(list(MAP_METHODS)).reset_index()
+    result.insert(1, "label", result["method"].map(method_label))
+    return result
+
+
+def identical_statement(identical_groups, arch: str, layer_name: str) -> str:
+    """A sentence saying which CAMs coincide by construction at ``layer_name`` (or none)."""
+    if not identical_groups:
+        return (f"At {arch} layer {layer_name} no two CAM methods are identical by construction; "
+                "differences between them are empirical.")
+    groups = "; ".join(" = ".join(method_label(m) for m in group) for group in identical_groups)
+    return (f"At {arch} layer {layer_name} these CAMs are identical by construction (the layer "
+            f"feeds global average pooling, so the gradient is spatially constant): {groups}. "
+            "They are one piece of evidence, not several.")
+
+
+def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS,
+                         replicates: int = stats.SPATIAL_REPLICATES,
+                         seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Failure rate per map method at each scaled-score threshold, with eligible counts.
+
+    Columns: threshold, method, n_eligible, failure_rate, ci_low, ci_high (NaN when no image
+    is eligible). Methods: the five CAMs and the two spatial baselines.
+    """
+    _single_checkpoint(table)
+    rows = []
+    for score_threshold in thresholds:
+        ids = high_score_ids(table, score_threshold)
+        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
+        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        for k, method in enumerate(MAP_METHODS):
+            rows.append({"threshold": float(score_threshold), "method": method,
+                         "n_eligible": len(ids),
+                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
+                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
+                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k])})
+    return pd.DataFrame(rows)
+
+
+def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
+                          primary_id: str, score_threshold: float) -> pd.DataFrame:
+    """Per checkpoint and map method: failure on its own and on the primary's high-score set.
+
+    ``tables``: audit rows of several checkpoints on one dataset; ``random_deletion``: their
+    per-image random-deletion rows. Columns: checkpoint_id, arch, seed, control, method,
+    n_own, failure_own, n_fixed, failure_fixed, logit_drop_all (CAMs: mean over all images),
+    random_deletion_mean (the checkpoint's mean random-deletion logit drop over all images).
+    """
+    primary = tables[tables["checkpoint_id"] == primary_id]
+    if primary.empty:
+        raise ValueError(f"primary checkpoint {primary_id} has no audit rows")
+    fixed_ids = set(high_score_ids(primary, score_threshold))
+    rows = []
+    for checkpoint_id, table in tables.groupby("checkpoint_id", sort=True):
+        own_ids = set(high_score_ids(table, score_threshold))
+        drops = random_deletion.loc[random_deletion["checkpoint_id"] == checkpoint_id,
+                                    "logit_drop_mean"]
+        first = table.iloc[0]
+        for method, rows_of_method in table.groupby("method", sort=False):
+            own = rows_of_method[rows_of_method["sample_id"].isin(own_ids)]
+            fixed = rows_of_method[rows_of_method["sample_id"].isin(fixed_ids)]
+            rows.append({"checkpoint_id": checkpoint_id, "arch": first["arch"],
+                         "seed": int(first["seed"]), "control": first["control"],
+                         "method": method, "n_own": len(own),
+                         "failure_own": own["peak_outside_mask"].mean() if len(own) else np.nan,
+                         "n_fixed": len(fixed),
+                         "failure_fixed": fixed["peak_outside_mask"].mean() if len(fixed) else np.nan,
+                         "logit_drop_all": rows_of_method["logit_drop"].mean(),
+                         "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan})
+    return pd.DataFrame(rows)
+
+
+def architecture_ranges(robustness: pd.DataFrame, value: str) -> pd.DataFrame:
+    """Across seeds of each architecture: mean, min and max of ``value`` per method.
+
+    Controls (e.g. shuffled labels) are left out: Figure 4 shows the architecture x seed matrix.
+    """
+    matrix = robustness[robustness["control"] == "none"]
+    grouped = matrix.groupby(["arch", "method"], sort=False)[value]
+    result = grouped.agg(["mean", "min", "max", "count"]).reset_index()
+    return result.rename(columns={"count": "n_checkpoints"})
+
+
+def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICATES,
+                    seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Failure per map method within lesion-area tertiles of this table's images.
+
+    Tertiles are dataset-specific: images are ranked by lesion area (ties by sample id) and cut
+    into three near-equal groups, small / medium / large. Columns: tertile, area_min, area_max,
+    method, n, failure_rate, ci_low, ci_high.
+    """
+    _single_checkpoint(table)
+    areas = table.groupby("sample_id")["lesion_area_fraction"].first()
+    ranked = areas.reset_index().sort_values(["lesion_area_fraction", "sample_id"])
+    ranked["tertile"] = pd.qcut(np.arange(len(ranked)), 3, labels=list(TERTILE_LABELS))
+    rows = []
+    for tertile, members in ranked.groupby("tertile", observed=False, sort=False):
+        ids = sorted(members["sample_id"])
+        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
+        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        for k, method in enumerate(MAP_METHODS):
+            rows.append({"tertile": tertile, "area_min": members["lesion_area_fraction"].min(),
+                         "area_max": members["lesion_area_fraction"].max(), "method": method,
+                         "n": len(ids),
+                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
+                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
+                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k])})
+    return pd.DataFrame(rows)
+
+
+TABLE5_TERMS = {
+    "gradcampp": "Grad-CAM++ versus Grad-CAM",
+    "xgradcam": "XGrad-CAM versus Grad-CAM",
+    "hirescam": "HiResCAM versus Grad-CAM",
+    "eigencam": "Eigen-CAM* versus Grad-CAM",
+    "lesion_area_per_0_10": "Lesion area per 0.10 frame fraction",
+    "centre_distance_per_0_10": "Lesion-centre distance per 0.10",
+    "score_per_0_10": "Scaled score per 0.10",
+}
+
+
+def table5_model_frame(table: pd.DataFrame, score_threshold: float) -> pd.DataFrame:
+    """Rows of the adjusted failure model: the five CAMs on the high-score images.
+
+    Columns: sample_id, method, failure (0/1), intercept, one indicator per non-reference CAM
+    (Grad-CAM is the reference), lesion area, centre distance and scaled score per 0.10.
+    """
+    _single_checkpoint(table)
+    ids = set(high_score_ids(table, score_threshold))
+    rows = table[table["sample_id"].isin(ids) & table["method"].isin(CAM_METHODS)]
+    rows = rows.sort_values(["sample_id", "method"]).reset_index(drop=True)
+    frame = pd.DataFrame({"sample_id": rows["sample_id"], "method": rows["method"],
+                          "failure": rows["peak_outside_mask"].astype(float),
+                          "intercept": 1.0})
+    for method in CAM_METHODS[1:]:
+        frame[method] = (rows["method"] == method).astype(float)
+    frame["lesion_area_per_0_10"] = rows["lesion_area_fraction"] / 0.10
+    frame["centre_distance_per_0_10"] = rows["lesion_centre_distance"] / 0.10
+    frame["score_per_0_10"] = rows["scaled_score"] / 0.10
+    return frame
+
+
+def table5(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
+           seed: int = stats.BOOTSTRAP_SEED, penalty: float = stats.RIDGE_PENALTY) -> pd.DataFrame:
+    """Odds ratios of the adjusted model with image-cluster bootstrap CIs (Table 5).
+
+    ``frame``: ``table5_model_frame`` output. Raises when it has no rows (empty panel A).
+    """
+    if frame.empty:
+        raise ValueError("no high-score images: the adjusted model cannot be fitted")
+    names = ["intercept", *TABLE5_TERMS]
+    result = stats.cluster_bootstrap_odds_ratios(
+        frame[names].to_numpy(), frame["failure"].to_numpy(), frame["sample_id"].to_numpy(),
+        names, replicates=replicates, seed=seed, penalty=penalty)
+    return pd.DataFrame({"term": [TABLE5_TERMS[t] for t in result["term"]],
+                         "odds_ratio": result["odds_ratio"], "ci_low": result["ci_low"],
+                         "ci_high": result["ci_high"]})

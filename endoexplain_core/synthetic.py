@@ -1,0 +1,807 @@
+"""The embedded synthetic cohort: endoscopy-like frames with planted truth, in real layouts.
+
+Real HyperKvasir and the external polyp cohorts cannot be downloaded on the build machines, so
+the default run generates a small stand-in that the very same loaders read. Two parts:
+
+``render_frame``
+    One procedural frame, uint8 (H, W, 3), and its lesion mask, bool (H, W). Reddish mucosa
+    with a smooth texture and a vessel pattern, haustral folds around a dark lumen, specular
+    highlights, a black circular field border and, optionally, a green position box in the
+    bottom-left corner. Optional findings: a polyp (raised, paler dome with a pit texture and a
+    shadowed rim: its appearance is the same whether or not dye is present, so a classifier
+    trained mostly on dyed-lifted polyps can still recognise standard polyps), blue dye (around
+    the polyp, or a free patch), a pale resection scar, ulcerative-colitis inflammation, stool,
+    ileal villi and the endoscope shaft seen in retroflexion.
+
+``generate_cohort``
+    Writes HyperKvasir (labelled lower-GI categories + segmented images/masks), ETIS-LaribPolypDB,
+    PolypGen and PolypDB trees under one root, mirroring the study's structure (DESIGN.md
+    sections 6 and 9): standard polyps are rare in development and every segmented image is a
+    byte-identical copy of a labelled ``polyps`` file; a few labelled polyps are near-duplicates
+    (different bytes, identical 16x16 average hash) of segmented ones; positives are dominated
+    by dyed-lifted polyps; ``dyed-resection-margins`` negatives carry dye and no polyp; external
+    cohorts have centre/modality colour and size shifts, empty-mask frames and duplicate frames.
+
+Determinism: every random draw comes from ``numpy.random.Generator`` streams derived from
+(seed, stream name), never from global state; files are encoded by Pillow with fixed options
+and named from the streams, so the same seed and parameters give byte-identical trees in the
+pinned environment. Geometry below uses "frame units": the half-length of the frame's shorter
+side is 1, the frame centre is (0, 0), x grows rightwards and y downwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import imagehash
+import numpy as np
+from PIL import Image, ImageDraw
+
+from endoexplain_core.imageio import read_mask, read_rgb
+
+GENERATOR_VERSION = 1
+MARKER_FILE = "synthetic_cohort.json"
+JPEG_QUALITY = 92
+
+# Colours in linear [0, 1] RGB.
+MUCOSA = np.array([0.80, 0.42, 0.35], dtype=np.float32)
+POLYP = np.array([0.96, 0.70, 0.56], dtype=np.float32)
+DYE = np.array([0.18, 0.30, 0.66], dtype=np.float32)
+SCAR = np.array([0.93, 0.87, 0.72], dtype=np.float32)
+FIBRIN = np.array([0.95, 0.91, 0.76], dtype=np.float32)
+STOOL = np.array([0.55, 0.40, 0.14], dtype=np.float32)
+POSITION_BOX_GREEN = np.array([0.15, 0.85, 0.25], dtype=np.float32)
+LIGHT_DIRECTION = np.array([-0.7, -0.7], dtype=np.float32)  # light from the upper left
+
+# HyperKvasir lower-GI categories: (group folder, category folder) -> render_frame knobs.
+# Counts in the real dataset are in DESIGN.md section 9; DEFAULT_CATEGORY_COUNTS scales them.
+CATEGORY_STYLES: dict[tuple[str, str], dict[str, Any]] = {
+    ("anatomical-landmarks", "cecum"): {"fold_strength": 0.8},
+    ("anatomical-landmarks", "ileum"): {"villi": True, "fold_strength": 0.3},
+    ("anatomical-landmarks", "retroflex-rectum"): {"scope_shaft": True},
+    ("pathological-findings", "hemorrhoids"): {"scope_shaft": True, "inflammation": 0.3},
+    ("pathological-findings", "polyps"): {"lesion": True},
+    ("pathological-findings", "ulcerative-colitis-grade-0-1"): {"inflammation": 0.15},
+    ("pathological-findings", "ulcerative-colitis-grade-1"): {"inflammation": 0.3},
+    ("pathological-findings", "ulcerative-colitis-grade-1-2"): {"inflammation": 0.45},
+    ("pathological-findings", "ulcerative-colitis-grade-2"): {"inflammation": 0.6},
+    ("pathological-findings", "ulcerative-colitis-grade-2-3"): {"inflammation": 0.75},
+    ("pathological-findings", "ulcerative-colitis-grade-3"): {"inflammation": 0.9},
+    ("quality-of-mucosal-views", "bbps-0-1"): {"stool": 0.6},
+    ("quality-of-mucosal-views", "bbps-2-3"): {"stool": 0.08},
+    ("quality-of-mucosal-views", "impacted-stool"): {"stool": 1.0},
+    ("therapeutic-interventions", "dyed-lifted-polyps"): {"lesion": True, "dye": True},
+    ("therapeutic-interventions", "dyed-resection-margins"): {"dye": True, "scar": True},
+}
+
+# Labelled counts per category except `polyps` (whose count is derived from the segmented and
+# development-polyp counts). Roughly 1/6 of the real dataset, dyed-lifted polyps kept
+# proportionally large so that training sees enough positives.
+DEFAULT_CATEGORY_COUNTS: dict[str, int] = {
+    "cecum": 170, "ileum": 3, "retroflex-rectum": 65, "hemorrhoids": 2,
+    "ulcerative-colitis-grade-0-1": 6, "ulcerative-colitis-grade-1": 34,
+    "ulcerative-colitis-grade-1-2": 3, "ulcerative-colitis-grade-2": 74,
+    "ulcerative-colitis-grade-2-3": 5, "ulcerative-colitis-grade-3": 22,
+    "bbps-0-1": 108, "bbps-2-3": 190, "impacted-stool": 22,
+    "dyed-lifted-polyps": 220, "dyed-resection-margins": 165,
+}
+
+# External cohorts: centre/modality-specific colour multipliers and frame sizes (relative to
+# ``frame_size``; (height factor, width factor)).
+POLYPGEN_CENTRES: dict[int, dict[str, Any]] = {
+    1: {"colour_shift": (1.00, 1.00, 1.00), "size": (1.00, 1.25), "position_box": False},
+    2: {"colour_shift": (1.08, 0.95, 0.90), "size": (1.00, 1.00), "position_box": True},
+    3: {"colour_shift": (0.95, 1.00, 1.08), "size": (0.90, 1.20), "position_box": False},
+    4: {"colour_shift": (1.05, 1.05, 0.85), "size": (1.10, 1.10), "position_box": False},
+    5: {"colour_shift": (0.92, 0.92, 0.92), "size": (1.00, 1.33), "position_box": False},
+    6: {"colour_shift": (1.10, 0.90, 1.00), "size": (0.85, 1.00), "position_box": True},
+}
+POLYPDB_MODALITIES: dict[str, tuple[float, float, float]] = {
+    "WLI": (1.00, 1.00, 1.00),  # white light
+    "NBI": (0.55, 0.90, 0.85),  # narrow band: brown/teal
+    "BLI": (0.62, 0.82, 1.05),  # blue light
+    "LCI": (1.12, 0.85, 0.80),  # linked colour: vivid red
+    "FICE": (1.05, 0.92, 0.55),  # spectral colour enhancement: orange
+}
+POLYPDB_CENTRE_MODALITIES: dict[str, tuple[str, ...]] = {
+    "Simula": ("WLI", "NBI"),
+    "BKAI": ("WLI", "BLI", "FICE", "LCI"),
+    "Karolinska": ("WLI", "NBI"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Random streams and procedural fields
+# ---------------------------------------------------------------------------------------------
+
+def stream(seed: int, name: str) -> np.random.Generator:
+    """An independent random generator for (``seed``, ``name``).
+
+    Named streams make each category's frames independent of the counts of the others.
+    """
+    name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), name_key])
+
+
+def _value_noise(rng: np.random.Generator, shape: tuple[int, int], cells: int) -> np.ndarray:
+    """Smooth random field, float32 (H, W) in [0, 1]: a ``cells`` x ``cells`` random lattice
+    interpolated with smoothstep weights (cells span the shorter side)."""
+    height, width = shape
+    cells_y = max(1, round(cells * height / min(shape)))
+    cells_x = max(1, round(cells * width / min(shape)))
+    lattice = rng.random((cells_y + 1, cells_x + 1), dtype=np.float32)
+    ys = (np.arange(height, dtype=np.float32) + 0.5) * (cells_y / height)
+    xs = (np.arange(width, dtype=np.float32) + 0.5) * (cells_x / width)
+    iy, ix = ys.astype(np.int64), xs.astype(np.int64)
+    ty, tx = ys - iy, xs - ix
+    ty, tx = (ty * ty * (3 - 2 * ty))[:, None], (tx * tx * (3 - 2 * tx))[None, :]
+    top = lattice[np.ix_(iy, ix)] * (1 - tx) + lattice[np.ix_(iy, ix + 1)] * tx
+    bottom = lattice[np.ix_(iy + 1, ix)] * (1 - tx) + lattice[np.ix_(iy + 1, ix + 1)] * tx
+    return top * (1 - ty) + bottom * ty
+
+
+def _fractal_noise(rng: np.random.Generator, shape: tuple[int, int], cells: int,
+                   octaves: int) -> np.ndarray:
+    """Sum of ``octaves`` value-noise layers (cells doubling, amplitude halving), in [0, 1]."""
+    total = np.zeros(shape, dtype=np.float32)
+    weight = 0.0
+    for octave in range(octaves):
+        amplitude = 0.5 ** octave
+        total += amplitude * _value_noise(rng, shape, cells * 2 ** octave)
+        weight += amplitude
+    return total / weight
+
+
+def _frame_coordinates(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Pixel-centre coordinates (y, x) in frame units, and pixels per frame unit."""
+    height, width = shape
+    half = min(height, width) / 2.0
+    ys = ((np.arange(height, dtype=np.float32) + 0.5) - height / 2.0) / half
+    xs = ((np.arange(width, dtype=np.float32) + 0.5) - width / 2.0) / half
+    return ys[:, None], xs[None, :], half
+
+
+def _blend(image: np.ndarray, alpha: np.ndarray, colour: np.ndarray) -> None:
+    """In place: image = image * (1 - alpha) + alpha * colour (colour (3,) or (H, W, 3))."""
+    image *= (1.0 - alpha)[..., None]
+    image += alpha[..., None] * colour
+
+
+def _spots(image: np.ndarray, y: np.ndarray, x: np.ndarray, centres: np.ndarray,
+           radii: np.ndarray, colour: np.ndarray, strength: float) -> None:
+    """In place: blend Gaussian spots (centres (K, 2) as (y, x), radii (K,)) towards colour."""
+    alpha = np.zeros(image.shape[:2], dtype=np.float32)
+    for (cy, cx), radius in zip(centres, radii):
+        alpha = np.maximum(alpha, np.exp(-(((y - cy) ** 2 + (x - cx) ** 2) / radius ** 2) * 2.0))
+    _blend(image, np.clip(alpha * strength, 0.0, 1.0), colour)
+
+
+# ---------------------------------------------------------------------------------------------
+# One frame
+# ---------------------------------------------------------------------------------------------
+
+def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
+                 lesion: bool = True, dye: bool = False, conspicuity: float = 0.85,
+                 dye_strength: float = 0.8, lesion_radius: tuple[float, float] = (0.07, 0.18),
+                 scar: bool = False, inflammation: float = 0.0, stool: float = 0.0,
+                 villi: bool = False, scope_shaft: bool = False, fold_strength: float = 0.5,
+                 position_box: bool = False,
+                 colour_shift: Sequence[float] = (1.0, 1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+    """Render one endoscopy-like frame and its lesion mask.
+
+    Parameters
+    ----------
+    rng : numpy Generator; the only source of randomness (same state -> same frame).
+    size : frame size in pixels, ``S`` (square) or ``(height, width)``.
+    lesion : plant a polyp. The mask is its footprint (inside the field of view).
+    dye : add blue dye: a submucosal cushion around the polyp when ``lesion``, otherwise a free
+        patch somewhere in the field.
+    conspicuity : 0..1, how visible the polyp is (colour contrast, dome shading, pit texture,
+        rim shadow, highlight). At 0 the polyp is invisible but its mask is still returned,
+        which lets a dataset carry the label without any lesion signal.
+    dye_strength : 0..1, opacity of the dye.
+    lesion_radius : (min, max) polyp radius as a fraction of the frame's shorter side; the
+        radius is drawn uniformly in this range. The polyp centre is drawn uniformly in
+        distance from the frame centre, so lesion size and centrality both vary.
+    scar : pale, flat resection scar in the middle of the dye patch (resection margins).
+    inflammation : 0..1, ulcerative-colitis severity (redness, lost vessels, granularity,
+        fibrin-covered erosions, bleeding).
+    stool : 0..1, share of the wall covered by stool (bowel-preparation quality).
+    villi : granular ileal villi texture.
+    scope_shaft : the endoscope's own shaft entering from the bottom (retroflexion).
+    fold_strength : 0..1, contrast of the haustral folds around the lumen.
+    position_box : green scope-position box in the bottom-left corner.
+    colour_shift : per-channel RGB multipliers (centre or imaging-modality shift).
+
+    Returns
+    -------
+    image : uint8 (H, W, 3) RGB.
+    mask : bool (H, W), True on the polyp; all False when ``lesion`` is False.
+    """
+    height, width = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    if min(height, width) < 16:
+        raise ValueError(f"frame size must be at least 16 pixels, got {height}x{width}")
+    for name, value in (("conspicuity", conspicuity), ("dye_strength", dye_strength),
+                        ("inflammation", inflammation), ("stool", stool),
+                        ("fold_strength", fold_strength)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+    shape = (height, width)
+    y, x, pixels_per_unit = _frame_coordinates(shape)
+    radius_from_centre = np.sqrt(x * x + y * y)
+
+    # Geometry first: the polyp (if any), then the lumen on the far side so it never hides it.
+    lesion_r = 2.0 * rng.uniform(*lesion_radius)  # frame units (1 = half the shorter side)
+    centre_distance = rng.uniform(0.0, max(0.0, 0.78 - 1.15 * lesion_r))
+    centre_angle = rng.uniform(0.0, 2 * np.pi)
+    lesion_cy = centre_distance * np.sin(centre_angle)
+    lesion_cx = centre_distance * np.cos(centre_angle)
+    lumen_r = rng.uniform(0.16, 0.30)
+    lumen_angle = centre_angle + np.pi + rng.uniform(-0.8, 0.8)
+    if lesion:
+        lumen_offset = lesion_r + 1.4 * lumen_r + rng.uniform(0.0, 0.25)
+        lumen_cy = lesion_cy + lumen_offset * np.sin(lumen_angle)
+        lumen_cx = lesion_cx + lumen_offset * np.cos(lumen_angle)
+    else:
+        lumen_offset = rng.uniform(0.1, 0.6)
+        lumen_cy, lumen_cx = lumen_offset * np.sin(lumen_angle), lumen_offset * np.cos(lumen_angle)
+    lumen_distance = np.sqrt((x - lumen_cx) ** 2 + (y - lumen_cy) ** 2)
+
+    # Mucosa: base colour, texture, vessels.
+    texture = _fractal_noise(rng, shape, cells=4, octaves=4)
+    mucosa = MUCOSA + rng.normal(0.0, 0.025, 3).astype(np.float32)
+    mucosa = mucosa * np.array([1.0 + 0.06 * inflammation, 1.0 - 0.35 * inflammation,
+                                1.0 - 0.30 * inflammation], dtype=np.float32)
+    image = mucosa * (0.85 + 0.30 * (texture - 0.5))[..., None]
+    vessel_field = _fractal_noise(rng, shape, cells=5, octaves=2)
+    vessels = np.exp(-((vessel_field - 0.5) / 0.025) ** 2) * (0.9 * (1.0 - inflammation))
+    image *= 1.0 - vessels[..., None] * np.array([0.15, 0.40, 0.35], dtype=np.float32)
+    if villi:
+        granules = _value_noise(rng, shape, cells=max(4, min(shape) // 3))
+        image *= (0.88 + 0.24 * granules)[..., None]
+        image += 0.06
+    if inflammation > 0:
+        granules = _value_noise(rng, shape, cells=max(4, min(shape) // 4))
+        image *= (1.0 + 0.25 * inflammation * (granules - 0.5))[..., None]
+        bleeding = np.clip((_value_noise(rng, shape, cells=6) - (1.0 - 0.35 * inflammation)) * 8,
+                           0, 1)
+        _blend(image, bleeding * 0.6, np.array([0.45, 0.05, 0.06], dtype=np.float32))
+        erosion_count = int(round(14 * inflammation))
+        _spots(image, y, x, rng.uniform(-0.8, 0.8, (erosion_count, 2)),
+               rng.uniform(0.015, 0.045, erosion_count), FIBRIN, 0.9)
+    if stool > 0:
+        stool_field = _fractal_noise(rng, shape, cells=3, octaves=3)
+        cover = np.clip((stool_field - (1.0 - stool) * 0.75 - 0.2) * 6.0, 0.0, 1.0)
+        _blend(image, cover * 0.95, STOOL * (0.75 + 0.5 * texture)[..., None])
+
+    # Dye, then scar, then the polyp on top (the lifted polyp sits on its blue cushion).
+    if dye:
+        if lesion:
+            dye_cy, dye_cx = lesion_cy, lesion_cx
+            dye_r = lesion_r * rng.uniform(1.7, 2.5)
+        else:
+            dye_cy, dye_cx = rng.uniform(-0.45, 0.45, 2)
+            dye_r = rng.uniform(0.25, 0.45)
+        dye_edge = _fractal_noise(rng, shape, cells=5, octaves=2)
+        dye_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
+            dye_r * (1.0 + 0.5 * (dye_edge - 0.5)))
+        dye_alpha = np.clip((1.0 - dye_relative) * 3.0, 0, 1) * (0.65 + 0.35 * dye_edge)
+        _blend(image, dye_alpha * dye_strength, DYE * (0.8 + 0.4 * texture)[..., None])
+        if scar:
+            scar_r = dye_r * rng.uniform(0.35, 0.5)
+            scar_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
+                scar_r * (1.0 + 0.6 * (texture - 0.5)))
+            scar_alpha = np.clip((1.0 - scar_relative) * 4.0, 0, 1)
+            _blend(image, scar_alpha * 0.9, SCAR * (0.9 + 0.2 * texture)[..., None])
+    mask = np.zeros(shape, dtype=bool)
+    if lesion:
+        angle = np.arctan2(y - lesion_cy, x - lesion_cx)
+        harmonics = rng.uniform(0.0, 1.0, 3) * np.array([0.12, 0.07, 0.04])
+        phases = rng.uniform(0.0, 2 * np.pi, 3)
+        stretch = rng.uniform(0.8, 1.2)
+        boundary = lesion_r * (1.0 + sum(a * np.cos((k + 1) * angle + p)
+                                         for k, (a, p) in enumerate(zip(harmonics, phases))))
+        dx, dy = (x - lesion_cx) * stretch, (y - lesion_cy) / stretch
+        relative = np.sqrt(dx * dx + dy * dy) / boundary
+        mask = relative < 1.0
+        edge_alpha = np.clip((1.0 - relative) * boundary * pixels_per_unit / 1.5, 0, 1)
+        dome = np.sqrt(np.clip(1.0 - relative ** 2, 0, 1))
+        towards_light = (dx * LIGHT_DIRECTION[1] + dy * LIGHT_DIRECTION[0]) / boundary
+        shading = 0.78 + 0.30 * dome + 0.22 * towards_light
+        pits = _value_noise(rng, shape, cells=max(4, int(min(shape) / 4)))
+        surface = POLYP * (shading * (1.0 + 0.16 * conspicuity * (pits - 0.5)))[..., None]
+        rim = np.exp(-((relative - 1.1) / 0.08) ** 2) * np.clip(0.5 - towards_light, 0, 1)
+        image *= (1.0 - 0.45 * conspicuity * rim)[..., None]
+        _blend(image, edge_alpha * conspicuity, surface)
+
+    # Illumination: folds around the lumen, brighter near the scope, dark lumen.
+    fold_phase = _fractal_noise(rng, shape, cells=3, octaves=2)
+    fold_period = rng.uniform(0.22, 0.34)
+    folds = np.sin(2 * np.pi * lumen_distance / fold_period + 5.0 * fold_phase)
+    fold_shading = 1.0 + fold_strength * 0.22 * folds * np.clip(1.4 - lumen_distance, 0, 1)
+    illumination = 0.5 + 0.5 * np.clip(lumen_distance / 1.1, 0, 1) ** 0.7
+    lumen_dark = np.exp(-(lumen_distance / lumen_r) ** 2)
+    image *= (fold_shading * illumination * (1.0 - 0.93 * lumen_dark))[..., None]
+
+    if scope_shaft:
+        shaft_x = rng.uniform(-0.5, 0.5)
+        shaft_halfwidth = rng.uniform(0.18, 0.28)
+        shaft_top = rng.uniform(0.0, 0.45)
+        across = (x - shaft_x) / shaft_halfwidth
+        inside = np.clip((1.0 - np.abs(across)) * shaft_halfwidth * pixels_per_unit, 0, 1)
+        inside = inside * np.clip((y - shaft_top) * pixels_per_unit, 0, 1)
+        shaft_colour = np.float32(0.10) * (0.6 + 1.2 * np.clip(1.0 - across ** 2, 0, 1))
+        _blend(image, inside, np.repeat(shaft_colour[..., None], 3, axis=2))
+
+    # Specular highlights: a few on the wall, one on the polyp's lit side.
+    highlight_count = int(rng.integers(3, 9))
+    _spots(image, y, x, rng.uniform(-0.85, 0.85, (highlight_count, 2)),
+           rng.uniform(0.008, 0.025, highlight_count), np.ones(3, dtype=np.float32), 1.0)
+    if lesion and conspicuity > 0:
+        lit_spot = np.array([[lesion_cy + 0.4 * lesion_r * LIGHT_DIRECTION[0],
+                              lesion_cx + 0.4 * lesion_r * LIGHT_DIRECTION[1]]])
+        _spots(image, y, x, lit_spot, np.array([0.14 * lesion_r]),
+               np.ones(3, dtype=np.float32), conspicuity)
+
+    image *= np.asarray(colour_shift, dtype=np.float32)
+    image += rng.normal(0.0, 0.012, image.shape).astype(np.float32)
+
+    # Black circular field of view (the corners and, on wide frames, the sides are black).
+    field_radius = rng.uniform(0.98, 1.10)
+    field = np.clip((field_radius - radius_from_centre) * pixels_per_unit, 0, 1)
+    image *= field[..., None]
+    mask &= field > 0.5
+    if position_box:
+        _draw_position_box(image)
+    return (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8), mask
+
+
+def _draw_position_box(image: np.ndarray) -> None:
+    """In place: the green scope-position box in the bottom-left corner (outline + a curve)."""
+    height, width = image.shape[:2]
+    box_h, box_w = max(6, round(0.17 * height)), max(8, round(0.21 * width))
+    top, left = height - box_h - 1, 1
+    image[top:top + box_h, left:left + box_w] = 0.0
+    image[top, left:left + box_w] = POSITION_BOX_GREEN
+    image[top + box_h - 1, left:left + box_w] = POSITION_BOX_GREEN
+    image[top:top + box_h, left] = POSITION_BOX_GREEN
+    image[top:top + box_h, left + box_w - 1] = POSITION_BOX_GREEN
+    columns = np.arange(2, box_w - 2)
+    rows = (box_h / 2 + (box_h / 3) * np.sin(columns / max(1, box_w - 4) * np.pi)).astype(int)
+    image[top + np.clip(rows, 1, box_h - 2), left + columns] = POSITION_BOX_GREEN
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding with fixed options (byte-determinism)
+# ---------------------------------------------------------------------------------------------
+
+def encode_image(array: np.ndarray, file_format: str, quality: int = JPEG_QUALITY) -> bytes:
+    """Encode uint8 (H, W, 3) RGB or bool/uint8 (H, W) with fixed Pillow options.
+
+    ``file_format`` is "JPEG", "PNG" or "TIFF". Bool arrays are written as 0/255 greyscale.
+    No metadata (no EXIF, no timestamps), 4:2:0 chroma subsampling for colour JPEG.
+    """
+    if array.dtype == bool:
+        array = array.astype(np.uint8) * 255
+    image = Image.fromarray(array)
+    buffer = io.BytesIO()
+    if file_format == "JPEG":
+        image.save(buffer, format="JPEG", quality=quality, subsampling=2 if array.ndim == 3 else 0,
+                   optimize=False, progressive=False)
+    elif file_format == "PNG":
+        image.save(buffer, format="PNG", compress_level=6, optimize=False)
+    elif file_format == "TIFF":
+        image.save(buffer, format="TIFF", compression=None)
+    else:
+        raise ValueError(f"unsupported format {file_format!r}")
+    return buffer.getvalue()
+
+
+def _average_hash(data: bytes) -> str:
+    with Image.open(io.BytesIO(data)) as image:
+        return str(imagehash.average_hash(image, hash_size=16))
+
+
+class NearDuplicateError(RuntimeError):
+    """No re-encoding of a frame kept its average hash (happens on very small frames)."""
+
+
+def near_duplicate(array: np.ndarray, original: bytes) -> bytes:
+    """JPEG bytes of ``array`` that differ from ``original`` but share its 16x16 average hash.
+
+    Models the same frame saved twice: re-encoding at other qualities keeps the picture but
+    changes the bytes. Candidates are tried in a fixed order (deterministic): the rendered
+    array at other qualities, then the decoded original re-saved (smaller change, needed for
+    tiny frames whose 16x16 hash is sensitive).
+    """
+    target = _average_hash(original)
+    with Image.open(io.BytesIO(original)) as decoded:
+        resaved = np.asarray(decoded.convert("RGB"))
+    candidates = [(array, q) for q in (88, 95, 85, 97, 90, 80, 75)]
+    candidates += [(resaved, q) for q in (JPEG_QUALITY, 93, 91, 94, 90, 95, 89, 96)]
+    for pixels, quality in candidates:
+        candidate = encode_image(pixels, "JPEG", quality)
+        if candidate != original and _average_hash(candidate) == target:
+            return candidate
+    raise NearDuplicateError("no re-encoding kept the average hash; pick another frame")
+
+
+def _uuid_name(rng: np.random.Generator) -> str:
+    """A UUID-shaped lowercase hex name (HyperKvasir's labelled images are named by UUID)."""
+    digits = rng.bytes(16).hex()
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+
+
+def _kvasir_name(rng: np.random.Generator) -> str:
+    """A 25-character name shaped like Kvasir-SEG's segmented-image ids."""
+    return "cj" + rng.bytes(12).hex()[:23]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cohort
+# ---------------------------------------------------------------------------------------------
+
+class _TreeWriter:
+    """Writes files under a root and remembers what it wrote (relative POSIX paths)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.written: list[str] = []
+
+    def write(self, relative: str, data: bytes) -> None:
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            raise FileExistsError(f"{path}: generator tried to write the same file twice")
+        path.write_bytes(data)
+        self.written.append(relative)
+
+
+def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
+                    category_counts: dict[str, int] | None = None, n_segmented: int = 150,
+                    n_development_polyps: int = 5, n_audit_near_duplicates: int = 3,
+                    n_development_duplicates: int = 2, n_development_near_duplicates: int = 2,
+                    conspicuity: float = 0.85, dye_strength: float = 0.8,
+                    lesion_radius: tuple[float, float] = (0.07, 0.18),
+                    position_box_rate: float = 0.5, etis_count: int = 40,
+                    etis_duplicates: int = 2, polypgen_counts: Sequence[int] = (12, 12, 12, 8, 8, 6),
+                    polypgen_empty_per_centre: int = 1, polypgen_duplicates: int = 1,
+                    polypdb_per_cell: int = 6) -> dict[str, Any]:
+    """Write the synthetic cohort under ``root`` and return a summary of what was written.
+
+    Layout (see docs/architecture.md): ``hyper-kvasir/labeled-images/lower-gi-tract/<group>/
+    <category>/<uuid>.jpg``, ``hyper-kvasir/segmented-images/{images,masks}/<id>.jpg``,
+    ``ETIS-LaribPolypDB/{ETIS-LaribPolypDB/<n>.tif, Ground Truth/p<n>.tif}``,
+    ``PolypGen/data_C<k>/{images_C<k>/<stem>.jpg, masks_C<k>/<stem>_mask.jpg}``,
+    ``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}/<stem>.jpg|png``.
+
+    Parameters (counts are numbers of files; sizes are pixels)
+    ----------
+    seed : master seed; every stream is derived from it and a stream name.
+    frame_size : HyperKvasir frames are ``frame_size`` x ``frame_size``; external cohorts use
+        centre-specific multiples of it.
+    category_counts : labelled count per category other than ``polyps`` (keys: category
+        folder names); default ``DEFAULT_CATEGORY_COUNTS``. Missing categories get 0 files.
+    n_segmented : polyps with a mask; each is written once under ``polyps`` and once, byte for
+        byte, under ``segmented-images/images`` with another name.
+    n_development_polyps : standard polyps that are not in the segmented set.
+    n_audit_near_duplicates : extra ``polyps`` files re-encoded from segmented frames
+        (different bytes, identical average hash), so they join a segmented image's group.
+    n_development_duplicates, n_development_near_duplicates : extra byte copies and re-encoded
+        copies of negative frames (same category, other names): groups the split must keep whole.
+    conspicuity, dye_strength, lesion_radius : ``render_frame`` knobs; each polyp's conspicuity
+        is ``conspicuity`` times a factor drawn in [0.75, 1], for standard and dyed-lifted
+        polyps alike.
+    position_box_rate : share of HyperKvasir frames (every category) with the green box.
+    etis_count, etis_duplicates : ETIS frames, and extra byte-identical copies of some of them
+        (their masks are dilated, so the collapse by mask union matters).
+    polypgen_counts : frames per centre C1..C6, of which ``polypgen_empty_per_centre`` show no
+        polyp (empty mask); plus ``polypgen_duplicates`` byte copies in C1.
+    polypdb_per_cell : frames per (centre, modality) of ``POLYPDB_CENTRE_MODALITIES``.
+
+    The tree is built in ``<root>.partial`` and renamed into place, so an interrupted run
+    leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
+    generator's marker file (``synthetic_cohort.json``); otherwise ``FileExistsError``.
+    """
+    root = Path(root)
+    counts = dict(DEFAULT_CATEGORY_COUNTS if category_counts is None else category_counts)
+    known = {category for _, category in CATEGORY_STYLES}
+    unknown = sorted(set(counts) - known | ({"polyps"} & set(counts)))
+    if unknown:
+        raise ValueError(f"category_counts has unknown or derived categories {unknown}; "
+                         f"known: {sorted(known - {'polyps'})}")
+    if len(polypgen_counts) != len(POLYPGEN_CENTRES):
+        raise ValueError(f"polypgen_counts needs {len(POLYPGEN_CENTRES)} values (C1..C6)")
+    if n_audit_near_duplicates > n_segmented:
+        raise ValueError("n_audit_near_duplicates cannot exceed n_segmented")
+    if root.exists() and not (root / MARKER_FILE).is_file():
+        raise FileExistsError(f"{root} exists and is not a synthetic cohort written by this "
+                              f"generator (no {MARKER_FILE}); refusing to overwrite it")
+    parameters = {
+        "generator_version": GENERATOR_VERSION, "seed": int(seed), "frame_size": int(frame_size),
+        "category_counts": {k: int(counts[k]) for k in sorted(counts)},
+        "n_segmented": n_segmented, "n_development_polyps": n_development_polyps,
+        "n_audit_near_duplicates": n_audit_near_duplicates,
+        "n_development_duplicates": n_development_duplicates,
+        "n_development_near_duplicates": n_development_near_duplicates,
+        "conspicuity": conspicuity, "dye_strength": dye_strength,
+        "lesion_radius": list(lesion_radius), "position_box_rate": position_box_rate,
+        "etis_count": etis_count, "etis_duplicates": etis_duplicates,
+        "polypgen_counts": list(polypgen_counts),
+        "polypgen_empty_per_centre": polypgen_empty_per_centre,
+        "polypgen_duplicates": polypgen_duplicates, "polypdb_per_cell": polypdb_per_cell,
+    }
+    partial = root.with_name(root.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    writer = _TreeWriter(partial)
+    knobs = {"conspicuity": conspicuity, "dye_strength": dye_strength,
+             "lesion_radius": tuple(lesion_radius)}
+    summary: dict[str, Any] = {"parameters": parameters}
+    summary["hyper-kvasir"] = _write_hyperkvasir(writer, seed, frame_size, counts, n_segmented,
+                                                 n_development_polyps, n_audit_near_duplicates,
+                                                 n_development_duplicates,
+                                                 n_development_near_duplicates,
+                                                 position_box_rate, knobs)
+    summary["ETIS-LaribPolypDB"] = _write_etis(writer, seed, frame_size, etis_count,
+                                               etis_duplicates, knobs)
+    summary["PolypGen"] = _write_polypgen(writer, seed, frame_size, polypgen_counts,
+                                          polypgen_empty_per_centre, polypgen_duplicates, knobs)
+    summary["PolypDB"] = _write_polypdb(writer, seed, frame_size, polypdb_per_cell, knobs)
+    summary["files"] = len(writer.written)
+    writer.write(MARKER_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    _replace_directory(partial, root)
+    return summary
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Move ``new`` to ``target``; an old ``target`` is removed only after the move succeeded."""
+    old = target.with_name(target.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _polyp_knobs(rng: np.random.Generator, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Per-frame polyp knobs: the shared conspicuity times a factor in [0.75, 1]."""
+    return {**knobs, "conspicuity": knobs["conspicuity"] * rng.uniform(0.75, 1.0)}
+
+
+def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: dict[str, int],
+                       n_segmented: int, n_development_polyps: int,
+                       n_audit_near_duplicates: int, n_development_duplicates: int,
+                       n_development_near_duplicates: int, position_box_rate: float,
+                       knobs: dict[str, Any]) -> dict[str, Any]:
+    labelled = "hyper-kvasir/labeled-images/lower-gi-tract"
+    written: dict[str, int] = {}
+    negative_frames: list[tuple[str, np.ndarray, bytes]] = []  # (folder, array, bytes)
+    for (group, category), style in CATEGORY_STYLES.items():
+        folder = f"{labelled}/{group}/{category}"
+        rng = stream(seed, f"hyper-kvasir/{category}")
+        count = n_segmented + n_development_polyps if category == "polyps" else counts.get(category, 0)
+        frames = []
+        for _ in range(count):
+            frame_knobs = _polyp_knobs(rng, knobs) if style.get("lesion") else {
+                "dye_strength": knobs["dye_strength"]}
+            image, mask = render_frame(rng, frame_size, **{"lesion": False, **style},
+                                       **frame_knobs,
+                                       position_box=bool(rng.random() < position_box_rate))
+            data = encode_image(image, "JPEG")
+            writer.write(f"{folder}/{_uuid_name(rng)}.jpg", data)
+            frames.append((image, mask, data))
+        written[category] = count
+        if category == "polyps":
+            polyp_frames, polyp_folder, polyp_rng = frames, folder, rng
+        elif not style.get("lesion"):
+            negative_frames += [(folder, image, data) for image, _, data in frames]
+
+    # Segmented set: byte-identical copies of the first n_segmented polyps, other names.
+    for image, mask, data in polyp_frames[:n_segmented]:
+        name = _kvasir_name(polyp_rng)
+        writer.write(f"hyper-kvasir/segmented-images/images/{name}.jpg", data)
+        writer.write(f"hyper-kvasir/segmented-images/masks/{name}.jpg", encode_image(mask, "JPEG"))
+    # Audit near-duplicates: the first segmented frames that survive re-encoding unhashed.
+    near_copies = []
+    for image, _, data in polyp_frames[:n_segmented]:
+        if len(near_copies) == n_audit_near_duplicates:
+            break
+        try:
+            near_copies.append(near_duplicate(image, data))
+        except NearDuplicateError:
+            continue
+    if len(near_copies) < n_audit_near_duplicates:
+        raise NearDuplicateError(f"only {len(near_copies)} of {n_audit_near_duplicates} audit "
+                                 f"near-duplicates possible at frame_size {frame_size}")
+    for copy in near_copies:
+        writer.write(f"{polyp_folder}/{_uuid_name(polyp_rng)}.jpg", copy)
+    written["polyps"] += n_audit_near_duplicates
+
+    # Development duplicates among negatives: byte copies and re-encoded copies.
+    duplicate_rng = stream(seed, "hyper-kvasir/duplicates")
+    n_copies = n_development_duplicates + n_development_near_duplicates
+    if n_copies > len(negative_frames):
+        raise ValueError("more development duplicates requested than negative frames")
+    chosen = sorted(int(i) for i in duplicate_rng.choice(len(negative_frames), size=n_copies,
+                                                          replace=False))
+    spare = [i for i in range(len(negative_frames)) if i not in chosen]  # if re-encoding fails
+    for number, index in enumerate(chosen):
+        if number < n_development_duplicates:
+            folder, _, copy = negative_frames[index]
+        else:
+            used, folder, copy = _negative_near_duplicate(negative_frames, [index] + spare)
+            spare = [i for i in spare if i != used]
+        writer.write(f"{folder}/{_uuid_name(duplicate_rng)}.jpg", copy)
+        written[folder.rsplit("/", 1)[1]] += 1
+    return {"labelled": written, "labelled_total": sum(written.values()),
+            "segmented": n_segmented, "audit_near_duplicates": n_audit_near_duplicates,
+            "development_polyps": n_development_polyps,
+            "development_duplicates": n_development_duplicates,
+            "development_near_duplicates": n_development_near_duplicates}
+
+
+def _negative_near_duplicate(frames: list[tuple[str, np.ndarray, bytes]],
+                             candidates: list[int]) -> tuple[int, str, bytes]:
+    """(index, folder, near-duplicate bytes) of the first candidate frame that allows one."""
+    for index in candidates:
+        folder, image, data = frames[index]
+        try:
+            return index, folder, near_duplicate(image, data)
+        except NearDuplicateError:
+            continue
+    raise NearDuplicateError("no negative frame allows a near-duplicate; raise frame_size")
+
+
+def _scaled(frame_size: int, factors: tuple[float, float]) -> tuple[int, int]:
+    return (int(round(frame_size * factors[0])), int(round(frame_size * factors[1])))
+
+
+def _write_etis(writer: _TreeWriter, seed: int, frame_size: int, count: int, duplicates: int,
+                knobs: dict[str, Any]) -> dict[str, Any]:
+    """ETIS: TIFF frames 1..N, masks ``Ground Truth/p<n>.tif``; small polyps, wide frames."""
+    rng = stream(seed, "ETIS-LaribPolypDB")
+    size = _scaled(frame_size, (1.0, 1.27))
+    etis_knobs = {**knobs, "lesion_radius": (0.04, 0.12)}
+    frames = []
+    for number in range(1, count + 1):
+        image, mask = render_frame(rng, size, **_polyp_knobs(rng, etis_knobs),
+                                   colour_shift=(1.02, 0.97, 0.92))
+        frames.append((encode_image(image, "TIFF"), mask))
+        writer.write(f"ETIS-LaribPolypDB/ETIS-LaribPolypDB/{number}.tif", frames[-1][0])
+        writer.write(f"ETIS-LaribPolypDB/Ground Truth/p{number}.tif", encode_image(mask, "TIFF"))
+    sources = rng.choice(count, size=min(duplicates, count), replace=False) if count else []
+    for offset, source in enumerate(sorted(int(i) for i in sources)):
+        number = count + 1 + offset
+        data, mask = frames[source]
+        # Same frame, mask drawn again slightly larger: the union is what the audit uses.
+        grown = mask | np.roll(mask, 1, axis=0) | np.roll(mask, 1, axis=1)
+        writer.write(f"ETIS-LaribPolypDB/ETIS-LaribPolypDB/{number}.tif", data)
+        writer.write(f"ETIS-LaribPolypDB/Ground Truth/p{number}.tif", encode_image(grown, "TIFF"))
+    return {"frames": count + len(sources), "duplicate_frames": len(sources)}
+
+
+def _write_polypgen(writer: _TreeWriter, seed: int, frame_size: int, counts: Sequence[int],
+                    empty_per_centre: int, duplicates: int,
+                    knobs: dict[str, Any]) -> dict[str, Any]:
+    """PolypGen: six centres with their own colour and size; some frames without a polyp."""
+    per_centre: dict[str, int] = {}
+    empty = 0
+    for centre, count in zip(sorted(POLYPGEN_CENTRES), counts):
+        style = POLYPGEN_CENTRES[centre]
+        rng = stream(seed, f"PolypGen/C{centre}")
+        size = _scaled(frame_size, style["size"])
+        folder = f"PolypGen/data_C{centre}"
+        written = count
+        for index in range(count):
+            has_polyp = index >= min(empty_per_centre, count)
+            empty += not has_polyp
+            image, mask = render_frame(rng, size, lesion=has_polyp, **_polyp_knobs(rng, knobs),
+                                       colour_shift=style["colour_shift"],
+                                       position_box=style["position_box"])
+            stem = f"C{centre}_{index + 1:04d}"
+            data = encode_image(image, "JPEG")
+            writer.write(f"{folder}/images_C{centre}/{stem}.jpg", data)
+            writer.write(f"{folder}/masks_C{centre}/{stem}_mask.jpg", encode_image(mask, "JPEG"))
+            if centre == 1 and has_polyp and index - empty_per_centre < duplicates:
+                copy_stem = f"C1_dup{index + 1:04d}"
+                writer.write(f"{folder}/images_C1/{copy_stem}.jpg", data)
+                writer.write(f"{folder}/masks_C1/{copy_stem}_mask.jpg", encode_image(mask, "JPEG"))
+                written += 1
+        per_centre[f"C{centre}"] = written
+    return {"frames": per_centre, "empty_mask_frames": empty}
+
+
+def _write_polypdb(writer: _TreeWriter, seed: int, frame_size: int, per_cell: int,
+                   knobs: dict[str, Any]) -> dict[str, Any]:
+    """PolypDB centre-wise tree: modality colour shifts; PNG masks."""
+    cells: dict[str, int] = {}
+    for centre, modalities in POLYPDB_CENTRE_MODALITIES.items():
+        for modality in modalities:
+            rng = stream(seed, f"PolypDB/{centre}/{modality}")
+            folder = f"PolypDB/PolypDB_center_wise/{centre}/{modality}"
+            for index in range(per_cell):
+                image, mask = render_frame(rng, frame_size, **_polyp_knobs(rng, knobs),
+                                           colour_shift=POLYPDB_MODALITIES[modality],
+                                           position_box=centre == "Simula")
+                stem = f"{centre}_{modality}_{index + 1:03d}"
+                writer.write(f"{folder}/images/{stem}.jpg", encode_image(image, "JPEG"))
+                writer.write(f"{folder}/masks/{stem}.png", encode_image(mask, "PNG"))
+            cells[f"{centre}/{modality}"] = per_cell
+    return {"frames": sum(cells.values()), "cells": cells}
+
+
+# ---------------------------------------------------------------------------------------------
+# Contact sheet
+# ---------------------------------------------------------------------------------------------
+
+def _contact_rows(root: Path, per_row: int) -> list[tuple[str, list[Path], list[Path | None]]]:
+    """(label, image paths, mask paths or None) for each row of the contact sheet."""
+    rows = []
+    labelled = root / "hyper-kvasir" / "labeled-images" / "lower-gi-tract"
+    for folder in sorted(p for p in labelled.glob("*/*") if p.is_dir()):
+        images = sorted(p for p in folder.iterdir() if p.is_file())[:per_row]
+        rows.append((folder.name, images, [None] * len(images)))
+    segmented = root / "hyper-kvasir" / "segmented-images"
+    images = sorted((segmented / "images").glob("*"))[:per_row]
+    if images:
+        rows.append(("segmented (mask)", images, [segmented / "masks" / p.name for p in images]))
+    etis = sorted((root / "ETIS-LaribPolypDB" / "ETIS-LaribPolypDB").glob("*.tif"),
+                  key=lambda p: (len(p.stem), p.stem))[:per_row]
+    if etis:
+        rows.append(("ETIS", etis, [None] * len(etis)))
+    for images_dir in sorted((root / "PolypGen").glob("data_C*/images_C*")):
+        images = sorted(images_dir.glob("*"))[:per_row]
+        rows.append((f"PolypGen {images_dir.parent.name[5:]}", images, [None] * len(images)))
+    for modality_dir in sorted((root / "PolypDB" / "PolypDB_center_wise").glob("*/*")):
+        images = sorted((modality_dir / "images").glob("*"))[:per_row]
+        rows.append((f"PolypDB {modality_dir.parent.name}/{modality_dir.name}", images,
+                     [None] * len(images)))
+    return rows
+
+
+def contact_sheet(root: str | Path, out_png: str | Path, *, per_row: int = 6,
+                  thumb: int = 72) -> Path:
+    """Save a PNG grid of the first ``per_row`` frames of every category/cohort under ``root``.
+
+    One labelled row per HyperKvasir lower-GI category, one for the segmented set (mask
+    outlined in cyan) and one per external centre/modality. Works on real trees too. Written
+    to a temporary file and renamed. Returns ``out_png``.
+    """
+    root, out_png = Path(root), Path(out_png)
+    rows = _contact_rows(root, per_row)
+    if not rows:
+        raise FileNotFoundError(f"{root}: no HyperKvasir or external cohort images found")
+    label_width, gap = 190, 2
+    sheet = Image.new("RGB", (label_width + per_row * (thumb + gap), len(rows) * (thumb + gap)),
+                      (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for row, (label, images, masks) in enumerate(rows):
+        top = row * (thumb + gap)
+        draw.text((4, top + thumb // 2 - 6), label, fill=(0, 0, 0))
+        for column, (image_path, mask_path) in enumerate(zip(images, masks)):
+            image = read_rgb(image_path)
+            if mask_path is not None:
+                mask = read_mask(mask_path)
+                inner = mask.copy()
+                for shift in (-2, -1, 1, 2):  # a 2-pixel outline survives the thumbnail
+                    inner &= np.roll(mask, shift, 0) & np.roll(mask, shift, 1)
+                edge = mask & ~inner
+                image = image.copy()
+                image[edge] = (0, 255, 255)
+            tile = Image.fromarray(image)
+            tile.thumbnail((thumb, thumb))
+            sheet.paste(tile, (label_width + column * (thumb + gap), top))
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out_png.with_name(out_png.name + ".tmp")
+    sheet.save(temporary, format="PNG")
+    os.replace(temporary, out_png)
+    return out_png

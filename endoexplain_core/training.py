@@ -1,0 +1,614 @@
+"""Training matrix: one checkpoint per (architecture, seed), plus a shuffled-label control.
+
+Recipe (DESIGN.md section 4): 2-class torchvision head, cross-entropy with label smoothing
+0.03, AdamW, linear warm-up then cosine decay of the learning rate per optimiser step, mixed
+precision on CUDA only, early stopping on validation AUPRC. AUPRC is computed from the binary
+logit difference ``z = logit_pos - logit_neg`` (monotone in the softmax score, so identical).
+
+Reproducibility: every source of randomness is derived from the checkpoint seed: model
+initialisation (torch), the per-epoch shuffling order (a torch.Generator seeded from
+``(seed, epoch)``), augmentations (``data.ManifestDataset``) and dropout / stochastic depth
+(the global torch RNG, saved in the resume state). After every epoch a resume state is written;
+a killed run restarts from the last completed epoch and ends with the same weights.
+
+Files, under ``<run_dir>/checkpoints/`` (docs/architecture.md):
+``<checkpoint_id>.pt`` best-epoch weights + metadata; ``<checkpoint_id>.resume.pt`` last
+epoch's full training state; ``registry.csv``; ``training_curves.csv``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import average_precision_score
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from endoexplain_core import data, models
+
+CHECKPOINT_FORMAT = 1
+CONTROL_NONE = "none"
+CONTROL_SHUFFLED = "shuffled_labels"
+PRIMARY_ARCH = "efficientnet_b0"
+REGISTRY_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "epochs", "val_auprc",
+                    "path", "sha256", "is_primary"]
+LOGIT_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "sample_id", "role", "source",
+                 "target", "logit_neg", "logit_pos"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint or resume state does not belong to this run (digest, size, settings)."""
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Optimisation settings of one checkpoint (one architecture may override them).
+
+    epochs: maximum number of epochs. patience: stop after this many epochs without a higher
+    validation AUPRC. max_steps_per_epoch: cap on optimiser steps per epoch (None = all
+    batches). learning_rate: AdamW peak rate, reached after warmup_steps linear steps, then
+    cosine decay to 0 at the last step. weight_decay: AdamW decoupled decay.
+    """
+
+    epochs: int = 4
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 0
+    label_smoothing: float = 0.03
+    patience: int = 3
+    max_steps_per_epoch: int | None = None
+    eval_batch_size: int = 64
+    num_workers: int = 0
+
+
+def settings_for(arch: str, training: dict[str, Any], overrides: dict[str, dict] | None = None
+                 ) -> TrainingSettings:
+    """Settings of ``arch``: the profile's ``training`` mapping, then ``overrides[arch]``."""
+    merged = dict(training)
+    merged.update((overrides or {}).get(arch, {}))
+    known = set(TrainingSettings.__dataclass_fields__)
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise ValueError(f"unknown training settings {unknown} for {arch}; known: {sorted(known)}")
+    return TrainingSettings(**merged)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Identity of one checkpoint, stored in its file and checked when it is loaded."""
+
+    arch: str
+    seed: int
+    control: str
+    image_size: int
+    manifest_digest: str
+    target_layer: str
+    pretrained: bool
+
+    @property
+    def checkpoint_id(self) -> str:
+        return checkpoint_id(self.arch, self.seed, self.control)
+
+
+def checkpoint_id(arch: str, seed: int, control: str = CONTROL_NONE) -> str:
+    """``<arch>_s<seed>``, or ``<arch>_shuffled_s<seed>`` for the shuffled-label control."""
+    if control == CONTROL_NONE:
+        return f"{arch}_s{seed}"
+    if control == CONTROL_SHUFFLED:
+        return f"{arch}_shuffled_s{seed}"
+    raise ValueError(f"unknown control {control!r}; expected {CONTROL_NONE!r} or {CONTROL_SHUFFLED!r}")
+
+
+def shuffled_targets(targets: np.ndarray, seed: int) -> np.ndarray:
+    """A fixed permutation of the training labels (same prevalence, no image information)."""
+    return np.random.default_rng(seed).permutation(np.asarray(targets))
+
+
+# ----------------------------------------------------------------------------- randomness
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _worker_init(worker_id: int) -> None:
+    """DataLoader worker seeding: derive NumPy/Python seeds from the worker's torch seed."""
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(device: torch.device) -> Iterator[None]:
+    """Use torch's deterministic kernels on CPU within the block, then restore the setting."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resolve_device(device: str) -> torch.device:
+    """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the profile asks for device 'cuda' but no CUDA device is available")
+    return torch.device(device)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file, then rename: a kill never leaves a half-written file."""
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_checkpoint(path: str | Path, expected_manifest_digest: str, expected_image_size: int
+                    ) -> dict[str, Any]:
+    """Read a checkpoint file; refuse one trained on another manifest or image size.
+
+    Returns the metadata dict (arch, seed, control, image_size, normalisation, target_layer,
+    epoch, val_auprc, manifest_digest, pretrained, settings) with ``state_dict`` added.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist: run notebook 01_training")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointMismatchError(f"{path} is not an endoExplain checkpoint (format {CHECKPOINT_FORMAT})")
+    if checkpoint["manifest_digest"] != expected_manifest_digest:
+        raise CheckpointMismatchError(
+            f"{path} was trained on manifest {checkpoint['manifest_digest'][:12]}..., but this run's "
+            f"manifest is {expected_manifest_digest[:12]}...: retrain (01_training) for this manifest")
+    if int(checkpoint["image_size"]) != int(expected_image_size):
+        raise CheckpointMismatchError(
+            f"{path} was trained at {checkpoint['image_size']} px, but this run uses "
+            f"{expected_image_size} px: retrain or use the matching profile")
+    return checkpoint
+
+
+def load_model(path: str | Path, expected_manifest_digest: str, expected_image_size: int,
+               device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """Checked checkpoint -> (model in eval mode on ``device``, metadata)."""
+    checkpoint = load_checkpoint(path, expected_manifest_digest, expected_image_size)
+    model = models.build_model(checkpoint["arch"], num_classes=2)
+    model.load_state_dict(checkpoint["state_dict"])
+    metadata = {key: value for key, value in checkpoint.items() if key != "state_dict"}
+    return model.to(device).eval(), metadata
+
+
+# ----------------------------------------------------------------------------- one checkpoint
+
+
+def cosine_with_warmup(warmup_steps: int, total_steps: int):
+    """Learning-rate factor per step: linear 1/(w+1)..1 over ``warmup_steps``, then cosine to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, dataset: data.ManifestDataset, batch_size: int,
+                   device: torch.device) -> np.ndarray:
+    """float32 (n, 2) logits [negative, positive] of every item, in dataset order."""
+    model.eval()
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    logits = np.zeros((len(dataset), 2), dtype=np.float32)
+    for images, _, indices in loader:
+        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
+            output = model(images.to(device))
+        logits[indices.numpy()] = output.float().cpu().numpy()
+    return logits
+
+
+def validation_auprc(logits: np.ndarray, targets: np.ndarray) -> float:
+    """AUPRC (average precision) of z = logit_pos - logit_neg against binary targets."""
+    return float(average_precision_score(targets, logits[:, 1] - logits[:, 0]))
+
+
+def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, settings) -> dict:
+    return {"format": CHECKPOINT_FORMAT, "spec": asdict(spec), "settings": asdict(settings),
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "rng": _rng_state(), **progress}
+
+
+def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progress: dict,
+                       state_dict: dict) -> dict:
+    return {"format": CHECKPOINT_FORMAT, "checkpoint_id": spec.checkpoint_id, **asdict(spec),
+            "normalisation": data.NORMALISATION, "epoch": progress["best_epoch"],
+            "val_auprc": progress["best_auprc"], "settings": asdict(settings),
+            "state_dict": {k: v.detach().cpu().clone() for k, v in state_dict.items()}}
+
+
+def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.ManifestDataset,
+                     val_set: data.ManifestDataset, settings: TrainingSettings,
+                     checkpoint_dir: str | Path, device: str | torch.device = "cpu",
+                     show_progress: bool = True) -> dict[str, Any]:
+    """Train (or resume, or skip if finished) one checkpoint; return its summary.
+
+    ``model`` must be freshly built after ``seed_everything(spec.seed)``; it is ignored when
+    a resume state exists (its weights are overwritten). ``train_set`` must have augmentation
+    on and its targets set (shuffled for the control). Returns a dict: checkpoint_id, arch,
+    seed, control, pretrained, epochs (best epoch, 1-based), epochs_run, val_auprc, path,
+    history (list of per-epoch dicts: epoch, train_loss, val_auprc, learning_rate).
+    """
+    device = torch.device(device)
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    best_path = checkpoint_dir / f"{spec.checkpoint_id}.pt"
+    resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume.pt"
+
+    use_amp = device.type == "cuda"
+    steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
+    if settings.max_steps_per_epoch is not None:
+        steps_per_epoch = min(steps_per_epoch, settings.max_steps_per_epoch)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
+                                  weight_decay=settings.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine_with_warmup(settings.warmup_steps, settings.epochs * steps_per_epoch))
+    scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
+    loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+    progress = {"epoch": 0, "best_epoch": 0, "best_auprc": -1.0, "epochs_since_best": 0,
+                "finished": False, "history": []}
+
+    if resume_path.is_file():
+        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        if state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings):
+            raise CheckpointMismatchError(
+                f"{resume_path} belongs to other settings or another manifest/image size "
+                f"(stored {state.get('spec')}, {state.get('settings')}); delete it or rerun with --force")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"])
+        progress = {key: state[key] for key in progress}
+
+    bar = tqdm(total=settings.epochs, initial=progress["epoch"], desc=spec.checkpoint_id,
+               unit="epoch", disable=not show_progress)
+    with deterministic_algorithms(device):
+        while not progress["finished"]:
+            epoch = progress["epoch"]
+            train_set.set_epoch(epoch)
+            shuffle_generator = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
+            loader = DataLoader(train_set, batch_size=settings.batch_size, shuffle=True,
+                                drop_last=len(train_set) > settings.batch_size,
+                                generator=shuffle_generator, num_workers=settings.num_workers,
+                                worker_init_fn=_worker_init)
+            model.train()
+            losses = []
+            for step, (images, targets, _) in enumerate(loader):
+                if step >= steps_per_epoch:
+                    break
+                with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                    loss = loss_function(model(images.to(device)), targets.to(device))
+                if not torch.isfinite(loss):
+                    kept = (f"the last good checkpoint (epoch {progress['best_epoch']}) is kept at {best_path}"
+                            if best_path.is_file() else "no checkpoint had been written yet")
+                    raise NonFiniteLossError(
+                        f"{spec.checkpoint_id}: training loss became {loss.item()} at epoch "
+                        f"{epoch + 1}, step {step + 1}; {kept}. Lower the learning rate or "
+                        f"raise warmup_steps in the profile's 01_training section.")
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                losses.append(loss.item())
+
+            auprc = validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device),
+                                     val_set.targets)
+            progress["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
+                                        "val_auprc": auprc,
+                                        "learning_rate": float(scheduler.get_last_lr()[0])})
+            progress["epoch"] = epoch + 1
+            if auprc > progress["best_auprc"]:
+                progress.update(best_auprc=auprc, best_epoch=epoch + 1, epochs_since_best=0)
+                _atomic_save(_checkpoint_record(spec, settings, progress, model.state_dict()), best_path)
+            else:
+                progress["epochs_since_best"] += 1
+            progress["finished"] = (progress["epoch"] >= settings.epochs
+                                    or progress["epochs_since_best"] >= settings.patience)
+            _atomic_save(_training_state(model, optimizer, scheduler, scaler, progress, spec,
+                                         settings), resume_path)
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses):.3f}", val_auprc=f"{auprc:.3f}")
+    bar.close()
+    return {"checkpoint_id": spec.checkpoint_id, "arch": spec.arch, "seed": spec.seed,
+            "control": spec.control, "pretrained": spec.pretrained,
+            "epochs": progress["best_epoch"], "epochs_run": progress["epoch"],
+            "val_auprc": progress["best_auprc"], "path": best_path,
+            "history": progress["history"]}
+
+
+# ----------------------------------------------------------------------------- the matrix
+
+
+def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | None:
+    """Which local ImageNet weights to start ``arch`` from (None = from scratch).
+
+    ``imagenet_weights``: ``"none"`` (always from scratch), ``"auto"`` (the torchvision cache,
+    via ``models.find_local_imagenet_weights``), or a mapping arch -> file path.
+    """
+    if imagenet_weights == "none":
+        return None
+    if imagenet_weights == "auto":
+        return models.find_local_imagenet_weights(arch)
+    if isinstance(imagenet_weights, dict):
+        if arch not in imagenet_weights:
+            return None
+        path = Path(imagenet_weights[arch]).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"ImageNet weights for {arch} given in the profile do not exist: {path}")
+        return path
+    raise ValueError(f"imagenet_weights must be 'none', 'auto' or a mapping arch -> path, got {imagenet_weights!r}")
+
+
+def check_architectures(architectures: list[str]) -> None:
+    """Refuse a profile asking for an architecture the core cannot build."""
+    unknown = [arch for arch in architectures if arch not in models.ARCHITECTURES]
+    if unknown:
+        raise ValueError(f"the profile asks for unknown architectures {unknown}; "
+                         f"known: {list(models.ARCHITECTURES)}")
+
+
+def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
+                 manifest_digest: str, image_size: int, architectures: list[str],
+                 training_seeds: list[int], training: dict[str, Any],
+                 arch_overrides: dict[str, dict] | None = None, control_seed: int | None = None,
+                 imagenet_weights: str | dict = "none", device: str = "cpu",
+                 show_progress: bool = True) -> list[dict[str, Any]]:
+    """Train architectures x seeds and the shuffled-label EfficientNet-B0 control.
+
+    Decodes each image once (shared ``ImageCache``). Finished checkpoints are skipped and
+    interrupted ones resumed. Returns one summary dict per checkpoint (``train_checkpoint``),
+    the control last; ``control_seed=None`` skips the control.
+    """
+    check_architectures(architectures)
+    device = resolve_device(device)
+    checkpoint_dir = Path(run_dir) / "checkpoints"
+    cache = data.ImageCache()
+    train_rows = data.rows_of_roles(manifest, ["train"])
+    val_set = data.ManifestDataset(data.rows_of_roles(manifest, ["val"]), data_root, image_size,
+                                   cache=cache)
+    runs = [(arch, seed, CONTROL_NONE) for arch in architectures for seed in training_seeds]
+    if control_seed is not None:
+        runs.append((PRIMARY_ARCH, control_seed, CONTROL_SHUFFLED))
+    summaries = []
+    for arch, seed, control in runs:
+        targets = train_rows["target"].to_numpy()
+        if control == CONTROL_SHUFFLED:
+            targets = shuffled_targets(targets, seed)
+        train_set = data.ManifestDataset(train_rows, data_root, image_size, targets=targets,
+                                         augment_seed=seed, cache=cache)
+        weights_path = imagenet_weights_path(arch, imagenet_weights)
+        seed_everything(seed)
+        model = models.build_model(arch, num_classes=2, weights_path=weights_path)
+        spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
+                              manifest_digest=manifest_digest,
+                              target_layer=models.TARGET_LAYERS[arch],
+                              pretrained=weights_path is not None)
+        summaries.append(train_checkpoint(model, spec, train_set, val_set,
+                                          settings_for(arch, training, arch_overrides),
+                                          checkpoint_dir, device, show_progress))
+    return summaries
+
+
+def training_curves(summaries: list[dict[str, Any]]) -> pd.DataFrame:
+    """Long table of per-epoch curves: checkpoint_id, arch, seed, control, epoch, ..."""
+    rows = [{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"], "seed": s["seed"],
+             "control": s["control"], **entry} for s in summaries for entry in s["history"]]
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+SELECTION_COLUMNS = ("checkpoint_id", "arch", "seed", "control", "val_auprc")
+
+
+def select_primary(validation_results: pd.DataFrame) -> str:
+    """The primary checkpoint: best validation AUPRC among non-control EfficientNet-B0 runs.
+
+    ``validation_results`` holds exactly the columns ``SELECTION_COLUMNS``; anything else
+    (e.g. a test metric) is refused, so selection cannot see test data. Ties: lowest seed.
+    """
+    extra = sorted(set(validation_results.columns) - set(SELECTION_COLUMNS))
+    missing = sorted(set(SELECTION_COLUMNS) - set(validation_results.columns))
+    if extra or missing:
+        raise ValueError(f"select_primary takes exactly the columns {list(SELECTION_COLUMNS)} "
+                         f"(validation only); extra {extra}, missing {missing}")
+    eligible = validation_results[(validation_results["arch"] == PRIMARY_ARCH)
+                                  & (validation_results["control"] == CONTROL_NONE)]
+    if eligible.empty:
+        raise ValueError(f"no non-control {PRIMARY_ARCH} checkpoint to select the primary from")
+    ranked = eligible.sort_values(["val_auprc", "seed"], ascending=[False, True], kind="mergesort")
+    return str(ranked.iloc[0]["checkpoint_id"])
+
+
+def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: str | Path
+                   ) -> pd.DataFrame:
+    """Registry rows (``REGISTRY_COLUMNS``); paths relative to ``run_dir``, POSIX."""
+    run_dir = Path(run_dir)
+    rows = [{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"], "seed": s["seed"],
+             "control": s["control"], "epochs": s["epochs"], "val_auprc": s["val_auprc"],
+             "path": Path(s["path"]).resolve().relative_to(run_dir.resolve()).as_posix(),
+             "sha256": file_sha256(s["path"]), "is_primary": s["checkpoint_id"] == primary_id}
+            for s in summaries]
+    return pd.DataFrame(rows, columns=REGISTRY_COLUMNS)
+
+
+def write_csv_atomic(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write a CSV via a temporary file + rename (LF line ends)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    table.to_csv(temporary, index=False, lineterminator="\n")
+    os.replace(temporary, path)
+    return path
+
+
+def write_parquet_atomic(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write a Parquet file via a temporary file + rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    table.to_parquet(temporary, index=False)
+    os.replace(temporary, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- logits
+
+
+def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str | Path,
+                  run_dir: str | Path, manifest_digest: str, image_size: int,
+                  batch_size: int = 64, device: str = "cpu", show_progress: bool = True
+                  ) -> pd.DataFrame:
+    """Both logits of every checkpoint for every manifest image (all roles).
+
+    Returns (and writes to ``<run_dir>/logits/logits.parquet``) the ``LOGIT_COLUMNS`` table,
+    rows ordered by registry then manifest order. ``target`` is the true label, also for the
+    shuffled-label control.
+    """
+    run_dir = Path(run_dir)
+    device = resolve_device(device)
+    dataset = data.ManifestDataset(manifest, data_root, image_size, cache=data.ImageCache())
+    frames = []
+    for entry in tqdm(registry.itertuples(index=False), total=len(registry), desc="logits",
+                      disable=not show_progress):
+        model, _ = load_model(run_dir / entry.path, manifest_digest, image_size, device)
+        logits = predict_logits(model, dataset, batch_size, device)
+        frames.append(pd.DataFrame({
+            "checkpoint_id": entry.checkpoint_id, "arch": entry.arch, "seed": entry.seed,
+            "control": entry.control, "sample_id": manifest["sample_id"].to_numpy(),
+            "role": manifest["role"].to_numpy(), "source": manifest["source"].to_numpy(),
+            "target": manifest["target"].to_numpy(), "logit_neg": logits[:, 0],
+            "logit_pos": logits[:, 1]}))
+    table = pd.concat(frames, ignore_index=True)[LOGIT_COLUMNS]
+    write_parquet_atomic(table, run_dir / "logits" / "logits.parquet")
+    return table
+
+
+def evaluate_test_split(logits: pd.DataFrame, checkpoint_ids: list[str]) -> pd.DataFrame:
+    """Test-split AUPRC, accuracy at score 0.5 (z >= 0) and positive prevalence per checkpoint.
+
+    Call only after the primary has been selected on validation results.
+    """
+    rows = []
+    for checkpoint in checkpoint_ids:
+        test = logits[(logits["checkpoint_id"] == checkpoint) & (logits["role"] == "test")]
+        z = (test["logit_pos"] - test["logit_neg"]).to_numpy()
+        target = test["target"].to_numpy()
+        rows.append({"checkpoint_id": checkpoint, "n_test": len(test),
+                     "test_auprc": float(average_precision_score(target, z)),
+                     "test_accuracy_at_0.5": float(np.mean((z >= 0).astype(int) == target)),
+                     "positive_prevalence": float(target.mean())})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def training_table(summaries: list[dict[str, Any]], primary_id: str,
+                   test_results: pd.DataFrame) -> pd.DataFrame:
+    """Table S1: one row per checkpoint (validation results), test columns where computed.
+
+    ``test_results`` comes from ``evaluate_test_split`` (primary and control only); the other
+    rows keep NaN test columns because the protocol reports test metrics of the primary only.
+    """
+    rows = pd.DataFrame([{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"],
+                          "seed": s["seed"], "control": s["control"],
+                          "pretrained": s["pretrained"], "best_epoch": s["epochs"],
+                          "epochs_run": s["epochs_run"], "val_auprc": s["val_auprc"],
+                          "primary": s["checkpoint_id"] == primary_id} for s in summaries])
+    return rows.merge(test_results, on="checkpoint_id", how="left")
+
+
+def plot_training_curves(curves: pd.DataFrame):
+    """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
+
+    Colour = architecture, line style = seed; the shuffled-label control is drawn in black.
+    Returns the Matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from endoexplain_core import style
+
+    colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
+    dashes = ["-", "--", ":"]
+    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(7.2, 2.8))
+    seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
+    for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
+        control = run["control"].iloc[0] != CONTROL_NONE
+        arch, seed = run["arch"].iloc[0], run["seed"].iloc[0]
+        label = (f"{style.ARCH_LABELS.get(arch, arch)} shuffled labels" if control
+                 else f"{style.ARCH_LABELS.get(arch, arch)} s{seed}")
+        line = {"color": "black" if control else colours.get(arch, "grey"),
+                "linestyle": "-." if control else dashes[seeds.index(seed) % len(dashes)],
+                "marker": "o", "markersize": 2.5, "linewidth": 1.0, "label": label}
+        loss_ax.plot(run["epoch"], run["train_loss"], **line)
+        auprc_ax.plot(run["epoch"], run["val_auprc"], **line)
+    loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
+    auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.02))
+    auprc_ax.legend(frameon=False, fontsize=6, loc="lower right", ncol=2)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,308 @@
+"""Frozen external transfer (notebook 05): hash audit, the frozen primary checkpoint, per-cohort
+summaries of the audit tables, and Figure 5.
+
+Conventions:
+- Hash audit: two images overlap when their SHA-256 (exact bytes) or their 16x16 average hash
+  (identical 256 bits, Hamming distance 0) are equal -- the rule that defines HyperKvasir hash
+  groups in 00_roles. Cases overlapping the HyperKvasir manifest (any role) are not external
+  data: they are excluded and counted. Overlaps *between* external cohorts are reported only
+  (each cohort is summarised on its own, so no case enters one summary twice).
+- The primary checkpoint (registry ``is_primary``) and its validation-fitted temperature are used
+  unchanged: nothing is fitted on external data.
+- Mean top-20% IoU per method is over all scored cases of a cohort (every case carries a lesion
+  mask), with an image-bootstrap percentile 95% CI (5,000 replicates, seed 20260721: the
+  figure-specific mean IoU of DESIGN.md section 4). The high-score subset (temperature-scaled
+  score >= the score threshold) is summarised alongside with its eligible count.
+- The external cohorts have no negative images, so no AUPRC, specificity or calibration is
+  estimated on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from endoexplain_core import audit, cohorts, stats, style
+from endoexplain_core.cohorts import DATASET_LABELS, CohortReport
+
+MANIFEST_NAME = "hyperkvasir"
+OVERLAP_REASON = "overlaps the HyperKvasir manifest by hash (not external data)"
+OVERLAP_COLUMNS = ("dataset", "sample_id", "other_dataset", "other_sample_id", "other_role",
+                   "match")
+
+
+# --------------------------------------------------------------------------- hash audit
+
+def _matches(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    """Pairs of rows of ``left`` and ``right`` with equal sha256 or equal ahash.
+
+    Both frames have columns sample_id, sha256, ahash (and right optionally role). ``match`` is
+    "sha256" when the bytes are identical, else "ahash".
+    """
+    pairs = []
+    for key in ("sha256", "ahash"):
+        joined = left[["sample_id", "sha256", "ahash"]].merge(
+            right.rename(columns={"sample_id": "other_sample_id"}), on=key, suffixes=("", "_other"))
+        if key == "ahash":  # an identical-bytes pair also has identical ahash: keep it once
+            joined = joined[joined["sha256"] != joined["sha256_other"]]
+        joined = joined.assign(match=key)
+        pairs.append(joined)
+    merged = pd.concat(pairs, ignore_index=True)
+    if "role" not in merged.columns:
+        merged["role"] = ""
+    return merged.rename(columns={"role": "other_role"})[
+        ["sample_id", "other_sample_id", "other_role", "match"]]
+
+
+def hash_audit(cohort_cases: dict[str, pd.DataFrame], manifest: pd.DataFrame) -> pd.DataFrame:
+    """Every overlap of an external case with the HyperKvasir manifest or another cohort.
+
+    ``cohort_cases``: dataset -> case table (``cohorts.CASE_COLUMNS``). ``manifest``: the
+    HyperKvasir manifest (sample_id, role, sha256, ahash, ...). Returns one row per overlapping
+    pair (``OVERLAP_COLUMNS``); ``other_dataset`` is ``"hyperkvasir"`` for the manifest. Pairs
+    between two cohorts are listed once, under the first cohort in the given order.
+    """
+    manifest_keys = manifest[["sample_id", "role", "sha256", "ahash"]].astype(str)
+    rows = []
+    names = list(cohort_cases)
+    for position, dataset in enumerate(names):
+        cases = cohort_cases[dataset]
+        found = _matches(cases, manifest_keys).assign(other_dataset=MANIFEST_NAME)
+        rows.append(found.assign(dataset=dataset))
+        for other in names[position + 1:]:
+            other_keys = cohort_cases[other][["sample_id", "sha256", "ahash"]]
+            rows.append(_matches(cases, other_keys).assign(dataset=dataset, other_dataset=other))
+    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+    return table.reindex(columns=list(OVERLAP_COLUMNS)).sort_values(
+        ["dataset", "other_dataset", "sample_id", "other_sample_id"], ignore_index=True)
+
+
+def hash_audit_summary(cohort_cases: dict[str, pd.DataFrame], overlaps: pd.DataFrame) -> pd.DataFrame:
+    """Per cohort: cases hashed, cases with an exact / average-hash-only overlap with the
+    manifest, and cases overlapping any other external cohort (either direction)."""
+    rows = []
+    for dataset, cases in cohort_cases.items():
+        mine = overlaps[overlaps["dataset"] == dataset]
+        with_manifest = mine[mine["other_dataset"] == MANIFEST_NAME]
+        row = {"dataset": DATASET_LABELS.get(dataset, dataset), "cases_hashed": len(cases),
+               "exact_overlap_hyperkvasir": with_manifest.loc[
+                   with_manifest["match"] == "sha256", "sample_id"].nunique(),
+               "ahash_only_overlap_hyperkvasir": with_manifest.loc[
+                   with_manifest["match"] == "ahash", "sample_id"].nunique()}
+        between = overlaps[overlaps["other_dataset"] != MANIFEST_NAME]
+        as_first = between.loc[between["dataset"] == dataset, "sample_id"]
+        as_second = between.loc[between["other_dataset"] == dataset, "other_sample_id"]
+        row["overlap_other_cohorts"] = len(set(as_first) | set(as_second))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def exclude_manifest_overlap(cases: pd.DataFrame, overlaps: pd.DataFrame,
+                             report: CohortReport) -> pd.DataFrame:
+    """Drop the cases of ``report.dataset`` that overlap the HyperKvasir manifest by hash and
+    record each in ``report.exclusions``. Returns the kept cases (order unchanged)."""
+    hit = overlaps[(overlaps["dataset"] == report.dataset)
+                   & (overlaps["other_dataset"] == MANIFEST_NAME)]
+    overlapping = set(hit["sample_id"])
+    excluded = cases[cases["sample_id"].isin(overlapping)]
+    report.exclusions += [(path, OVERLAP_REASON) for path in excluded["image_path"]]
+    return cases[~cases["sample_id"].isin(overlapping)].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- frozen checkpoint
+
+def primary_checkpoint(run_dir: str | Path) -> dict:
+    """The registry row of the primary checkpoint (``is_primary``), with ``path`` made absolute
+    and its temperature from ``calibration/temperatures.csv``."""
+    run_dir = Path(run_dir)
+    registry_path = run_dir / "checkpoints" / "registry.csv"
+    if not registry_path.is_file():
+        raise FileNotFoundError(f"{registry_path} does not exist: run 01_training first")
+    registry = pd.read_csv(registry_path, dtype={"checkpoint_id": str})
+    primary = registry[registry["is_primary"].astype(str).str.lower() == "true"]
+    if len(primary) != 1:
+        raise ValueError(f"{registry_path}: expected exactly one is_primary row, found {len(primary)}")
+    row = primary.iloc[0].to_dict()
+    row["path"] = str(run_dir / row["path"])
+    row["temperature"] = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv",
+                                                      row["checkpoint_id"])
+    return row
+
+
+def audit_cohorts(model, metadata: dict, temperature: float, cohort_cases: dict[str, pd.DataFrame],
+                  data_root: str | Path, run_dir: str | Path, *, image_size: int,
+                  top_fraction: float, repetitions: int, batch_size: int,
+                  device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Audit the frozen checkpoint on every cohort with ``audit.audit_checkpoint`` (the function
+    of notebook 03), writing ``<run_dir>/audit/<dataset>/<checkpoint_id>[_random_deletion].parquet``.
+
+    Returns the concatenated, validated audit tables and one summary row per cohort
+    (n_audited, empty masks excluded after resizing, seconds).
+    """
+    checkpoint_id = str(metadata["checkpoint_id"])
+    tables, runs = [], []
+    for dataset, cases in cohort_cases.items():
+        folder = Path(run_dir) / "audit" / dataset
+        run = audit.audit_checkpoint(
+            model, metadata, temperature, cohorts.iter_cases(cases, data_root), dataset=dataset,
+            image_size=image_size, table_path=folder / f"{checkpoint_id}.parquet",
+            random_deletion_path=folder / f"{checkpoint_id}_random_deletion.parquet",
+            top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size,
+            device=device, total=len(cases))
+        tables.append(audit.read_audit_table(run["table_path"]))
+        runs.append({"dataset": DATASET_LABELS.get(dataset, dataset), "checkpoint_id": checkpoint_id,
+                     "temperature": temperature, "cases": len(cases),
+                     "n_audited": run["n_audited"],
+                     "empty_after_resize": run["n_empty_masks_excluded"],
+                     "seconds": run["seconds"]})
+    return pd.concat(tables, ignore_index=True), pd.DataFrame(runs)
+
+
+# --------------------------------------------------------------------------- summaries
+
+def _mean_ci(values: np.ndarray, replicates: int, seed: int) -> tuple[float, float, float]:
+    result = stats.bootstrap_mean_ci(values, replicates=replicates, seed=seed)
+    return result["estimate"], result["ci_low"], result["ci_high"]
+
+
+def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
+                     replicates: int = stats.CLASSIFIER_REPLICATES,
+                     seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Mean top-fraction IoU per (dataset, method) with bootstrap 95% CIs.
+
+    ``audit_table``: concatenated audit tables (one checkpoint, several datasets). Returns per
+    (dataset, method): ``n_cases``, ``n_eligible`` (scaled score >= ``score_threshold``),
+    ``mean_iou`` / ``ci_low`` / ``ci_high`` over all cases, ``mean_iou_high_score`` /
+    ``high_score_ci_low`` / ``high_score_ci_high`` over the eligible cases (NaN if none), the
+    peak-outside-mask rate among eligible cases, and ``centre_baseline_iou`` (the cohort's mean
+    IoU of the centred Gaussian). Each method's bootstrap uses the same seed, hence the same
+    resampled images within a cohort.
+    """
+    audit.validate_audit_table(audit_table, source="transfer audit tables")
+    if audit_table["checkpoint_id"].nunique() != 1:
+        raise ValueError("transfer summary expects the tables of one (frozen) checkpoint, got "
+                         f"{sorted(audit_table['checkpoint_id'].unique())}")
+    rows = []
+    for dataset, cohort in audit_table.groupby("dataset", sort=False):
+        centre_iou = cohort.loc[cohort["method"] == "centre", "iou"].mean()
+        for method in [m for m in audit.MAP_METHODS if m in set(cohort["method"])]:
+            part = cohort[cohort["method"] == method].sort_values("sample_id")
+            eligible = part[part["scaled_score"] >= score_threshold]
+            mean, low, high = _mean_ci(part["iou"].to_numpy(), replicates, seed)
+            high_mean, high_low, high_high = _mean_ci(eligible["iou"].to_numpy(), replicates, seed)
+            rows.append({"dataset": dataset, "method": method, "n_cases": len(part),
+                         "n_eligible": len(eligible), "mean_iou": mean, "ci_low": low,
+                         "ci_high": high, "mean_iou_high_score": high_mean,
+                         "high_score_ci_low": high_low, "high_score_ci_high": high_high,
+                         "peak_outside_high_score": (eligible["peak_outside_mask"].mean()
+                                                     if len(eligible) else np.nan),
+                         "centre_baseline_iou": centre_iou})
+    return pd.DataFrame(rows)
+
+
+BREAKDOWN_COLUMNS = ("dataset", "grouping", "group", "method", "n_cases", "n_eligible",
+                     "mean_iou", "ci_low", "ci_high")
+
+
+def breakdown(audit_table: pd.DataFrame, cases: pd.DataFrame, by: str, *, score_threshold: float,
+              replicates: int = stats.SPATIAL_REPLICATES,
+              seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Mean IoU per (``by`` label, method) for one cohort, ``by`` = "centre" or "modality".
+
+    ``cases``: the cohort's case table (for the labels), joined on sample_id. Returns
+    ``BREAKDOWN_COLUMNS`` (``grouping`` = ``by``, ``group`` = the label; 2,000 bootstrap
+    replicates by default). An empty result means the cohort carries no such label.
+    """
+    labels = cases[["sample_id", by]].rename(columns={by: "group"})
+    labels = labels[labels["group"].astype(str) != ""]
+    if labels.empty:
+        return pd.DataFrame(columns=list(BREAKDOWN_COLUMNS))
+    joined = audit_table.merge(labels, on="sample_id", how="inner", validate="many_to_one")
+    order = {m: i for i, m in enumerate(audit.MAP_METHODS)}
+    rows = []
+    for (dataset, group, _, method), part in joined.assign(
+            rank=joined["method"].map(order)).groupby(["dataset", "group", "rank", "method"]):
+        mean, low, high = _mean_ci(part.sort_values("sample_id")["iou"].to_numpy(), replicates, seed)
+        rows.append({"dataset": dataset, "grouping": by, "group": group, "method": method,
+                     "n_cases": len(part),
+                     "n_eligible": int((part["scaled_score"] >= score_threshold).sum()),
+                     "mean_iou": mean, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows, columns=list(BREAKDOWN_COLUMNS))
+
+
+def table_transfer(summary: pd.DataFrame) -> pd.DataFrame:
+    """The paper's transfer table: one row per cohort and map, display labels, Eigen-CAM*."""
+    table = summary.copy()
+    table.insert(0, "cohort", table.pop("dataset").map(lambda d: DATASET_LABELS.get(d, d)))
+    table["method"] = table["method"].map(style.method_label)
+    return table[["cohort", "method", "n_cases", "n_eligible", "mean_iou", "ci_low", "ci_high",
+                  "mean_iou_high_score", "high_score_ci_low", "high_score_ci_high",
+                  "peak_outside_high_score", "centre_baseline_iou"]]
+
+
+def no_negatives_statement(cohort_cases: dict[str, pd.DataFrame]) -> str:
+    """A sentence computed from the case tables: how many cases, how many without a lesion."""
+    total = sum(len(c) for c in cohort_cases.values())
+    negatives = sum(int((c["lesion_pixels"] == 0).sum()) for c in cohort_cases.values())
+    names = ", ".join(DATASET_LABELS.get(d, d) for d in cohort_cases)
+    return (f"The {total} analysed external cases ({names}) all carry a lesion mask: "
+            f"{negatives} negative images. Without negatives, no external AUPRC, specificity or "
+            f"calibration can be estimated; these cohorts support spatial transfer only.")
+
+
+def figure5_caption(summary: pd.DataFrame, *, score_threshold: float) -> str:
+    """One-line caption computed from the summary: per cohort n, eligible count, CAM IoU range
+    and the centre-baseline mean."""
+    parts = []
+    for dataset, part in summary.groupby("dataset", sort=False):
+        cams = part[part["method"].isin(style.CAM_METHODS)]["mean_iou"]
+        parts.append(f"{DATASET_LABELS.get(dataset, dataset)}: n = {part['n_cases'].iloc[0]}, "
+                     f"{part['n_eligible'].iloc[0]} at scaled score ≥ {score_threshold:.2f}, "
+                     f"CAM mean IoU {cams.min():.3f}–{cams.max():.3f}, centre baseline "
+                     f"{part['centre_baseline_iou'].iloc[0]:.3f}")
+    return ("Figure 5. Mean top-20% IoU over all masked cases per cohort (95% image-bootstrap "
+            "CIs; dashed: centre baseline). " + "; ".join(parts) + ".")
+
+
+# --------------------------------------------------------------------------- Figure 5
+
+def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float,
+                     methods: tuple[str, ...] = style.CAM_METHODS):
+    """Grouped bars: mean top-20% IoU per CAM and cohort with 95% CIs; a dashed segment per
+    cohort at its centre-baseline mean; n cases and eligible counts under each cohort."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    datasets = list(dict.fromkeys(summary["dataset"]))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(1.9 + 1.6 * len(datasets), 3.2))
+    for offset, method in enumerate(methods):
+        part = summary[summary["method"] == method].set_index("dataset").reindex(datasets)
+        x = np.arange(len(datasets)) - 0.4 + width * (offset + 0.5)
+        errors = np.vstack([part["mean_iou"] - part["ci_low"], part["ci_high"] - part["mean_iou"]])
+        ax.bar(x, part["mean_iou"], width=width * 0.92, color=style.METHOD_COLOURS[method],
+               label=style.method_label(method), yerr=errors, capsize=1.5,
+               error_kw={"elinewidth": 0.7, "capthick": 0.7})
+    for position, dataset in enumerate(datasets):
+        centre = summary.loc[summary["dataset"] == dataset, "centre_baseline_iou"].iloc[0]
+        ax.hlines(centre, position - 0.42, position + 0.42, colors="black", linestyles="--",
+                  linewidth=1.0)
+    counts = summary.drop_duplicates("dataset").set_index("dataset")
+    ax.set_xticks(np.arange(len(datasets)))
+    ax.set_xticklabels([f"{DATASET_LABELS.get(d, d)}\nn = {counts.loc[d, 'n_cases']}; "
+                        f"{counts.loc[d, 'n_eligible']} at ≥ {score_threshold:.2f}"
+                        for d in datasets])
+    ax.set_ylabel("Mean top-20% CAM–mask IoU (95% CI)")
+    ax.set_ylim(0, max(0.05, float(np.nanmax(summary["ci_high"].to_numpy())) * 1.15))
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1.0))
+    labels.append(style.method_label("centre") + " (mean)")
+    ax.legend(handles, labels, frameon=False, fontsize=7, ncol=1, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
+    fig.text(0.01, -0.02, style.EIGEN_FOOTNOTE + " Eligible: temperature-scaled score ≥ "
+             f"{score_threshold:.2f}. No negatives in these cohorts.", fontsize=7, ha="left",
+             va="top")
+    fig.tight_layout()
+    return fig

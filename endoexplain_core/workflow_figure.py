@@ -1,0 +1,83 @@
+"""Figure 1: the endoExplain workflow, drawn in code (Matplotlib patches and arrows).
+
+The boxes follow the stages in order: content-defined roles before any training; training and
+validation-only selection; calibration on validation only; the paired spatial audit; robustness;
+frozen transfer. Counts shown in the boxes are passed in from the run (never typed by hand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+BOX_WIDTH, BOX_HEIGHT = 2.7, 1.25
+
+
+@dataclass(frozen=True)
+class Step:
+    """One box: the notebook that computes it, a title and a short body text."""
+
+    notebook: str
+    title: str
+    body: str
+
+
+def workflow_steps(role_counts: dict[str, int] | None = None, n_checkpoints: int | None = None,
+                   cohort_names: list[str] | None = None) -> list[Step]:
+    """The six steps of the protocol, with run counts where given.
+
+    ``role_counts``: manifest rows per role (train/val/test/spatial_audit); ``n_checkpoints``:
+    trained checkpoints including the control; ``cohort_names``: external cohorts analysed.
+    """
+    roles = ("train / val / test / masked audit pool" if role_counts is None else
+             " / ".join(f"{role_counts.get(r, 0)}" for r in ("train", "val", "test", "spatial_audit"))
+             + "\n(train / val / test / audit)")
+    checkpoints = "3 architectures x 3 seeds\n+ shuffled-label control" if n_checkpoints is None \
+        else f"{n_checkpoints} checkpoints: 3 arch. x 3 seeds\n+ shuffled-label control"
+    cohorts = "external masked cohorts" if not cohort_names else ", ".join(cohort_names)
+    return [
+        Step("00", "Content-defined roles", f"SHA-256 + average-hash groups\n{roles}"),
+        Step("01", "Training", f"{checkpoints}\nselection on validation AUPRC"),
+        Step("02", "Calibration", "one temperature per checkpoint\nfitted on validation only"),
+        Step("03", "Paired spatial audit", "5 CAMs + random + centre maps\npeak, top-20% IoU, deletion"),
+        Step("04", "Robustness", "thresholds, checkpoints,\nlesion size, adjusted model"),
+        Step("05", "Frozen transfer", f"primary checkpoint and T frozen\n{cohorts}"),
+    ]
+
+
+def figure1_workflow(steps: list[Step]):
+    """Draw ``steps`` as two rows of three boxes joined by arrows (reading order: row by row)."""
+    columns = 3
+    rows = (len(steps) + columns - 1) // columns
+    gap_x, gap_y = 0.55, 0.6
+    fig, ax = plt.subplots(figsize=(7.2, 1.05 + 1.45 * rows))
+    centres = []
+    for index, step in enumerate(steps):
+        row, column = divmod(index, columns)
+        x = column * (BOX_WIDTH + gap_x)
+        y = (rows - 1 - row) * (BOX_HEIGHT + gap_y)
+        ax.add_patch(FancyBboxPatch((x, y), BOX_WIDTH, BOX_HEIGHT,
+                                    boxstyle="round,pad=0.02,rounding_size=0.08",
+                                    facecolor="#eef3f8", edgecolor="#33506e", linewidth=1.0))
+        ax.text(x + 0.1, y + BOX_HEIGHT - 0.12, f"{step.notebook}  {step.title}", ha="left",
+                va="top", fontsize=8.5, fontweight="bold", color="#1d3349")
+        ax.text(x + 0.1, y + BOX_HEIGHT - 0.42, step.body, ha="left", va="top", fontsize=7,
+                linespacing=1.3)
+        centres.append((x, y))
+    for (x0, y0), (x1, y1) in zip(centres, centres[1:]):
+        if y0 == y1:   # same row: left to right
+            start, end = (x0 + BOX_WIDTH, y0 + BOX_HEIGHT / 2), (x1, y1 + BOX_HEIGHT / 2)
+            connection = "arc3"
+        else:          # next row: from the bottom of the last box to the top of the first
+            start, end = (x0 + BOX_WIDTH / 2, y0), (x1 + BOX_WIDTH / 2, y1 + BOX_HEIGHT)
+            connection = "arc3,rad=-0.08"
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10,
+                                     linewidth=1.0, color="#33506e", connectionstyle=connection))
+    ax.set_xlim(-0.1, columns * BOX_WIDTH + (columns - 1) * gap_x + 0.1)
+    ax.set_ylim(-0.1, rows * BOX_HEIGHT + (rows - 1) * gap_y + 0.1)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.tight_layout()
+    return fig

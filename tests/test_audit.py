@@ -1,0 +1,150 @@
+"""The case-level audit table: hand-computed rows for a crafted model, validation, bad input."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from endoexplain_core import audit, deletion
+from endoexplain_core.data import IMAGENET_MEAN, IMAGENET_STD
+
+SIZE = 8                     # 8 x 8 images: top 20% = round(12.8) = 13 pixels
+WEIGHT = 2.0                 # positive-logit weight of the crafted head
+TEMPERATURE = 2.0
+
+
+class CraftedModel(nn.Module):
+    """probe = normalised red channel (1x1 conv); logits = (0, WEIGHT * mean(probe))."""
+
+    def __init__(self):
+        super().__init__()
+        self.probe = nn.Conv2d(3, 1, kernel_size=1, bias=False)
+        self.head = nn.Linear(1, 2)
+        with torch.no_grad():
+            self.probe.weight.copy_(torch.tensor([1.0, 0.0, 0.0]).view(1, 3, 1, 1))
+            self.head.weight.copy_(torch.tensor([[0.0], [WEIGHT]]))
+            self.head.bias.zero_()
+
+    def forward(self, x):
+        return self.head(self.probe(x).mean(dim=(2, 3)))
+
+
+def crafted_case(sample_id="case_a"):
+    """Red channel 130 + row-major index: every CAM increases with the index, peak at (7, 7)."""
+    image = np.full((SIZE, SIZE, 3), 100, dtype=np.uint8)
+    image[..., 0] = (130 + np.arange(SIZE * SIZE)).reshape(SIZE, SIZE)
+    mask = np.zeros((SIZE, SIZE), dtype=bool)
+    mask[6:, :] = True                               # rows 6-7: flat indices 48..63
+    return sample_id, image, mask
+
+
+def normalised_red(image):
+    return (image[..., 0].astype(np.float64) / 255 - IMAGENET_MEAN[0]) / IMAGENET_STD[0]
+
+
+def run_audit(tmp_path, cases, temperature=TEMPERATURE, **kwargs):
+    model = CraftedModel()
+    metadata = {"checkpoint_id": "crafted_s1", "arch": "crafted", "seed": 1}
+    return audit.audit_checkpoint(
+        model, metadata, temperature, cases, dataset="unit", image_size=SIZE,
+        table_path=tmp_path / "audit.parquet", random_deletion_path=tmp_path / "random.parquet",
+        repetitions=4, batch_size=2, target_layer=("probe", model.probe), **kwargs)
+
+
+def test_audit_rows_match_hand_computed_values(tmp_path):
+    summary = run_audit(tmp_path, [crafted_case()])
+    assert summary["n_audited"] == 1 and summary["n_empty_masks_excluded"] == 0
+    table = audit.read_audit_table(tmp_path / "audit.parquet")
+    assert list(table["method"]) == list(audit.MAP_METHODS)
+    assert set(table["target"]) == {audit.TARGET} and set(table["calibration"]) == {"scaled"}
+
+    red = normalised_red(crafted_case()[1]).ravel()
+    z = WEIGHT * red.mean()                          # logit_neg is 0
+    np.testing.assert_allclose(table["logit_pos"], z, rtol=1e-5)
+    np.testing.assert_allclose(table["raw_score"], 1 / (1 + np.exp(-z)), rtol=1e-5)
+    np.testing.assert_allclose(table["scaled_score"], 1 / (1 + np.exp(-z / TEMPERATURE)), rtol=1e-5)
+
+    cams = table[table["method"].isin(audit.CAM_METHODS)]
+    assert (cams["peak_row"] == 7).all() and (cams["peak_col"] == 7).all()
+    assert not cams["peak_outside_mask"].any()
+    # Top 13 pixels = indices 51..63, mask = 48..63: IoU 13 / 16.
+    np.testing.assert_allclose(cams["iou"], 13 / 16, atol=1e-6)
+    np.testing.assert_allclose(table["lesion_area_fraction"], 16 / 64)
+    # Gradient CAMs are (index / 63): energy share = sum(48..63) / sum(0..63) = 888 / 2016.
+    gradient = table[table["method"].isin(["gradcam", "gradcampp", "xgradcam", "hirescam"])]
+    np.testing.assert_allclose(gradient["energy_in_mask"], 888 / 2016, atol=1e-5)
+    # Deleting indices 51..63 zeroes the red channel there: drop = WEIGHT * sum(red[51:]) / 64.
+    expected_drop = WEIGHT * red[51:].sum() / 64
+    np.testing.assert_allclose(cams["logit_drop"], expected_drop, rtol=1e-5)
+    z_deleted = z - expected_drop
+    np.testing.assert_allclose(cams["score_drop"], 1 / (1 + np.exp(-z / TEMPERATURE))
+                               - 1 / (1 + np.exp(-z_deleted / TEMPERATURE)), rtol=1e-5)
+    baselines = table[table["method"].isin(audit.BASELINE_METHODS)]
+    assert baselines["logit_drop"].isna().all() and baselines["score_drop"].isna().all()
+
+    random = pd.read_parquet(tmp_path / "random.parquet")
+    keep = deletion.random_deletion_masks([deletion.sample_key("case_a")], 13, SIZE, SIZE,
+                                          repetitions=4, device=torch.device("cpu"))
+    expected = WEIGHT * (keep[:, 0].reshape(4, -1).numpy() * red).sum(axis=1) / 64
+    drops = random[[f"logit_drop_{r:02d}" for r in range(4)]].to_numpy()[0]
+    np.testing.assert_allclose(drops, expected, rtol=1e-5)
+    assert random["logit_drop_mean"].iloc[0] == pytest.approx(expected.mean(), rel=1e-5)
+
+
+def test_empty_masks_are_excluded_and_counted(tmp_path):
+    sample_id, image, _ = crafted_case("empty")
+    cases = [crafted_case("a"), (sample_id, image, np.zeros((SIZE, SIZE), bool)), crafted_case("b")]
+    summary = run_audit(tmp_path, cases)
+    assert summary["n_audited"] == 2 and summary["excluded_sample_ids"] == ["empty"]
+    assert "empty" not in set(audit.read_audit_table(tmp_path / "audit.parquet")["sample_id"])
+
+
+def test_bad_input_raises_and_keeps_the_previous_table(tmp_path):
+    run_audit(tmp_path, [crafted_case("good")])
+    before = (tmp_path / "audit.parquet").read_bytes()
+    sample_id, image, mask = crafted_case("bad")
+    with pytest.raises(ValueError, match="bad.*mask size"):
+        run_audit(tmp_path, [crafted_case("ok"), crafted_case("ok2"), (sample_id, image, mask[:4])])
+    with pytest.raises(ValueError, match="temperature"):
+        run_audit(tmp_path, [crafted_case()], temperature=None)
+    assert (tmp_path / "audit.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.parquet", "random.parquet"]
+
+
+def test_checkpoint_temperature_names_the_file_and_checkpoint(tmp_path):
+    path = tmp_path / "temperatures.csv"
+    pd.DataFrame({"checkpoint_id": ["a_s1"], "temperature": [0.8]}).to_csv(path, index=False)
+    assert audit.checkpoint_temperature(path, "a_s1") == 0.8
+    with pytest.raises(KeyError, match="b_s2.*no fitted temperature"):
+        audit.checkpoint_temperature(path, "b_s2")
+    with pytest.raises(FileNotFoundError):
+        audit.checkpoint_temperature(tmp_path / "missing.csv", "a_s1")
+
+
+def valid_table():
+    """Two images x seven methods, every required column filled."""
+    rows = []
+    for sample_id, score in (("s1", 0.95), ("s2", 0.40)):
+        for method in audit.MAP_METHODS:
+            rows.append({"dataset": "d", "sample_id": sample_id, "checkpoint_id": "c",
+                         "method": method, "threshold": 0.2, "scaled_score": score})
+    table = pd.DataFrame(rows)
+    for column in audit.REQUIRED_COLUMNS:
+        if column not in table:
+            table[column] = 0
+    return table
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda t: t.drop(columns=["iou"]), "missing columns"),
+    (lambda t: pd.concat([t, t.iloc[[0]]]), "duplicate"),
+    (lambda t: t.drop(index=3), "same images"),
+    (lambda t: t.assign(threshold=[0.2] * 13 + [0.1]), "mixed map thresholds"),
+    (lambda t: t.assign(scaled_score=[0.95] * 6 + [0.9] + [0.4] * 7), "more than one scaled score"),
+    (lambda t: t.iloc[0:0], "no rows"),
+])
+def test_validator_rejects_each_kind_of_bad_table(breakage, message):
+    audit.validate_audit_table(valid_table())
+    with pytest.raises(audit.AuditTableError, match=message):
+        audit.validate_audit_table(breakage(valid_table()))

@@ -1,0 +1,97 @@
+"""Figure 3 selection rule on a crafted table; rendered-IoU verification; Figure 4 layout."""
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+matplotlib.use("Agg")
+
+from endoexplain_core import audit, case_figures  # noqa: E402
+from endoexplain_core.audit import CAM_METHODS  # noqa: E402
+
+
+def selection_table():
+    """Rows (sample, CAM): peaks outside given per method order; IoU per method."""
+    specs = {
+        # sample: (score, outside flags for the five CAMs, IoUs)
+        "a": (0.95, [1, 1, 0, 0, 0], [0.1, 0.2, 0.5, 0.6, 0.7]),    # balance 2, range 0.6
+        "b": (0.96, [1, 0, 1, 0, 0], [0.1, 0.2, 0.3, 0.4, 0.9]),    # balance 2, range 0.8
+        "c": (0.99, [1, 0, 0, 0, 0], [0.0, 0.9, 0.9, 0.9, 0.9]),    # balance 1
+        "d": (0.50, [1, 1, 0, 0, 0], [0.0, 0.0, 1.0, 1.0, 1.0]),    # low score: not eligible
+        "e": (0.91, [0, 0, 0, 0, 0], [0.6, 0.6, 0.6, 0.6, 0.6]),    # consensus, mean 0.6
+        "f": (0.93, [0, 0, 0, 0, 0], [0.6, 0.6, 0.6, 0.6, 0.6]),    # tie with e: e wins by id
+        "g": (0.40, [0, 0, 0, 0, 0], [0.9, 0.9, 0.9, 0.9, 0.9]),    # low score
+    }
+    rows = [{"sample_id": s, "method": m, "scaled_score": score, "peak_outside_mask": bool(o),
+             "iou": iou}
+            for s, (score, outside, ious) in specs.items()
+            for m, o, iou in zip(CAM_METHODS, outside, ious)]
+    rows += [{"sample_id": "c", "method": "random", "scaled_score": 0.99,
+              "peak_outside_mask": False, "iou": 1.0}]              # baselines never count
+    return pd.DataFrame(rows)
+
+
+def test_selection_rule_on_a_crafted_table():
+    selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.90)
+    assert selection == {"discordant": "b", "consensus": "e"}
+
+
+def test_selection_with_no_eligible_case_returns_none():
+    selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.999)
+    assert selection == {"discordant": None, "consensus": None}
+    fig, checks = case_figures.render_figure3(selection_table(), selection, None, None, {}, 8, 0.2)
+    assert checks.empty and fig is not None
+
+
+class TinyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(3)
+        self.features = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        self.head = nn.Linear(4, 2)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+    def forward(self, x):
+        return self.head(torch.relu(self.features(x)).mean(dim=(2, 3)))
+
+
+def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
+    rng = np.random.default_rng(0)
+    cases = {}
+    for sample_id in ("x1", "x2"):
+        image = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+        mask = np.zeros((16, 16), dtype=bool)
+        mask[4:10, 5:12] = True
+        cases[sample_id] = (image, mask)
+    model = TinyModel()
+    audit.audit_checkpoint(model, {"checkpoint_id": "tiny", "arch": "tiny", "seed": 0}, 1.0,
+                           [(k, *v) for k, v in cases.items()], dataset="unit", image_size=16,
+                           table_path=tmp_path / "a.parquet", random_deletion_path=tmp_path / "r.parquet",
+                           repetitions=2, batch_size=2, target_layer=("features", model.features))
+    table = audit.read_audit_table(tmp_path / "a.parquet")
+    selection = {"discordant": "x1", "consensus": "x2"}
+    fig, checks = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2)
+    assert len(checks) == 10 and checks["peak_matches"].all()
+    np.testing.assert_allclose(checks["rendered_iou"], checks["table_iou"], atol=1e-6)
+    assert len(fig.axes) >= 14
+    tampered = table.copy()
+    tampered.loc[(tampered["sample_id"] == "x2") & (tampered["method"] == "hirescam"), "iou"] += 0.01
+    with pytest.raises(case_figures.RenderedIoUMismatch, match="x2/hirescam"):
+        case_figures.render_figure3(tampered, selection, model, model.features, cases, 16, 0.2)
+
+
+def test_figure4_draws_three_panels_with_the_random_deletion_line():
+    rows = [{"checkpoint_id": f"{arch}_s{seed}", "arch": arch, "seed": seed, "control": "none",
+             "method": method, "failure_own": 0.1 * seed, "failure_fixed": 0.2,
+             "logit_drop_all": 0.5}
+            for arch in ("efficientnet_b0", "resnet34") for seed in (1, 2) for method in CAM_METHODS]
+    fig = case_figures.figure4(pd.DataFrame(rows), random_deletion_mean=0.75)
+    panel_c = fig.axes[2]
+    dashed = [line for line in panel_c.get_lines() if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == 0.75
+    assert "Eigen-CAM*" in [t.get_text() for t in fig.axes[0].get_xticklabels()]

@@ -1,0 +1,112 @@
+"""Spatial metrics on hand-computed cases, and the baselines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from endoexplain_core import baselines, metrics
+
+
+def _mask(height, width, rows, cols):
+    mask = torch.zeros(1, height, width, dtype=torch.bool)
+    mask[0, rows, cols] = True
+    return mask
+
+
+def test_peak_location_is_first_row_major_maximum():
+    maps = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 1.0]],
+                         [[0.2, 0.1, 0.0], [0.0, 0.0, 0.9]]])
+    rows, cols = metrics.peak_location(maps)
+    assert rows.tolist() == [0, 1] and cols.tolist() == [1, 2]
+
+
+def test_peak_outside_mask_hand_case():
+    maps = torch.zeros(2, 4, 4)
+    maps[0, 1, 1] = 1.0
+    maps[1, 3, 3] = 1.0
+    masks = torch.zeros(2, 4, 4, dtype=torch.bool)
+    masks[:, 0:2, 0:2] = True
+    assert metrics.peak_outside_mask(maps, masks).tolist() == [False, True]
+
+
+def test_iou_hand_case():
+    keep = _mask(4, 4, slice(0, 2), slice(0, 2))  # 4 pixels
+    lesion = _mask(4, 4, slice(1, 3), slice(1, 3))  # 4 pixels, 1 shared
+    assert metrics.top_fraction_iou(keep, lesion).item() == pytest.approx(1 / 7)
+
+
+def test_energy_in_mask_hand_case_and_zero_map():
+    maps = torch.tensor([[[1.0, 3.0], [0.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    masks = torch.tensor([[[True, False], [False, True]]] * 2)
+    energy = metrics.energy_in_mask(maps, masks)
+    assert energy[0].item() == pytest.approx(5 / 8)
+    assert math.isnan(energy[1].item())
+
+
+def test_centre_of_mass_distance_hand_case():
+    # 4 x 6 frame (diagonal sqrt(52)); map mass at pixel (0, 0), lesion is pixel (3, 4):
+    # distance between centres (0.5, 0.5) and (3.5, 4.5) is 5.
+    maps = torch.zeros(1, 4, 6)
+    maps[0, 0, 0] = 0.7
+    lesion = _mask(4, 6, 3, 4)
+    distance = metrics.centre_of_mass_distance(maps, lesion)
+    assert distance.item() == pytest.approx(5 / math.sqrt(52), rel=1e-6)
+
+
+def test_lesion_area_and_centre_distance_hand_cases():
+    centred = _mask(4, 4, slice(1, 3), slice(1, 3))  # centroid (2, 2) = frame centre
+    corner = _mask(4, 4, 0, 0)  # centroid (0.5, 0.5): distance sqrt(4.5) of half-diagonal sqrt(8)
+    masks = torch.cat([centred, corner])
+    assert metrics.lesion_area_fraction(masks).tolist() == pytest.approx([4 / 16, 1 / 16])
+    assert metrics.lesion_centre_distance(masks).tolist() == pytest.approx([0.0, math.sqrt(4.5) / math.sqrt(8)])
+
+
+def test_spatial_metrics_bundle_is_consistent():
+    generator = torch.Generator().manual_seed(0)
+    maps = torch.rand(3, 10, 10, generator=generator)
+    masks = torch.zeros(3, 10, 10, dtype=torch.bool)
+    masks[:, 2:6, 3:8] = True
+    out = metrics.spatial_metrics(maps, masks, 0.2)
+    assert set(out) == set(metrics.SPATIAL_METRIC_KEYS)
+    assert all(value.shape == (3,) for value in out.values())
+    assert torch.equal(out["iou_below_0_10"], out["iou"] < 0.10)
+    rows, cols = out["peak_row"], out["peak_col"]
+    assert torch.equal(out["peak_outside_mask"], ~masks[torch.arange(3), rows, cols])
+
+
+def test_empty_masks_and_bad_input_give_clear_errors():
+    maps = torch.rand(3, 4, 4)
+    masks = torch.ones(3, 4, 4, dtype=torch.bool)
+    masks[0] = False
+    masks[2] = False
+    with pytest.raises(ValueError, match=r"empty at batch indices \[0, 2\]"):
+        metrics.peak_outside_mask(maps, masks)
+    with pytest.raises(ValueError, match="binary"):
+        metrics.energy_in_mask(maps, torch.full((3, 4, 4), 0.5))
+    with pytest.raises(ValueError, match="differ in shape"):
+        metrics.energy_in_mask(maps, torch.ones(3, 4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(B, H, W\)"):
+        metrics.lesion_area_fraction(torch.ones(4, 4, dtype=torch.bool))
+    # 0/1 integer masks are accepted as binary
+    assert metrics.lesion_area_fraction(torch.ones(1, 2, 2, dtype=torch.uint8)).item() == 1.0
+
+
+def test_random_heatmaps_seeded_per_sample():
+    first = baselines.random_heatmaps([11, 22, 33], 5, 6)
+    again = baselines.random_heatmaps([33, 11], 5, 6)
+    assert first.shape == (3, 5, 6) and first.dtype == torch.float32
+    assert torch.equal(first[2], again[0]) and torch.equal(first[0], again[1])
+    assert not torch.equal(first[0], first[1])
+    assert 0.0 <= float(first.min()) and float(first.max()) < 1.0
+
+
+def test_centre_gaussian_hand_values():
+    gaussian = baselines.centre_gaussian(2, 4, 4, sigma_fraction=0.25)  # sigma = 1 pixel
+    assert gaussian.shape == (2, 4, 4)
+    # pixel (1, 1) sits at (1.5, 1.5): d^2 = 0.5 from the centre; pixel (0, 0): d^2 = 4.5
+    assert gaussian[0, 1, 1].item() == pytest.approx(1.0)
+    assert gaussian[0, 0, 0].item() == pytest.approx(math.exp(-4.0 / 2), rel=1e-6)
+    assert torch.equal(gaussian, gaussian.flip(1)) and torch.equal(gaussian, gaussian.flip(2))

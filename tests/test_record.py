@@ -1,0 +1,301 @@
+"""The figure index and the run record (index.html), including a headless-Chromium check that
+every link in index.html resolves and every image loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from endoexplain_core import artefacts, record  # noqa: E402
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run")
+
+
+def fake_run(root: Path) -> tuple[Path, Path, dict]:
+    """A run folder and a figures folder shaped like a real smoke run (stages 00, 05, 06, 07)."""
+    run_dir, figures_dir = root / "runs" / "smoke", root / "figures" / "smoke"
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    ax.plot([0, 1], [0, 1])
+    artefacts.save_figure(fig, "figure5_transfer", figures_dir, dpi=50)
+    artefacts.save_figure(fig, "figure 1 workflow", figures_dir, dpi=50)  # a space in a name
+    plt.close(fig)
+    artefacts.save_table(pd.DataFrame({"a": [1.0]}), "table2_roles", figures_dir)
+    artefacts.save_table(pd.DataFrame({"a": [2.0]}), "table_transfer", figures_dir)
+    (figures_dir / "stray_note.txt").write_text("written by hand\n")
+    stages = []
+    for stage, status, files in (
+            ("00_roles", "ran", ["table2_roles.csv", "table2_roles.md", "table2_roles.tex"]),
+            ("05_transfer", "skipped", ["figure5_transfer.png", "figure5_transfer.pdf",
+                                        "table_transfer.csv", "table_transfer.md",
+                                        "table_transfer.tex"]),
+            ("06_figures", "ran", ["figure 1 workflow.png", "figure 1 workflow.pdf",
+                                   "table_transfer.csv"]),
+            ("07_extra", "not_run", [])):
+        executed = run_dir / "notebooks" / f"{stage}.ipynb"
+        if status != "not_run":
+            executed.parent.mkdir(parents=True, exist_ok=True)
+            executed.write_text("{}")
+            executed.with_suffix(".html").write_text(f"<html><body>{stage}</body></html>")
+        stages.append({"stage": stage, "notebook": f"notebooks/{stage}.ipynb", "status": status,
+                       "seconds": 1.5, "parameters": {"profile": "smoke", "seed": 20260721,
+                                                      "note": "a|b"},
+                       "executed_notebook": str(executed), "html": str(executed.with_suffix(".html")),
+                       "figure_files": files})
+    provenance = {"profile": "smoke", "git": {"commit": "abc123", "dirty": True},
+                  "packages": {"torch": "2.14.1"}, "device": {"platform": "linux"},
+                  "parameters": {}, "manifest_digest": "f" * 64,
+                  "checkpoints": {"efficientnet_b0_s1129": "0" * 64}, "stages": stages,
+                  "status": "complete", "wall_seconds": 12.0}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "provenance.json").write_text(json.dumps(provenance))
+    return run_dir, figures_dir, provenance
+
+
+def test_figure_index_is_complete_and_attributed(tmp_path):
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    index = record.write_figure_index(figures_dir, provenance["stages"])
+    text = index.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    listed = [unquote(re.search(r"\]\(([^)]*)\)", row).group(1)) for row in rows]
+    on_disk = sorted(p.name for p in figures_dir.iterdir() if p.name != "README.md")
+    assert sorted(listed) == on_disk                     # every file listed ...
+    assert all((figures_dir / name).is_file() for name in listed)   # ... and every listed exists
+    by_file = dict(zip(listed, rows))
+    assert "06_figures" in by_file["table_transfer.csv"]           # the last writer wins
+    assert "05_transfer" in by_file["table_transfer.md"]
+    assert "unknown stage" in by_file["stray_note.txt"]
+    assert "figure (PDF)" in by_file["figure5_transfer.pdf"]
+    assert "### 07_extra" in text and "| seed | 20260721 |" in text
+    assert "a\\|b" in text                               # pipes escaped inside table cells
+
+
+def test_run_index_links_only_existing_files(tmp_path):
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    record.write_figure_index(figures_dir, provenance["stages"])
+    page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
+    hrefs = re.findall(r'(?:href|src)="([^"]+)"', page)
+    assert hrefs and all((run_dir / unquote(h)).resolve().is_file() for h in hrefs)
+    assert "notebooks/05_transfer.html" in hrefs and "provenance.json" in hrefs
+    assert "../../figures/smoke/figure%201%20workflow.png" in hrefs
+    assert "07_extra.html (not written)" in page and "status-skipped" in page
+
+
+# --------------------------------------------------------------------------- browser check
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("headless Chromium not found: run scripts/install_chromium.sh (as root) first; "
+                "./run_tests.sh does this")
+
+
+class DevTools:
+    """Minimal Chrome DevTools protocol client over --remote-debugging-pipe (fds 3 and 4),
+    standard library only: messages are JSON terminated by a NUL byte."""
+
+    def __init__(self, binary: str, profile_dir: str):
+        to_browser_read, self._to_browser = os.pipe()
+        self._from_browser, from_browser_write = os.pipe()
+
+        def wire_pipes():  # in the child: the browser reads fd 3 and writes fd 4
+            os.dup2(to_browser_read, 3)
+            os.dup2(from_browser_write, 4)
+
+        self.process = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}",
+             "--remote-debugging-pipe", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=wire_pipes,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_browser_read)
+        os.close(from_browser_write)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict] = []
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30.0) -> dict:
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._to_browser, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._receive(timeout)
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"DevTools {method}: {reply['error']}")
+                return reply["result"]
+            self.events.append(reply)
+
+    def wait_event(self, method: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for index, event in enumerate(self.events):
+                if event.get("method") == method:
+                    return self.events.pop(index)
+            self.events.append(self._receive(max(0.1, deadline - time.monotonic())))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {method} event within {timeout} s")
+
+    def _receive(self, timeout: float) -> dict:
+        import select
+
+        while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from_browser], [], [], timeout)
+            if not ready:
+                raise TimeoutError("Chromium did not answer over the DevTools pipe")
+            chunk = os.read(self._from_browser, 1 << 16)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            self._buffer += chunk
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def close(self):
+        try:
+            self.send("Browser.close", timeout=10)
+        except (RuntimeError, TimeoutError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+
+
+# Runs in the page after the load event: every <img> and every <a href> as the browser resolved it.
+PAGE_REPORT = """JSON.stringify({
+  images: Array.from(document.images).map(i => ({src: i.src, ok: i.complete && i.naturalWidth > 0})),
+  links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href)
+})"""
+
+
+def render_in_chromium(page: Path) -> dict:
+    """Load ``page`` from disk in headless Chromium; return its images and resolved links."""
+    binary = chromium_binary()
+    with tempfile.TemporaryDirectory() as profile_dir:
+        browser = DevTools(binary, profile_dir)
+        try:
+            target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+            session = browser.send("Target.attachToTarget",
+                                   {"targetId": target, "flatten": True})["sessionId"]
+            browser.send("Page.enable", session=session)
+            browser.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+            browser.wait_event("Page.loadEventFired")
+            result = browser.send("Runtime.evaluate", {"expression": PAGE_REPORT,
+                                                       "returnByValue": True}, session=session)
+            return json.loads(result["result"]["value"])
+        finally:
+            browser.close()
+
+
+def broken_resources(report: dict) -> list[str]:
+    """Images that did not load and links whose file:// target does not exist."""
+    broken = [f"image {i['src']}" for i in report["images"] if not i["ok"]]
+    for link in report["links"]:
+        parsed = urlparse(link)
+        if parsed.scheme != "file":
+            broken.append(f"non-local link {link}")
+        elif not Path(unquote(parsed.path)).is_file():
+            broken.append(f"link {link}")
+    return broken
+
+
+@pytest.mark.browser
+def test_index_html_renders_in_chromium_with_every_link_and_image(tmp_path):
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    record.write_figure_index(figures_dir, provenance["stages"])
+    page = record.write_run_index(run_dir, figures_dir, provenance)
+    report = render_in_chromium(page)
+    pngs = sorted(p.name for p in figures_dir.glob("*.png"))
+    assert len(report["images"]) == len(pngs) == 2
+    assert len(report["links"]) >= 10
+    assert broken_resources(report) == []
+    # The check can fail: remove one thumbnail's file and it is reported as broken.
+    (figures_dir / "figure5_transfer.png").unlink()
+    broken = broken_resources(render_in_chromium(page))
+    assert any("image" in b and "figure5_transfer.png" in b for b in broken)
+    assert any(b.startswith("link") and "figure5_transfer.png" in b for b in broken)
+
+
+# --------------------------------------------------------------------------- final tables, Figures 1-2
+
+def test_final_table_formats_estimates_cis_p_values_and_labels():
+    table = pd.DataFrame({"method": ["gradcam", "eigencam"], "n": [172, 172],
+                          "failure": [0.0412, 0.6221], "failure_ci_low": [0.0125, 0.55],
+                          "failure_ci_high": [0.07, 0.69], "iou": [0.5, 0.25],
+                          "ci_low": [0.4, 0.2], "ci_high": [0.6, 0.3],
+                          "p_holm": [0.0004, 0.2], "energy_in_mask": [0.33333, np.nan]})
+    final = record.final_table(table)
+    assert list(final.columns) == ["method", "n", "failure (95% CI)", "iou (95% CI)", "p holm",
+                                   "energy in mask"]
+    assert final["method"].tolist() == ["Grad-CAM", "Eigen-CAM*"]
+    assert final["failure (95% CI)"].tolist() == ["0.041 (0.013–0.070)", "0.622 (0.550–0.690)"]
+    assert final["iou (95% CI)"].iloc[1] == "0.250 (0.200–0.300)"
+    assert final["p holm"].tolist() == ["<0.001", "0.200"]
+    assert final["energy in mask"].tolist() == ["0.333", ""]
+    assert final["n"].tolist() == [172, 172]
+
+
+def test_collect_final_tables_names_missing_files(tmp_path):
+    artefacts.save_table(pd.DataFrame({"role": ["train"], "n": [3]}), "table2_roles", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"table3_calibration\.csv \(written by 02_calibration\)"):
+        record.collect_final_tables(tmp_path)
+    collected = record.collect_final_tables(tmp_path, names={"table2_roles": "00_roles"})
+    assert collected["table2_roles"].to_dict("records") == [{"role": "train", "n": 3}]
+
+
+def test_figure1_workflow_shows_run_counts():
+    from endoexplain_core import workflow_figure
+
+    steps = workflow_figure.workflow_steps({"train": 70, "val": 15, "test": 15, "spatial_audit": 20},
+                                           n_checkpoints=10, cohort_names=["ETIS", "PolypGen"])
+    fig = workflow_figure.figure1_workflow(steps)
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "70 / 15 / 15 / 20" in texts and "10 checkpoints" in texts and "ETIS, PolypGen" in texts
+    arrows = [p for p in fig.axes[0].patches if type(p).__name__ == "FancyArrowPatch"]
+    assert len(arrows) == len(steps) - 1 == 5
+    plt.close(fig)
+
+
+def test_figure2_panels_from_run_tables(tmp_path):
+    from endoexplain_core import calibration_figures
+
+    reliability = pd.DataFrame({"score": ["Raw"] * 3 + ["Temperature-scaled"] * 3,
+                                "bin": [0, 5, 9] * 2, "count": [4, 0, 6, 3, 2, 5],
+                                "mean_score": [0.05, np.nan, 0.97, 0.08, 0.55, 0.93],
+                                "observed_frequency": [0.0, np.nan, 1.0, 0.0, 0.5, 1.0]})
+    sensitivity = pd.DataFrame({"threshold": [0.8, 0.9] * 2, "method": ["gradcam"] * 2 + ["eigencam"] * 2,
+                                "n_eligible": [30, 12, 30, 12], "failure_rate": [0.2, 0.25, 0.6, 0.5],
+                                "ci_low": [0.1, 0.1, 0.4, 0.3], "ci_high": [0.3, 0.4, 0.8, 0.7]})
+    fig = calibration_figures.figure2_calibration_threshold(reliability, sensitivity)
+    panel_a, panel_b = fig.axes
+    raw_line = [l for l in panel_a.lines if l.get_label() == "Raw score"][0]
+    assert list(raw_line.get_xdata()) == [0.05, 0.97]          # the empty bin is skipped
+    assert sorted(t.get_text() for t in panel_b.texts) == ["B", "n=12", "n=30"]
+    assert "Eigen-CAM*" in [t.get_text() for t in panel_b.get_legend().get_texts()]
+    plt.close(fig)
+    (tmp_path / "bad.csv").write_text("threshold,method\n0.9,gradcam\n")
+    with pytest.raises(ValueError, match=r"bad\.csv: missing columns.*04_robustness"):
+        calibration_figures.read_checked_csv(tmp_path / "bad.csv",
+                                             calibration_figures.THRESHOLD_COLUMNS, "04_robustness")

@@ -1,0 +1,138 @@
+"""Statistics against hand cases, scipy and statsmodels."""
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from statsmodels.stats.multitest import multipletests
+import statsmodels.api as sm
+
+from endoexplain_core import stats
+
+
+def test_bootstrap_is_deterministic_and_matches_a_loop_over_the_same_indices():
+    values = np.random.default_rng(0).normal(size=37)
+    first = stats.bootstrap_mean_ci(values, replicates=300)
+    second = stats.bootstrap_mean_ci(values, replicates=300)
+    assert first == second
+    # Independent reference: a per-replicate loop with the same seeded generator.
+    rng = np.random.default_rng(stats.BOOTSTRAP_SEED)
+    index = rng.integers(0, values.size, size=(300, values.size))
+    means = np.array([values[row].mean() for row in index])
+    assert first["estimate"] == pytest.approx(values.mean())
+    assert first["ci_low"] == pytest.approx(np.percentile(means, 2.5))
+    assert first["ci_high"] == pytest.approx(np.percentile(means, 97.5))
+    other_seed = stats.bootstrap_mean_ci(values, replicates=300, seed=1)
+    assert other_seed["ci_low"] != first["ci_low"]
+
+
+def test_bootstrap_interval_agrees_with_scipy_percentile_bootstrap():
+    values = np.random.default_rng(1).exponential(size=400)
+    ours = stats.bootstrap_mean_ci(values, replicates=5000)
+    reference = scipy_stats.bootstrap((values,), np.mean, n_resamples=5000, method="percentile",
+                                      random_state=np.random.default_rng(2)).confidence_interval
+    # Different random draws: intervals agree to Monte-Carlo error.
+    assert ours["ci_low"] == pytest.approx(reference.low, abs=0.015)
+    assert ours["ci_high"] == pytest.approx(reference.high, abs=0.015)
+
+
+def test_two_dimensional_bootstrap_resamples_columns_with_the_same_images():
+    column = np.arange(10.0)
+    result = stats.bootstrap_mean_ci(np.stack([column, column + 1.0], axis=1), replicates=200)
+    np.testing.assert_allclose(result["ci_low"][1] - result["ci_low"][0], 1.0)
+    np.testing.assert_allclose(result["ci_high"][1] - result["ci_high"][0], 1.0)
+    single = stats.bootstrap_mean_ci(column, replicates=200)
+    assert single["ci_low"] == pytest.approx(result["ci_low"][0])
+
+
+def test_bootstrap_of_an_empty_population_is_nan_and_nan_values_are_rejected():
+    empty = stats.bootstrap_mean_ci(np.array([]))
+    assert empty["n"] == 0 and np.isnan(empty["estimate"]) and np.isnan(empty["ci_low"])
+    with pytest.raises(ValueError, match="NaN"):
+        stats.bootstrap_mean_ci(np.array([1.0, np.nan]))
+
+
+def test_paired_difference_of_a_constant_shift_is_exact():
+    first = np.random.default_rng(3).normal(size=50)
+    result = stats.paired_difference_ci(first + 0.25, first, replicates=100)
+    assert result["estimate"] == pytest.approx(0.25)
+    assert result["ci_low"] == pytest.approx(0.25) and result["ci_high"] == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        stats.paired_difference_ci(first, first[:-1])
+
+
+def test_exact_paired_binomial_hand_case():
+    # 2 images fail only under the first method, 8 only under the second, 5 under both.
+    first = np.array([1] * 2 + [0] * 8 + [1] * 5 + [0] * 5, dtype=bool)
+    second = np.array([0] * 2 + [1] * 8 + [1] * 5 + [0] * 5, dtype=bool)
+    result = stats.exact_paired_binomial(first, second)
+    assert (result["first_only"], result["second_only"]) == (2, 8)
+    # Two-sided exact: 2 * P(X <= 2), X ~ Bin(10, 1/2) = 2 * 56 / 1024.
+    assert result["p_value"] == pytest.approx(112 / 1024)
+    assert result["p_value"] == pytest.approx(scipy_stats.binomtest(2, 10).pvalue)
+    assert stats.exact_paired_binomial(first, first)["p_value"] == 1.0
+
+
+def test_paired_wilcoxon_matches_scipy_and_handles_identical_maps():
+    rng = np.random.default_rng(4)
+    first, second = rng.uniform(size=30), rng.uniform(size=30)
+    result = stats.paired_wilcoxon(first, second)
+    reference = scipy_stats.wilcoxon(first, second)
+    assert result["p_value"] == pytest.approx(reference.pvalue)
+    assert result["statistic"] == pytest.approx(reference.statistic)
+    same = stats.paired_wilcoxon(first, first)
+    assert same["p_value"] == 1.0 and same["n_nonzero"] == 0
+
+
+def test_holm_matches_hand_case_and_statsmodels():
+    p = np.array([0.01, 0.04, 0.03, 0.20])
+    # Sorted 0.01, 0.03, 0.04, 0.20 -> 0.04, 0.09, max(0.09, 0.08)=0.09, max(0.09, 0.20)=0.20.
+    np.testing.assert_allclose(stats.holm_adjust(p), [0.04, 0.09, 0.09, 0.20])
+    random_p = np.random.default_rng(5).uniform(size=12) ** 3
+    np.testing.assert_allclose(stats.holm_adjust(random_p),
+                               multipletests(random_p, method="holm")[1])
+    with pytest.raises(ValueError):
+        stats.holm_adjust([0.5, 1.5])
+
+
+def _simulated_logistic(n, coefficients, seed):
+    rng = np.random.default_rng(seed)
+    design = np.column_stack([np.ones(n), rng.normal(size=(n, len(coefficients) - 1))])
+    probability = 1.0 / (1.0 + np.exp(-design @ coefficients))
+    return design, (rng.uniform(size=n) < probability).astype(float)
+
+
+def test_ridge_logistic_recovers_known_odds_ratios_and_matches_statsmodels():
+    truth = np.array([-0.5, 1.0, -0.7, 0.3])
+    design, outcome = _simulated_logistic(20000, truth, seed=6)
+    beta = stats.fit_ridge_logistic(design, outcome)
+    np.testing.assert_allclose(beta, truth, atol=0.06)
+    reference = sm.Logit(outcome, design).fit(disp=0).params
+    np.testing.assert_allclose(beta, reference, atol=1e-3)
+
+
+def test_ridge_logistic_stays_finite_under_separation():
+    design = np.column_stack([np.ones(6), [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0]])
+    beta = stats.fit_ridge_logistic(design, np.array([0, 0, 0, 1, 1, 1.0]), penalty=1e-2)
+    assert np.all(np.isfinite(beta)) and beta[1] > 1.0
+
+
+def test_weighted_fit_equals_fit_on_duplicated_rows():
+    design, outcome = _simulated_logistic(200, np.array([0.2, 0.8]), seed=7)
+    weights = np.random.default_rng(8).integers(0, 3, size=200).astype(float)
+    repeated = np.repeat(np.arange(200), weights.astype(int))
+    np.testing.assert_allclose(stats.fit_ridge_logistic(design, outcome, weights=weights),
+                               stats.fit_ridge_logistic(design[repeated], outcome[repeated]),
+                               atol=1e-8)
+
+
+def test_cluster_bootstrap_odds_ratios_cover_the_truth_and_are_deterministic():
+    truth = np.array([0.0, np.log(3.0), np.log(0.5)])
+    design, outcome = _simulated_logistic(3000, truth, seed=9)
+    clusters = np.repeat(np.arange(1000), 3)            # three rows per "image"
+    names = ["intercept", "a", "b"]
+    result = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200)
+    again = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200)
+    np.testing.assert_array_equal(result["ci_low"], again["ci_low"])
+    assert list(result["term"]) == ["a", "b"]
+    assert np.all(result["ci_low"] < np.exp(truth[1:])) and np.all(np.exp(truth[1:]) < result["ci_high"])
+    assert np.all(result["ci_low"] < result["odds_ratio"]) and np.all(result["odds_ratio"] < result["ci_high"])

@@ -1,0 +1,157 @@
+"""Table 4 panels, paired tests, sensitivity summaries and Table 5 on crafted audit tables."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+from statsmodels.stats.multitest import multipletests
+
+from endoexplain_core import summaries
+from endoexplain_core.audit import CAM_METHODS, MAP_METHODS, REQUIRED_COLUMNS, validate_audit_table
+
+
+def crafted_table(scores, failures, checkpoint_id="efficientnet_b0_s1", arch="efficientnet_b0",
+                  seed=1, areas=None):
+    """Audit rows: ``failures[method]`` lists 0/1 per image; IoU = 0.5 - 0.4 * failure."""
+    rows = []
+    for i, score in enumerate(scores):
+        for method in MAP_METHODS:
+            failed = bool(failures[method][i])
+            rows.append({"dataset": "d", "sample_id": f"s{i:02d}", "checkpoint_id": checkpoint_id,
+                         "arch": arch, "seed": seed, "control": "none", "method": method,
+                         "threshold": 0.2, "scaled_score": score, "peak_outside_mask": failed,
+                         "iou": 0.5 - 0.4 * failed + 0.01 * i, "energy_in_mask": 0.3,
+                         "lesion_area_fraction": 0.05 * (i + 1) if areas is None else areas[i],
+                         "lesion_centre_distance": 0.1,
+                         "logit_drop": float(i) if method in CAM_METHODS else np.nan})
+    table = pd.DataFrame(rows)
+    for column in REQUIRED_COLUMNS:
+        if column not in table:
+            table[column] = 0
+    return validate_audit_table(table)
+
+
+SCORES = [0.95, 0.91, 0.5, 0.2, 0.97, 0.85]
+FAILURES = {
+    "gradcam":   [1, 0, 1, 1, 0, 0],
+    "gradcampp": [1, 1, 1, 1, 1, 0],
+    "xgradcam":  [1, 0, 1, 1, 0, 0],
+    "hirescam":  [0, 0, 0, 1, 0, 0],
+    "eigencam":  [0, 0, 1, 0, 0, 1],
+    "random":    [1, 1, 1, 1, 1, 1],
+    "centre":    [0, 1, 0, 1, 0, 1],
+}
+
+
+def random_deletion_rows(n, checkpoint_id="efficientnet_b0_s1"):
+    return pd.DataFrame({"sample_id": [f"s{i:02d}" for i in range(n)], "checkpoint_id": checkpoint_id,
+                         "logit_drop_mean": np.arange(n) * 0.5})
+
+
+def test_table4_panels_use_the_right_images_and_hand_means():
+    table = crafted_table(SCORES, FAILURES)
+    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.90, replicates=200)
+    panel_a = result[result["panel"] == "A"].set_index("method")
+    panel_b = result[result["panel"] == "B"].set_index("method")
+    assert (panel_a["n"] == 3).all() and (panel_b["n"] == 6).all()       # images 0, 1, 4
+    assert panel_a.loc["gradcam", "peak_failure"] == pytest.approx(1 / 3)
+    assert panel_b.loc["gradcampp", "peak_failure"] == pytest.approx(5 / 6)
+    assert panel_a.loc["gradcam", "logit_drop"] == pytest.approx((0 + 1 + 4) / 3)
+    assert panel_a.loc["random_deletion", "logit_drop"] == pytest.approx((0 + 0.5 + 2) / 3)
+    assert np.isnan(panel_a.loc["random_deletion", "peak_failure"])
+    assert np.isnan(panel_b.loc["centre", "logit_drop"])
+    assert panel_a.loc["eigencam", "label"] == "Eigen-CAM*"
+    low, high = panel_b.loc["gradcam", ["peak_failure_ci_low", "peak_failure_ci_high"]]
+    assert 0 <= low <= 0.5 <= high <= 1
+
+
+def test_an_empty_high_score_panel_is_reported_not_raised():
+    table = crafted_table(SCORES, FAILURES)
+    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.99, replicates=50)
+    panel_a = result[result["panel"] == "A"]
+    assert (panel_a["n"] == 0).all() and panel_a["peak_failure"].isna().all()
+
+
+def test_paired_tests_match_scipy_and_statsmodels():
+    table = crafted_table(SCORES, FAILURES)
+    ids = sorted(table["sample_id"].unique())
+    result = summaries.paired_tests(table, ids, identical_groups=[("gradcam", "xgradcam")],
+                                    replicates=100).set_index(["first", "second"])
+    row = result.loc[("gradcam", "gradcampp")]
+    # Grad-CAM fails alone on none, Grad-CAM++ alone on images 1 and 4.
+    assert (row["discordant_first_only"], row["discordant_second_only"]) == (0, 2)
+    assert row["failure_p"] == pytest.approx(scipy_stats.binomtest(0, 2).pvalue)
+    assert row["failure_difference"] == pytest.approx(-2 / 6)
+    np.testing.assert_allclose(result["failure_p_holm"],
+                               multipletests(result["failure_p"], method="holm")[1])
+    np.testing.assert_allclose(result["iou_p_holm"], multipletests(result["iou_p"], method="holm")[1])
+    assert result.loc[("gradcam", "xgradcam"), "identical_by_construction"]
+    assert result.loc[("gradcam", "xgradcam"), "failure_p"] == 1.0
+    assert not result.loc[("gradcam", "hirescam"), "identical_by_construction"]
+
+
+def test_failure_by_threshold_counts_eligible_images():
+    table = crafted_table(SCORES, FAILURES)
+    result = summaries.failure_by_threshold(table, thresholds=(0.80, 0.90, 0.96), replicates=50)
+    counts = result.groupby("threshold")["n_eligible"].first()
+    assert counts.to_dict() == {0.80: 4, 0.90: 3, 0.96: 1}
+    gradcam = result[(result["method"] == "gradcam")].set_index("threshold")["failure_rate"]
+    assert gradcam[0.80] == pytest.approx(1 / 4) and gradcam[0.96] == 0.0
+    assert list(result.columns) == ["threshold", "method", "n_eligible", "failure_rate",
+                                    "ci_low", "ci_high"]
+
+
+def test_lesion_tertiles_split_images_by_area():
+    table = crafted_table(SCORES, FAILURES, areas=[0.30, 0.01, 0.20, 0.02, 0.10, 0.40])
+    result = summaries.lesion_tertiles(table, replicates=50)
+    centre = result[result["method"] == "centre"].set_index("tertile")
+    # small: images 1, 3 (areas .01, .02); medium: 4, 2; large: 0, 5.
+    assert centre.loc["small", "failure_rate"] == 1.0
+    assert centre.loc["medium", "failure_rate"] == 0.0
+    assert centre.loc["large", "failure_rate"] == 0.5
+    assert (result["n"] == 2).all()
+
+
+def test_checkpoint_robustness_uses_the_primary_fixed_subset():
+    primary = crafted_table(SCORES, FAILURES)
+    other_scores = [0.1, 0.1, 0.95, 0.95, 0.1, 0.1]       # its own subset: images 2, 3
+    other = crafted_table(other_scores, FAILURES, checkpoint_id="resnet34_s1", arch="resnet34")
+    deletions = pd.concat([random_deletion_rows(6), random_deletion_rows(6, "resnet34_s1")])
+    result = summaries.checkpoint_robustness(pd.concat([primary, other]), deletions,
+                                             "efficientnet_b0_s1", 0.90)
+    row = result[(result["checkpoint_id"] == "resnet34_s1") & (result["method"] == "hirescam")].iloc[0]
+    assert row["n_own"] == 2 and row["failure_own"] == 0.5          # images 2, 3
+    assert row["n_fixed"] == 3 and row["failure_fixed"] == 0.0      # images 0, 1, 4
+    assert row["logit_drop_all"] == pytest.approx(2.5)
+    assert row["random_deletion_mean"] == pytest.approx(1.25)
+    ranges = summaries.architecture_ranges(result, "failure_own")
+    assert set(ranges["arch"]) == {"efficientnet_b0", "resnet34"}
+
+
+def test_table5_recovers_known_odds_ratios_on_simulated_cases():
+    rng = np.random.default_rng(11)
+    n_images = 600
+    area = rng.uniform(0.02, 0.4, n_images)
+    distance = rng.uniform(0.0, 0.6, n_images)
+    log_odds_method = {"gradcam": 0.0, "gradcampp": np.log(2.0), "xgradcam": 0.0,
+                       "hirescam": np.log(0.25), "eigencam": np.log(0.5)}
+    rows = []
+    for i in range(n_images):
+        for method, effect in log_odds_method.items():
+            eta = -0.5 + effect + 0.3 * (distance[i] / 0.1) - 0.2 * (area[i] / 0.1)
+            rows.append({"sample_id": f"s{i:03d}", "method": method,
+                         "peak_outside_mask": rng.uniform() < 1 / (1 + np.exp(-eta)),
+                         "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
+                         "scaled_score": 0.95, "dataset": "d", "checkpoint_id": "c"})
+    frame = summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
+    assert len(frame) == 5 * n_images
+    # Constant score: drop it from this check (it is collinear with the intercept).
+    frame["score_per_0_10"] = rng.normal(size=len(frame))
+    result = summaries.table5(frame, replicates=100).set_index("term")
+    expected = {"Grad-CAM++ versus Grad-CAM": 2.0, "HiResCAM versus Grad-CAM": 0.25,
+                "Eigen-CAM* versus Grad-CAM": 0.5, "Lesion-centre distance per 0.10": np.exp(0.3),
+                "Lesion area per 0.10 frame fraction": np.exp(-0.2)}
+    for term, odds_ratio in expected.items():
+        assert result.loc[term, "ci_low"] < odds_ratio < result.loc[term, "ci_high"], term
+    with pytest.raises(ValueError, match="no high-score"):
+        summaries.table5(frame.iloc[0:0])

@@ -1,0 +1,127 @@
+"""The synthetic cohort: frame knobs, layouts, study structure and byte-determinism."""
+
+import hashlib
+
+import imagehash
+import numpy as np
+import pytest
+from PIL import Image
+
+from endoexplain_core import synthetic
+from endoexplain_core.imageio import read_mask
+
+TINY = dict(frame_size=48, category_counts={"cecum": 4, "bbps-2-3": 3, "dyed-lifted-polyps": 4,
+                                            "dyed-resection-margins": 3},
+            n_segmented=3, n_development_polyps=1, n_audit_near_duplicates=1,
+            n_development_duplicates=1, n_development_near_duplicates=1, etis_count=3,
+            etis_duplicates=1, polypgen_counts=(2, 1, 1, 1, 1, 1), polypgen_empty_per_centre=1,
+            polypgen_duplicates=1, polypdb_per_cell=1)
+
+
+def _tree_digests(root):
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_render_frame_shapes_mask_and_border():
+    image, mask = synthetic.render_frame(np.random.default_rng(0), (60, 80))
+    assert image.dtype == np.uint8 and image.shape == (60, 80, 3)
+    assert mask.dtype == bool and mask.shape == (60, 80) and 0 < mask.mean() < 0.3
+    assert image[0, 0].max() == 0 and image[-1, -1].max() == 0  # black field corners
+    ys, xs = np.nonzero(mask)
+    assert ys.min() > 0 and xs.min() > 0  # the polyp lies inside the field of view
+    _, no_lesion = synthetic.render_frame(np.random.default_rng(0), 48, lesion=False)
+    assert not no_lesion.any()
+
+
+def test_render_frame_is_a_function_of_the_generator_state():
+    first = synthetic.render_frame(np.random.default_rng(5), 40, dye=True)
+    again = synthetic.render_frame(np.random.default_rng(5), 40, dye=True)
+    other = synthetic.render_frame(np.random.default_rng(6), 40, dye=True)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not np.array_equal(first[0], other[0])
+
+
+def test_conspicuity_controls_lesion_contrast_and_dye_is_blue():
+    visible, mask = synthetic.render_frame(np.random.default_rng(3), 96, conspicuity=1.0)
+    hidden, same_mask = synthetic.render_frame(np.random.default_rng(3), 96, conspicuity=0.0)
+    assert np.array_equal(mask, same_mask)
+    outside = ~mask
+    contrast = lambda im: abs(im[mask].astype(float).mean() - im[outside & (im.sum(2) > 0)].mean())
+    assert contrast(visible) > 3 * contrast(hidden)
+
+    dyed, dye_mask = synthetic.render_frame(np.random.default_rng(4), 96, dye=True, dye_strength=1.0)
+    plain, _ = synthetic.render_frame(np.random.default_rng(4), 96, dye=True, dye_strength=0.0)
+    ring = np.zeros_like(dye_mask)
+    ys, xs = np.nonzero(dye_mask)
+    ring[max(0, ys.min() - 6):ys.max() + 7, max(0, xs.min() - 6):xs.max() + 7] = True
+    ring &= ~dye_mask
+    blueness = lambda im: (im[ring][:, 2].astype(float) - im[ring][:, 0]).mean()
+    assert blueness(dyed) > blueness(plain) + 20
+
+
+def test_bad_knobs_are_rejected():
+    with pytest.raises(ValueError, match="conspicuity"):
+        synthetic.render_frame(np.random.default_rng(0), 32, conspicuity=1.5)
+
+
+def test_cohort_is_byte_deterministic_and_has_the_real_layouts(tmp_path):
+    summary = synthetic.generate_cohort(tmp_path / "a", seed=42, **TINY)
+    synthetic.generate_cohort(tmp_path / "b", seed=42, **TINY)
+    first, second = _tree_digests(tmp_path / "a"), _tree_digests(tmp_path / "b")
+    assert first == second
+    synthetic.generate_cohort(tmp_path / "c", seed=43, **TINY)
+    assert first != _tree_digests(tmp_path / "c")
+
+    paths = set(first)
+    assert "ETIS-LaribPolypDB/ETIS-LaribPolypDB/4.tif" in paths  # 3 frames + 1 duplicate
+    assert "ETIS-LaribPolypDB/Ground Truth/p4.tif" in paths
+    assert "PolypGen/data_C3/masks_C3/C3_0001_mask.jpg" in paths
+    assert "PolypDB/PolypDB_center_wise/BKAI/NBI/images/BKAI_NBI_001.jpg" not in paths
+    assert "PolypDB/PolypDB_center_wise/Karolinska/NBI/masks/Karolinska_NBI_001.png" in paths
+    labelled = [p for p in paths if p.startswith("hyper-kvasir/labeled-images/lower-gi-tract/")]
+    assert len(labelled) == summary["hyper-kvasir"]["labelled_total"] == 4 + 3 + 4 + 3 + 5 + 2
+    assert first["ETIS-LaribPolypDB/ETIS-LaribPolypDB/4.tif"] in {
+        first[f"ETIS-LaribPolypDB/ETIS-LaribPolypDB/{n}.tif"] for n in (1, 2, 3)}
+    assert not read_mask(tmp_path / "a/PolypGen/data_C1/masks_C1/C1_0001_mask.jpg").any()
+
+
+def test_cohort_mirrors_the_study_structure(tmp_path):
+    root = tmp_path / "cohort"
+    synthetic.generate_cohort(root, seed=7, **TINY)
+    digests = _tree_digests(root)
+    polyps = {p: d for p, d in digests.items() if "/pathological-findings/polyps/" in p}
+    segmented = {p: d for p, d in digests.items() if "segmented-images/images/" in p}
+    assert len(polyps) == 3 + 1 + 1 and len(segmented) == 3
+    assert set(segmented.values()) <= set(polyps.values())  # byte-identical copies
+    names = {p.rsplit("/", 1)[1] for p in segmented} & {p.rsplit("/", 1)[1] for p in polyps}
+    assert not names  # matched by content, not by name
+    for path in segmented:
+        assert read_mask(root / path.replace("/images/", "/masks/")).any()
+
+    def ahash(path):
+        return str(imagehash.average_hash(Image.open(root / path), hash_size=16))
+    unsegmented = [p for p, d in polyps.items() if d not in set(segmented.values())]
+    segmented_hashes = {ahash(p) for p in segmented}
+    near = [p for p in unsegmented if ahash(p) in segmented_hashes]
+    assert len(near) == 1  # the audit near-duplicate: other bytes, same average hash
+    negatives = [p for p in digests if "/cecum/" in p or "/bbps-2-3/" in p or "resection" in p]
+    assert len(negatives) == 4 + 3 + 3 + 2
+    assert len({digests[p] for p in negatives}) == len(negatives) - 1  # one byte copy
+
+
+def test_existing_foreign_folder_is_not_overwritten(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "precious.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        synthetic.generate_cohort(tmp_path / "mine", seed=1, **TINY)
+    assert (tmp_path / "mine" / "precious.txt").read_text() == "keep"
+
+
+def test_contact_sheet_is_written(tmp_path):
+    synthetic.generate_cohort(tmp_path / "cohort", seed=1, **TINY)
+    out = synthetic.contact_sheet(tmp_path / "cohort", tmp_path / "sheet.png", per_row=2, thumb=24)
+    with Image.open(out) as sheet:
+        assert sheet.width == 190 + 2 * 26
+        rows = 5 + 1 + 1 + 6 + 8  # labelled categories (polyps too), segmented, ETIS, PolypGen, PolypDB
+        assert sheet.height == rows * 26

@@ -1,0 +1,275 @@
+"""Training loop: determinism, resume, NaN handling, checkpoints, selection and logit export.
+
+A tiny cohort (32 px PNGs written to tmp_path) and a tiny CNN keep each training to well under
+a second; one test runs the real EfficientNet-B0 matrix path for a single step at 32 px.
+"""
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from endoexplain_core import data, training
+
+IMAGE_SIZE = 32
+DIGEST = "ab" * 32
+SETTINGS = training.TrainingSettings(epochs=3, batch_size=8, learning_rate=0.01,
+                                     warmup_steps=1, patience=5, eval_batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory):
+    """40 images: positives carry a bright centred square, negatives do not."""
+    root = tmp_path_factory.mktemp("cohort")
+    rng = np.random.default_rng(0)
+    roles = ["train"] * 24 + ["val"] * 8 + ["test"] * 4 + ["spatial_audit"] * 4
+    rows = []
+    for i, role in enumerate(roles):
+        target = i % 2
+        image = rng.integers(60, 120, (40, 40, 3), dtype=np.uint8)
+        if target:
+            image[12:28, 12:28] = (230, 200, 90)
+        path = f"hyper-kvasir/{role}/img{i:03d}.png"
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(root / path)
+        rows.append({"sample_id": f"img{i:03d}", "path": path, "target": target, "role": role,
+                     "source": ("dyed-lifted-polyps" if i % 4 == 1 else "polyps") if target
+                     else ("dyed-resection-margins" if i % 4 == 2 else "cecum")})
+    return root, pd.DataFrame(rows)
+
+
+class TinyNet(nn.Module):
+    """Conv -> ReLU -> dropout -> global pool -> linear (dropout exercises the torch RNG)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Dropout(0.2))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, images):
+        return self.head(self.features(images).mean(dim=(2, 3)))
+
+
+class PoisonedNet(TinyNet):
+    """Returns NaN logits from its ``poison_from``-th training forward on."""
+
+    def __init__(self, poison_from):
+        super().__init__()
+        self.training_calls = 0
+        self.poison_from = poison_from
+
+    def forward(self, images):
+        logits = super().forward(images)
+        if self.training:
+            self.training_calls += 1
+            if self.training_calls >= self.poison_from:
+                return logits * float("nan")
+        return logits
+
+
+class FailingDataset(data.ManifestDataset):
+    """Raises a decode error on its ``fail_at``-th item read (a file going bad mid-epoch)."""
+
+    def __init__(self, *args, fail_at, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+        self.fail_at = fail_at
+
+    def __getitem__(self, index):
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise data.ImageDecodeError(f"cannot decode image {self.rows.at[index, 'path']}")
+        return super().__getitem__(index)
+
+
+def _spec(seed=1129, control=training.CONTROL_NONE, digest=DIGEST):
+    return training.CheckpointSpec(arch="tinynet", seed=seed, control=control,
+                                   image_size=IMAGE_SIZE, manifest_digest=digest,
+                                   target_layer="features.0", pretrained=False)
+
+
+def _datasets(cohort, dataset_class=data.ManifestDataset, seed=1129, **kwargs):
+    root, manifest = cohort
+    train_set = dataset_class(data.rows_of_roles(manifest, ["train"]), root, IMAGE_SIZE,
+                              augment_seed=seed, **kwargs)
+    val_set = data.ManifestDataset(data.rows_of_roles(manifest, ["val"]), root, IMAGE_SIZE)
+    return train_set, val_set
+
+
+def _train(cohort, directory, model_class=TinyNet, settings=SETTINGS, spec=None, **dataset_kwargs):
+    spec = spec or _spec()
+    training.seed_everything(spec.seed)
+    model = model_class()
+    train_set, val_set = _datasets(cohort, **dataset_kwargs)
+    return training.train_checkpoint(model, spec, train_set, val_set, settings, directory,
+                                     show_progress=False)
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _final_weights(directory):
+    return torch.load(directory / "tinynet_s1129.resume.pt", weights_only=False)["model"]
+
+
+def test_two_trainings_give_identical_checkpoints(cohort, tmp_path):
+    first = _train(cohort, tmp_path / "a")
+    second = _train(cohort, tmp_path / "b")
+    assert _sha(first["path"]) == _sha(second["path"])
+    for name, tensor in _final_weights(tmp_path / "a").items():
+        assert torch.equal(tensor, _final_weights(tmp_path / "b")[name]), name
+    assert first["history"] == second["history"] and len(first["history"]) == 3
+    # A different seed gives different weights (the seed is actually used).
+    other = _train(cohort, tmp_path / "c", spec=_spec(seed=7))
+    assert not torch.equal(torch.load(other["path"], weights_only=False)["state_dict"]["head.weight"],
+                           torch.load(first["path"], weights_only=False)["state_dict"]["head.weight"])
+
+
+def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_path):
+    uninterrupted = _train(cohort, tmp_path / "full")
+    # 24 training images, batch 8 -> 24 reads per epoch (+ drop_last nothing): fail in epoch 2.
+    with pytest.raises(data.ImageDecodeError, match="img0"):
+        _train(cohort, tmp_path / "killed", dataset_class=FailingDataset, fail_at=24 + 10)
+    state = torch.load(tmp_path / "killed" / "tinynet_s1129.resume.pt", weights_only=False)
+    assert state["epoch"] == 1 and not state["finished"]
+    resumed = _train(cohort, tmp_path / "killed")
+    assert resumed["history"] == uninterrupted["history"]
+    for name, tensor in _final_weights(tmp_path / "full").items():
+        assert torch.equal(tensor, _final_weights(tmp_path / "killed")[name]), name
+    assert _sha(resumed["path"]) == _sha(uninterrupted["path"])
+
+
+def test_finished_checkpoint_is_not_retrained(cohort, tmp_path):
+    first = _train(cohort, tmp_path)
+    before = (tmp_path / "tinynet_s1129.pt").stat().st_mtime_ns
+    again = _train(cohort, tmp_path)
+    assert again["history"] == first["history"]
+    assert (tmp_path / "tinynet_s1129.pt").stat().st_mtime_ns == before
+
+
+def test_resume_state_from_other_settings_is_refused(cohort, tmp_path):
+    _train(cohort, tmp_path)
+    changed = training.TrainingSettings(**{**SETTINGS.__dict__, "learning_rate": 0.5})
+    with pytest.raises(training.CheckpointMismatchError, match="other settings"):
+        _train(cohort, tmp_path, settings=changed)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cohort, tmp_path):
+    # 3 steps per epoch: epoch 1 is clean, epoch 2 turns NaN at its second step.
+    with pytest.raises(training.NonFiniteLossError, match="nan at epoch 2, step 2.*kept"):
+        _train(cohort, tmp_path, model_class=lambda: PoisonedNet(poison_from=5))
+    kept = training.load_checkpoint(tmp_path / "tinynet_s1129.pt", DIGEST, IMAGE_SIZE)
+    assert kept["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in kept["state_dict"].values() if v.is_floating_point())
+
+
+def test_checkpoint_metadata_round_trip_and_refusals(cohort, tmp_path):
+    summary = _train(cohort, tmp_path)
+    checkpoint = training.load_checkpoint(summary["path"], DIGEST, IMAGE_SIZE)
+    assert checkpoint["checkpoint_id"] == "tinynet_s1129"
+    assert (checkpoint["arch"], checkpoint["seed"], checkpoint["control"]) == ("tinynet", 1129, "none")
+    assert checkpoint["image_size"] == IMAGE_SIZE and checkpoint["target_layer"] == "features.0"
+    assert checkpoint["normalisation"] == {"mean": list(data.IMAGENET_MEAN), "std": list(data.IMAGENET_STD)}
+    assert checkpoint["manifest_digest"] == DIGEST and checkpoint["pretrained"] is False
+    best = max(summary["history"], key=lambda e: e["val_auprc"])
+    assert checkpoint["epoch"] == best["epoch"] and checkpoint["val_auprc"] == best["val_auprc"]
+    model = TinyNet()
+    model.load_state_dict(checkpoint["state_dict"])
+    with pytest.raises(training.CheckpointMismatchError, match="manifest"):
+        training.load_checkpoint(summary["path"], "cd" * 32, IMAGE_SIZE)
+    with pytest.raises(training.CheckpointMismatchError, match="64 px"):
+        training.load_checkpoint(summary["path"], DIGEST, 64)
+    with pytest.raises(FileNotFoundError, match="01_training"):
+        training.load_checkpoint(tmp_path / "missing.pt", DIGEST, IMAGE_SIZE)
+
+
+def test_early_stopping_after_patience(cohort, tmp_path):
+    settings = training.TrainingSettings(**{**SETTINGS.__dict__, "epochs": 20, "patience": 1,
+                                            "learning_rate": 0.0})
+    summary = _train(cohort, tmp_path, settings=settings)
+    # With a zero learning rate the AUPRC never improves after epoch 1: stop after epoch 2.
+    assert summary["epochs"] == 1 and summary["epochs_run"] == 2
+
+
+def test_cosine_with_warmup_hand_values():
+    factor = training.cosine_with_warmup(warmup_steps=2, total_steps=6)
+    assert [factor(s) for s in range(2)] == pytest.approx([1 / 3, 2 / 3])
+    assert factor(2) == pytest.approx(1.0)
+    assert factor(4) == pytest.approx(0.5)  # halfway through the 4 decay steps
+    assert factor(6) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_shuffled_targets_are_fixed_and_keep_prevalence():
+    targets = np.array([1] * 10 + [0] * 30)
+    shuffled = training.shuffled_targets(targets, 1129)
+    assert shuffled.sum() == 10 and not np.array_equal(shuffled, targets)
+    np.testing.assert_array_equal(shuffled, training.shuffled_targets(targets, 1129))
+    assert training.checkpoint_id("efficientnet_b0", 1129, training.CONTROL_SHUFFLED) == \
+        "efficientnet_b0_shuffled_s1129"
+
+
+VALIDATION = pd.DataFrame({
+    "checkpoint_id": ["efficientnet_b0_s1129", "efficientnet_b0_s2089", "efficientnet_b0_s3253",
+                      "resnet34_s1129", "efficientnet_b0_shuffled_s1129"],
+    "arch": ["efficientnet_b0"] * 3 + ["resnet34", "efficientnet_b0"],
+    "seed": [1129, 2089, 3253, 1129, 1129],
+    "control": ["none"] * 4 + ["shuffled_labels"],
+    "val_auprc": [0.91, 0.95, 0.95, 0.99, 0.999],
+})
+
+
+def test_select_primary_best_efficientnet_ties_to_lowest_seed():
+    assert training.select_primary(VALIDATION) == "efficientnet_b0_s2089"
+    reordered = VALIDATION.iloc[::-1].reset_index(drop=True)
+    assert training.select_primary(reordered) == "efficientnet_b0_s2089"
+
+
+def test_select_primary_refuses_anything_but_validation_columns():
+    with_test = VALIDATION.assign(test_auprc=[0.99, 0.1, 0.1, 0.5, 0.5])
+    with pytest.raises(ValueError, match="validation only.*test_auprc"):
+        training.select_primary(with_test)
+    with pytest.raises(ValueError, match="missing \\['val_auprc'\\]"):
+        training.select_primary(VALIDATION.drop(columns="val_auprc"))
+
+
+def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
+    root, manifest = cohort
+    summaries = training.train_matrix(
+        manifest, root, tmp_path, DIGEST, IMAGE_SIZE, ["efficientnet_b0"], [1129],
+        training={"epochs": 1, "batch_size": 8, "max_steps_per_epoch": 1, "learning_rate": 1e-3},
+        control_seed=1129, show_progress=False)
+    assert [s["checkpoint_id"] for s in summaries] == ["efficientnet_b0_s1129",
+                                                       "efficientnet_b0_shuffled_s1129"]
+    validation = pd.DataFrame(summaries)[list(training.SELECTION_COLUMNS)]
+    primary = training.select_primary(validation)
+    registry = training.build_registry(summaries, primary, tmp_path)
+    assert list(registry.columns) == training.REGISTRY_COLUMNS
+    assert registry["is_primary"].tolist() == [True, False]
+    assert registry["path"].tolist()[0] == "checkpoints/efficientnet_b0_s1129.pt"
+    logits = training.export_logits(registry, manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
+                                    show_progress=False)
+    assert list(logits.columns) == training.LOGIT_COLUMNS and len(logits) == 2 * len(manifest)
+    assert pd.read_parquet(tmp_path / "logits" / "logits.parquet").equals(logits)
+    # The exported logits agree with a fresh forward pass of the loaded checkpoint.
+    model, metadata = training.load_model(tmp_path / registry["path"][0], DIGEST, IMAGE_SIZE)
+    assert metadata["target_layer"] == "features.8.0"
+    first_image = data.ManifestDataset(manifest.iloc[:1], root, IMAGE_SIZE)[0][0]
+    with torch.no_grad():
+        expected = model(first_image[None])[0].numpy()
+    np.testing.assert_allclose(logits.iloc[0][["logit_neg", "logit_pos"]].to_numpy(dtype=float),
+                               expected, rtol=1e-4, atol=1e-5)
+    metrics = training.evaluate_test_split(logits, [primary])
+    assert metrics.loc[0, "n_test"] == 4 and metrics.loc[0, "positive_prevalence"] == 0.5
+
+
+def test_unknown_architecture_is_refused_before_training(cohort, tmp_path):
+    root, manifest = cohort
+    with pytest.raises(ValueError, match="unknown architectures \\['vgg11'\\]"):
+        training.train_matrix(manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
+                              ["efficientnet_b0", "vgg11"], [1], training={})
+    assert not (tmp_path / "checkpoints").exists()

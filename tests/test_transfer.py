@@ -1,0 +1,180 @@
+"""Frozen transfer: hash audit, summaries against hand/independent references, Figure 5."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from endoexplain_core import audit, cohorts, transfer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def case_table(dataset: str, rows: list[tuple[str, str, str]]) -> pd.DataFrame:
+    return pd.DataFrame([{"dataset": dataset, "sample_id": s, "image_path": f"{dataset}/{s}.png",
+                          "sha256": sha, "ahash": ah, "lesion_pixels": 5} for s, sha, ah in rows])
+
+
+def test_hash_audit_finds_exact_and_ahash_overlaps_and_excludes_them():
+    manifest = pd.DataFrame({"sample_id": ["hk1", "hk2", "hk3"], "role": ["train", "test", "val"],
+                             "sha256": ["s1", "s2", "s3"], "ahash": ["a1", "a2", "a3"]})
+    etis = case_table("etis", [("1", "s1", "a1"),      # byte copy of a training image
+                               ("2", "x2", "a2"),      # near duplicate (same average hash)
+                               ("3", "x3", "b3")])     # external
+    polypgen = case_table("polypgen", [("C1/a", "x3", "c1"), ("C1/b", "y", "d")])
+    overlaps = transfer.hash_audit({"etis": etis, "polypgen": polypgen}, manifest)
+    as_tuples = set(overlaps.itertuples(index=False, name=None))
+    assert as_tuples == {("etis", "1", "hyperkvasir", "hk1", "train", "sha256"),
+                         ("etis", "2", "hyperkvasir", "hk2", "test", "ahash"),
+                         ("etis", "3", "polypgen", "C1/a", "", "sha256")}
+    summary = transfer.hash_audit_summary({"etis": etis, "polypgen": polypgen}, overlaps)
+    assert summary.to_dict("records") == [
+        {"dataset": "ETIS-LaribPolypDB", "cases_hashed": 3, "exact_overlap_hyperkvasir": 1,
+         "ahash_only_overlap_hyperkvasir": 1, "overlap_other_cohorts": 1},
+        {"dataset": "PolypGen", "cases_hashed": 2, "exact_overlap_hyperkvasir": 0,
+         "ahash_only_overlap_hyperkvasir": 0, "overlap_other_cohorts": 1}]
+    report = cohorts.CohortReport("etis", Path("ETIS-LaribPolypDB"), rows_read=3)
+    kept = transfer.exclude_manifest_overlap(etis, overlaps, report)
+    assert list(kept["sample_id"]) == ["3"]
+    assert report.excluded_count(transfer.OVERLAP_REASON) == 2
+    assert report.summary()["cases"] == 1
+
+
+def audit_rows(dataset: str, iou_by_method: dict[str, list[float]], scores: list[float],
+               peaks_out: list[bool]) -> pd.DataFrame:
+    """A minimal valid audit table: every required column, crafted iou/score/peak columns."""
+    rows = []
+    for method, ious in iou_by_method.items():
+        for index, iou in enumerate(ious):
+            row = {column: 0 for column in audit.REQUIRED_COLUMNS}
+            row.update(dataset=dataset, sample_id=f"s{index}", checkpoint_id="efficientnet_b0_s1129",
+                       arch="efficientnet_b0", method=method, threshold=0.2, iou=iou,
+                       scaled_score=scores[index], peak_outside_mask=peaks_out[index],
+                       calibration="scaled", temperature=1.5)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def crafted_audit() -> pd.DataFrame:
+    methods = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam", "random", "centre")
+    etis = audit_rows("etis", {m: [0.1 * (k + 1), 0.2, 0.3, 0.0] for k, m in enumerate(methods)},
+                      scores=[0.95, 0.5, 0.91, 0.2], peaks_out=[True, False, False, True])
+    polypgen = audit_rows("polypgen", {m: [0.5, 0.25] for m in methods}, scores=[0.1, 0.3],
+                          peaks_out=[False, False])
+    return pd.concat([etis, polypgen], ignore_index=True)
+
+
+def independent_bootstrap(values, replicates, seed):
+    """Reference percentile bootstrap written out with a loop (not the vectorised core)."""
+    draws = np.random.default_rng(seed).integers(0, len(values), size=(replicates, len(values)))
+    means = [np.mean(np.asarray(values)[row]) for row in draws]
+    return np.percentile(means, [2.5, 97.5])
+
+
+def test_transfer_summary_against_hand_values():
+    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, replicates=300,
+                                        seed=7)
+    etis = summary[summary["dataset"] == "etis"].set_index("method")
+    assert list(etis.index) == list(audit.MAP_METHODS)
+    assert etis.loc["gradcam", "n_cases"] == 4 and etis.loc["gradcam", "n_eligible"] == 2
+    assert etis.loc["gradcam", "mean_iou"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.0) / 4)
+    assert etis.loc["gradcampp", "mean_iou_high_score"] == pytest.approx((0.2 + 0.3) / 2)
+    assert etis.loc["gradcam", "peak_outside_high_score"] == pytest.approx(0.5)
+    assert etis.loc["eigencam", "centre_baseline_iou"] == pytest.approx((0.7 + 0.5) / 4)
+    low, high = independent_bootstrap([0.1, 0.2, 0.3, 0.0], 300, 7)
+    assert etis.loc["gradcam", ["ci_low", "ci_high"]].tolist() == pytest.approx([low, high])
+    polypgen = summary[summary["dataset"] == "polypgen"].set_index("method")
+    assert polypgen.loc["hirescam", "n_eligible"] == 0
+    assert np.isnan(polypgen.loc["hirescam", "mean_iou_high_score"])
+    assert np.isnan(polypgen.loc["hirescam", "peak_outside_high_score"])
+    table = transfer.table_transfer(summary)
+    assert "Eigen-CAM*" in set(table["method"]) and set(table["cohort"]) == {
+        "ETIS-LaribPolypDB", "PolypGen"}
+
+
+def test_summary_rejects_mixed_checkpoints():
+    table = crafted_audit()
+    table.loc[table["dataset"] == "polypgen", "checkpoint_id"] = "resnet34_s1129"
+    with pytest.raises(ValueError, match="one \\(frozen\\) checkpoint"):
+        transfer.transfer_summary(table, score_threshold=0.9, replicates=10)
+
+
+def test_breakdown_by_centre():
+    table = crafted_audit()
+    table = table[table["dataset"] == "polypgen"]
+    cases = pd.DataFrame({"sample_id": ["s0", "s1"], "centre": ["C1", "C2"], "modality": ["", ""]})
+    by_centre = transfer.breakdown(table, cases, "centre", score_threshold=0.2, replicates=50)
+    assert list(by_centre.columns) == list(transfer.BREAKDOWN_COLUMNS)
+    assert by_centre["method"].tolist()[:7] == list(audit.MAP_METHODS)   # protocol order
+    gradcam = by_centre[by_centre["method"] == "gradcam"].set_index("group")
+    assert gradcam.loc["C1", "mean_iou"] == 0.5 and gradcam.loc["C2", "mean_iou"] == 0.25
+    assert gradcam.loc["C2", "n_eligible"] == 1 and gradcam.loc["C1", "n_eligible"] == 0
+    assert transfer.breakdown(table, cases, "modality", score_threshold=0.2).empty
+
+
+def test_figure5_bars_and_centre_segments():
+    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, replicates=50)
+    fig = transfer.figure5_transfer(summary, score_threshold=0.90)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    expected = summary[summary["method"].isin(audit.CAM_METHODS)]["mean_iou"]
+    assert heights == sorted(round(v, 6) for v in expected)
+    dashed = [c for c in ax.collections if c.get_linestyle()[0][1] is not None
+              and len(c.get_segments()) == 1 and c.get_segments()[0][0][1] == c.get_segments()[0][1][1]]
+    centre_levels = sorted(c.get_segments()[0][0][1] for c in dashed)
+    assert centre_levels == pytest.approx(sorted(summary.drop_duplicates("dataset")["centre_baseline_iou"]))
+    assert "Eigen-CAM*" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "n = 4; 2 at ≥ 0.90" in ax.get_xticklabels()[0].get_text()
+    caption = transfer.figure5_caption(summary, score_threshold=0.90)
+    assert "ETIS-LaribPolypDB: n = 4, 2 at scaled score ≥ 0.90, CAM mean IoU 0.150–0.250" in caption
+    plt.close(fig)
+
+
+def test_primary_checkpoint_reads_registry_and_temperature(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "calibration").mkdir()
+    pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s1129", "efficientnet_b0_s2089"],
+                  "path": ["checkpoints/a.pt", "checkpoints/b.pt"],
+                  "is_primary": [False, True]}).to_csv(tmp_path / "checkpoints" / "registry.csv",
+                                                       index=False)
+    pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s2089"], "temperature": [1.7]}).to_csv(
+        tmp_path / "calibration" / "temperatures.csv", index=False)
+    primary = transfer.primary_checkpoint(tmp_path)
+    assert primary["checkpoint_id"] == "efficientnet_b0_s2089" and primary["temperature"] == 1.7
+    assert primary["path"] == str(tmp_path / "checkpoints" / "b.pt")
+
+
+def test_no_negatives_statement_is_computed():
+    text = transfer.no_negatives_statement({"etis": case_table("etis", [("1", "a", "b")]),
+                                            "polypdb": case_table("polypdb", [("2", "c", "d")])})
+    assert text.startswith("The 2 analysed external cases (ETIS-LaribPolypDB, PolypDB)")
+    assert "0 negative images" in text and "no external AUPRC, specificity or calibration" in text
+
+
+@pytest.mark.slow
+def test_notebook_05_on_the_smoke_run(tmp_path):
+    """Runs 05_transfer with Papermill on an existing smoke run (00-04 executed)."""
+    import papermill
+
+    from endoexplain_core import config
+
+    run_dir = REPO / "runs" / "smoke"
+    if not (run_dir / "calibration" / "temperatures.csv").is_file():
+        pytest.skip("no smoke run with calibrated checkpoints: run ./run_all.sh --profile smoke")
+    parameters = {**config.stage_parameters(config.load_profile("smoke"), "05_transfer"),
+                  "profile": "smoke", "run_dir": str(run_dir), "figures_dir": str(tmp_path),
+                  "data_root": "", "manifest_reference_dir": str(REPO / "data_manifest" / "smoke")}
+    papermill.execute_notebook(str(REPO / "notebooks" / "05_transfer.ipynb"),
+                               str(tmp_path / "05_transfer.ipynb"), parameters=parameters,
+                               kernel_name="endoexplain", cwd=str(REPO / "notebooks"),
+                               progress_bar=False)
+    table = pd.read_csv(tmp_path / "table_transfer.csv")
+    assert set(table["cohort"]) == {"ETIS-LaribPolypDB", "PolypGen", "PolypDB"}
+    assert (tmp_path / "figure5_transfer.png").is_file() and (tmp_path / "figure5_transfer.pdf").is_file()
