@@ -91,13 +91,18 @@ def _rss_mib(field: str) -> float:
 
 
 def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[float, float]:
-    """Peak memory (MiB) while streaming n_images through audit_batch: (device/RSS, tracemalloc)."""
+    """Peak memory (MiB) while streaming n_images through audit_batch: (device, tracemalloc).
+
+    On CUDA the device figure is torch.cuda.max_memory_allocated; on CPU it is the growth of
+    the resident set's high-water mark over the resident set at the start of the stream.
+    """
     masks = _disc_masks(batch, size, device)
     generator = torch.Generator().manual_seed(0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    else:
-        _rss_reset()
+    elif not _rss_reset():
+        raise RuntimeError("cannot reset the peak RSS through /proc/self/clear_refs")
+    rss_at_start = _rss_mib("VmRSS")
     tracemalloc.start()
     for start in range(0, n_images, batch):
         count = min(batch, n_images - start)
@@ -107,7 +112,7 @@ def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[f
     tracemalloc.stop()
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 20, python_peak
-    return _rss_mib("VmHWM"), python_peak
+    return _rss_mib("VmHWM") - rss_at_start, python_peak
 
 
 def bench_architecture(arch: str, args, device: torch.device) -> dict:
@@ -167,7 +172,7 @@ def main() -> None:
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"image {args.image_size}px, batch {args.batch}, repeats {args.repeats}; memory streams at "
           f"{args.memory_image_size}px")
-    unit = "MiB (cuda max allocated)" if device.type == "cuda" else "MiB (peak RSS)"
+    unit = "MiB (cuda max allocated)" if device.type == "cuda" else "MiB (peak RSS growth)"
     small, large = args.memory_images
     header = (f"{'arch':16s} {'fwd s':>7s} {'fused s':>8s} {'fused/fwd':>9s} {'lib s':>7s} {'lib/fused':>9s} "
               f"{'audit s':>8s} {'audit/26fwd':>11s} | {small} img {large} img  repeated {small}  [{unit}]; "

@@ -53,7 +53,7 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     ax.set_aspect("equal")
     ax.set_xlabel("Mean score in bin")
     ax.set_ylabel("Observed frequency of target")
-    ax.legend(frameon=False, loc="upper left")
+    ax.legend(frameon=False, loc="lower right")
 
 
 def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:

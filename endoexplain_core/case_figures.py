@@ -105,7 +105,8 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
         mask_array = mask_tensor.numpy()
         rows = table[table["sample_id"] == sample_id].set_index("method")
         axes[row, 0].imshow(rgb)
-        axes[row, 0].set_ylabel(f"{'AB'[row]}: {role}\n{sample_id}", fontsize=7)
+        row_letter = {"discordant": "A", "consensus": "B"}.get(role, role)
+        axes[row, 0].set_ylabel(f"{row_letter}: {role}\n{sample_id}", fontsize=7)
         axes[row, 1].imshow(mask_array, cmap="gray", vmin=0, vmax=1)
         for column, method in enumerate(CAM_METHODS, start=2):
             rendered = maps[method][0].cpu().numpy()
@@ -141,7 +142,8 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float):
     ``random_deletion_mean``: the dashed reference line in C.
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
-    archs = list(dict.fromkeys(matrix["arch"]))
+    archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)
+                                                      if a in ARCH_LABELS else len(ARCH_LABELS), a))
     panels = (("A", "failure_own", "Peak failure, own high-score subset"),
               ("B", "failure_fixed", "Peak failure, primary's fixed subset"),
               ("C", "logit_drop_all", "Mean logit drop, all images"))
@@ -168,8 +170,9 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float):
         for tick, method in zip(ax.get_xticklabels(), CAM_METHODS):
             tick.set_color(METHOD_COLOURS.get(method, "black"))
         ax.set_title(f"{letter}  {title}", loc="left")
-    axes[0].legend(frameon=False)
-    axes[2].legend(frameon=False, loc="best")
-    fig.text(0.01, -0.04, EIGEN_FOOTNOTE, fontsize=7)
+    handles, labels = axes[2].get_legend_handles_labels()
     fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=len(labels), frameon=False)
+    fig.text(0.01, -0.1, EIGEN_FOOTNOTE, fontsize=7)
     return fig

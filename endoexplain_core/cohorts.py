@@ -121,6 +121,7 @@ def _images_in(folder: Path) -> list[Path]:
 
 
 def _mask_index(mask_dir: Path) -> dict[str, Path]:
+    """Mask files of ``mask_dir`` by stem (the first of each stem in natural order)."""
     index: dict[str, Path] = {}
     for candidate in _images_in(mask_dir):
         index.setdefault(candidate.stem, candidate)
@@ -129,6 +130,7 @@ def _mask_index(mask_dir: Path) -> dict[str, Path]:
 
 def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
                 image: Path) -> Path:
+    """The mask of ``image``: the first of the candidate ``stems`` present in ``index``."""
     for stem in stems:
         if stem in index:
             return index[stem]
@@ -190,14 +192,13 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
         report.duplicates_collapsed += len(members) - 1
         lesion_pixels = (int(_union_mask([m[0].mask for m in members]).sum())
                          if len(members) > 1 else members[0][3])
-        relative = lambda path: path.relative_to(data_root).as_posix()  # noqa: E731
         if lesion_pixels == 0:
-            report.exclusions.append((relative(first.image), EMPTY_MASK))
+            report.exclusions.append((_relative(first.image, data_root), EMPTY_MASK))
             continue
         rows.append({"dataset": dataset, "sample_id": first.sample_id,
-                     "image_path": relative(first.image),
-                     "mask_paths": tuple(relative(m[0].mask) for m in members),
-                     "frame_paths": tuple(relative(m[0].image) for m in members),
+                     "image_path": _relative(first.image, data_root),
+                     "mask_paths": tuple(_relative(m[0].mask, data_root) for m in members),
+                     "frame_paths": tuple(_relative(m[0].image, data_root) for m in members),
                      "centre": first.centre, "modality": first.modality, "sha256": sha256,
                      "ahash": ahash, "height": height, "width": width,
                      "lesion_pixels": lesion_pixels})
@@ -206,6 +207,11 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
         repeated = cases.loc[cases["sample_id"].duplicated(), "sample_id"].tolist()[:5]
         raise CohortError(f"{report.root}: sample ids are not unique: {repeated}")
     return cases.astype({"height": "int64", "width": "int64", "lesion_pixels": "int64"})
+
+
+def _relative(path: Path, data_root: Path) -> str:
+    """POSIX path of ``path`` relative to the data root (how case tables store paths)."""
+    return path.relative_to(data_root).as_posix()
 
 
 def _union_mask(paths: list[Path]) -> np.ndarray:

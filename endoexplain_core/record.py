@@ -114,7 +114,8 @@ code { font-size: 0.9em; }
 .status-ran { color: #1b7f3b; } .status-skipped { color: #555; }
 .status-failed { color: #b00020; font-weight: bold; } .status-not_run { color: #999; }
 .gallery { display: flex; flex-wrap: wrap; gap: 1em; }
-figure { margin: 0; width: 16em; } figure img { width: 100%; border: 1px solid #ddd; }
+figure { margin: 0; width: 16em; }
+figure img { width: 100%; max-height: 14em; object-fit: contain; border: 1px solid #ddd; }
 figcaption { font-size: 0.85em; word-break: break-all; }
 """
 

@@ -22,6 +22,7 @@ CLASSIFIER_REPLICATES = 5000
 CLUSTER_REPLICATES = 500
 CONFIDENCE_LEVEL = 0.95
 RIDGE_PENALTY = 1e-4
+INTERCEPT_PENALTY = 1e-8
 
 
 def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -138,14 +139,17 @@ def holm_adjust(p_values) -> np.ndarray:
 
 
 def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PENALTY,
-                       max_iterations: int = 100, tolerance: float = 1e-10) -> np.ndarray:
+                       intercept_penalty: float = INTERCEPT_PENALTY, max_iterations: int = 100,
+                       tolerance: float = 1e-10) -> np.ndarray:
     """Logistic regression by Newton-Raphson (IRLS) with a tiny ridge penalty.
 
-    ``design``: float (n, p), column 0 must be the intercept (all ones; it is not penalised).
+    ``design``: float (n, p), column 0 must be the intercept (all ones).
     ``outcome``: 0/1 (n,). ``weights``: frequency weights, float (n,) or (R, n) to fit R
     weighted problems at once (a cluster bootstrap is a frequency weighting of the rows).
-    Maximises sum_i w_i log-lik_i - penalty/2 * ||beta[1:]||^2. Returns beta, (p,) or (R, p).
-    The penalty keeps estimates finite under separation while barely moving them otherwise.
+    Maximises sum_i w_i log-lik_i - penalty/2 * ||beta[1:]||^2 - intercept_penalty/2 * beta[0]^2.
+    Returns beta, (p,) or (R, p). The penalty keeps estimates finite under separation while
+    barely moving them otherwise; the intercept gets a far smaller one so that a bootstrap
+    replicate whose outcomes are all equal still has a finite (large) solution.
     """
     x = np.asarray(design, dtype=np.float64)
     y = np.asarray(outcome, dtype=np.float64)
@@ -159,7 +163,7 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
     w = np.ones((1, x.shape[0])) if weights is None else np.atleast_2d(np.asarray(weights, float))
     p = x.shape[1]
     ridge = np.full(p, penalty)
-    ridge[0] = 0.0
+    ridge[0] = intercept_penalty
     beta = np.zeros((w.shape[0], p))
     for _ in range(max_iterations):
         probability = 1.0 / (1.0 + np.exp(-(beta @ x.T)))                     # (R, n)

@@ -93,6 +93,23 @@ def table4(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: 
     return pd.concat(panels, ignore_index=True)
 
 
+def estimate_with_ci(estimate: float, low: float, high: float, digits: int = 3) -> str:
+    """``"0.506 (0.430 to 0.581)"``; an en dash for outcomes that do not apply (NaN)."""
+    if np.isnan(estimate):
+        return "\u2013"
+    return f"{estimate:.{digits}f} ({low:.{digits}f} to {high:.{digits}f})"
+
+
+def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Table 4 as printed: panel, map label, n, and each outcome as "estimate (CI)"."""
+    shown = pd.DataFrame({"Panel": table["panel"], "Map": table["label"], "n": table["n"]})
+    for outcome, title in (("peak_failure", "Peak failure"), ("iou", "Top-20% IoU"),
+                           ("energy_in_mask", "Energy in mask"), ("logit_drop", "Logit drop")):
+        shown[title] = [estimate_with_ci(e, lo, hi, digits) for e, lo, hi in
+                        zip(table[outcome], table[outcome + "_ci_low"], table[outcome + "_ci_high"])]
+    return shown.reset_index(drop=True)
+
+
 def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
                  replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
                  ) -> pd.DataFrame:
@@ -139,13 +156,18 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
 
 
 def tie_counts(table: pd.DataFrame) -> pd.DataFrame:
-    """Per method: maps, constant maps, maps with a tied maximum, maps with boundary ties."""
+    """Per method: maps, constant maps, maps with a tied maximum, maps with a tied boundary.
+
+    ``max_multiplicity`` > 1: several pixels share the maximum (the peak is the first in
+    row-major order). ``boundary_ties`` > 1: several pixels share the value of the last kept
+    pixel, so the fixed tie-break permutation may decide which of them are kept.
+    """
     grouped = table.groupby("method", sort=False)
     result = pd.DataFrame({
         "maps": grouped.size(),
         "constant_maps": grouped["constant_map"].sum().astype(int),
         "tied_maximum": grouped["max_multiplicity"].apply(lambda v: int((v > 1).sum())),
-        "boundary_ties": grouped["boundary_ties"].apply(lambda v: int((v > 0).sum())),
+        "boundary_ties": grouped["boundary_ties"].apply(lambda v: int((v > 1).sum())),
     }).reindex(list(MAP_METHODS)).reset_index()
     result.insert(1, "label", result["method"].map(method_label))
     return result
@@ -296,6 +318,9 @@ def table5(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
     """
     if frame.empty:
         raise ValueError("no high-score images: the adjusted model cannot be fitted")
+    if frame["failure"].nunique() < 2:
+        raise ValueError("peak failure is constant among the high-score CAM rows: the adjusted "
+                         "model is not identifiable")
     names = ["intercept", *TABLE5_TERMS]
     result = stats.cluster_bootstrap_odds_ratios(
         frame[names].to_numpy(), frame["failure"].to_numpy(), frame["sample_id"].to_numpy(),

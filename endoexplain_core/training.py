@@ -80,10 +80,10 @@ class TrainingSettings:
     num_workers: int = 0
 
 
-def settings_for(arch: str, training: dict[str, Any], overrides: dict[str, dict] | None = None
-                 ) -> TrainingSettings:
-    """Settings of ``arch``: the profile's ``training`` mapping, then ``overrides[arch]``."""
-    merged = dict(training)
+def settings_for(arch: str, training_settings: dict[str, Any],
+                 overrides: dict[str, dict] | None = None) -> TrainingSettings:
+    """Settings of ``arch``: the profile's ``training_settings``, then ``overrides[arch]``."""
+    merged = dict(training_settings)
     merged.update((overrides or {}).get(arch, {}))
     known = set(TrainingSettings.__dataclass_fields__)
     unknown = sorted(set(merged) - known)
@@ -412,7 +412,7 @@ def check_architectures(architectures: list[str]) -> None:
 
 def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
                  manifest_digest: str, image_size: int, architectures: list[str],
-                 training_seeds: list[int], training: dict[str, Any],
+                 training_seeds: list[int], training_settings: dict[str, Any],
                  arch_overrides: dict[str, dict] | None = None, control_seed: int | None = None,
                  imagenet_weights: str | dict = "none", device: str = "cpu",
                  show_progress: bool = True) -> list[dict[str, Any]]:
@@ -423,6 +423,8 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
     the control last; ``control_seed=None`` skips the control.
     """
     check_architectures(architectures)
+    settings = {arch: settings_for(arch, training_settings, arch_overrides)
+                for arch in [*architectures, PRIMARY_ARCH]}
     device = resolve_device(device)
     checkpoint_dir = Path(run_dir) / "checkpoints"
     cache = data.ImageCache()
@@ -447,7 +449,7 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
                               target_layer=models.TARGET_LAYERS[arch],
                               pretrained=weights_path is not None)
         summaries.append(train_checkpoint(model, spec, train_set, val_set,
-                                          settings_for(arch, training, arch_overrides),
+                                          settings[arch],
                                           checkpoint_dir, device, show_progress))
     return summaries
 

@@ -175,7 +175,7 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
     ``audit_table``: concatenated audit tables (one checkpoint, several datasets). Returns per
     (dataset, method): ``n_cases``, ``n_eligible`` (scaled score >= ``score_threshold``),
     ``mean_iou`` / ``ci_low`` / ``ci_high`` over all cases, ``mean_iou_high_score`` /
-    ``high_score_ci_low`` / ``high_score_ci_high`` over the eligible cases (NaN if none), the
+    ``mean_iou_high_score_ci_low`` / ``_ci_high`` over the eligible cases (NaN if none), the
     peak-outside-mask rate among eligible cases, and ``centre_baseline_iou`` (the cohort's mean
     IoU of the centred Gaussian). Each method's bootstrap uses the same seed, hence the same
     resampled images within a cohort.
@@ -195,7 +195,8 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
             rows.append({"dataset": dataset, "method": method, "n_cases": len(part),
                          "n_eligible": len(eligible), "mean_iou": mean, "ci_low": low,
                          "ci_high": high, "mean_iou_high_score": high_mean,
-                         "high_score_ci_low": high_low, "high_score_ci_high": high_high,
+                         "mean_iou_high_score_ci_low": high_low,
+                         "mean_iou_high_score_ci_high": high_high,
                          "peak_outside_high_score": (eligible["peak_outside_mask"].mean()
                                                      if len(eligible) else np.nan),
                          "centre_baseline_iou": centre_iou})
@@ -238,7 +239,8 @@ def table_transfer(summary: pd.DataFrame) -> pd.DataFrame:
     table.insert(0, "cohort", table.pop("dataset").map(lambda d: DATASET_LABELS.get(d, d)))
     table["method"] = table["method"].map(style.method_label)
     return table[["cohort", "method", "n_cases", "n_eligible", "mean_iou", "ci_low", "ci_high",
-                  "mean_iou_high_score", "high_score_ci_low", "high_score_ci_high",
+                  "mean_iou_high_score",
+                  "mean_iou_high_score_ci_low", "mean_iou_high_score_ci_high",
                   "peak_outside_high_score", "centre_baseline_iou"]]
 
 

@@ -136,3 +136,9 @@ def test_cluster_bootstrap_odds_ratios_cover_the_truth_and_are_deterministic():
     assert list(result["term"]) == ["a", "b"]
     assert np.all(result["ci_low"] < np.exp(truth[1:])) and np.all(np.exp(truth[1:]) < result["ci_high"])
     assert np.all(result["ci_low"] < result["odds_ratio"]) and np.all(result["odds_ratio"] < result["ci_high"])
+
+
+def test_ridge_logistic_is_finite_when_every_outcome_is_one():
+    design = np.column_stack([np.ones(5), np.arange(5.0)])
+    beta = stats.fit_ridge_logistic(design, np.ones(5))
+    assert np.all(np.isfinite(beta)) and beta[0] > 5

@@ -155,3 +155,30 @@ def test_table5_recovers_known_odds_ratios_on_simulated_cases():
         assert result.loc[term, "ci_low"] < odds_ratio < result.loc[term, "ci_high"], term
     with pytest.raises(ValueError, match="no high-score"):
         summaries.table5(frame.iloc[0:0])
+    with pytest.raises(ValueError, match="constant"):
+        summaries.table5(frame.assign(failure=1.0))
+
+
+def test_tie_counts_count_maps_with_ties():
+    table = crafted_table(SCORES, FAILURES)
+    table["max_multiplicity"] = 1
+    table["boundary_ties"] = 1                          # 1 = unambiguous boundary
+    table["constant_map"] = False
+    table.loc[table["method"] == "hirescam", "constant_map"] = [True] + [False] * 5
+    table.loc[table["method"] == "gradcam", "max_multiplicity"] = [3, 1, 1, 2, 1, 1]
+    table.loc[table["method"] == "centre", "boundary_ties"] = 4
+    result = summaries.tie_counts(table).set_index("method")
+    assert result.loc["hirescam", "constant_maps"] == 1 and result["constant_maps"].sum() == 1
+    assert result.loc["gradcam", "tied_maximum"] == 2 and result["tied_maximum"].sum() == 2
+    assert result.loc["centre", "boundary_ties"] == 6 and result["boundary_ties"].sum() == 6
+    assert (result["maps"] == 6).all()
+
+
+def test_format_table4_prints_estimates_with_intervals_and_dashes():
+    table = summaries.table4(crafted_table(SCORES, FAILURES), random_deletion_rows(6), 0.90,
+                             replicates=50)
+    shown = summaries.format_table4(table).set_index(["Panel", "Map"])
+    assert shown.loc[("A", "Grad-CAM"), "Peak failure"].startswith("0.333 (")
+    assert shown.loc[("A", "Random deletion"), "Peak failure"] == "\u2013"
+    assert shown.loc[("B", "Centre baseline"), "Logit drop"] == "\u2013"
+    assert summaries.estimate_with_ci(0.5, 0.25, 0.75, digits=2) == "0.50 (0.25 to 0.75)"

@@ -241,7 +241,7 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
     root, manifest = cohort
     summaries = training.train_matrix(
         manifest, root, tmp_path, DIGEST, IMAGE_SIZE, ["efficientnet_b0"], [1129],
-        training={"epochs": 1, "batch_size": 8, "max_steps_per_epoch": 1, "learning_rate": 1e-3},
+        training_settings={"epochs": 1, "batch_size": 8, "max_steps_per_epoch": 1, "learning_rate": 1e-3},
         control_seed=1129, show_progress=False)
     assert [s["checkpoint_id"] for s in summaries] == ["efficientnet_b0_s1129",
                                                        "efficientnet_b0_shuffled_s1129"]
@@ -271,5 +271,5 @@ def test_unknown_architecture_is_refused_before_training(cohort, tmp_path):
     root, manifest = cohort
     with pytest.raises(ValueError, match="unknown architectures \\['vgg11'\\]"):
         training.train_matrix(manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
-                              ["efficientnet_b0", "vgg11"], [1], training={})
+                              ["efficientnet_b0", "vgg11"], [1], training_settings={})
     assert not (tmp_path / "checkpoints").exists()

@@ -94,6 +94,7 @@ def test_transfer_summary_against_hand_values():
     assert polypgen.loc["hirescam", "n_eligible"] == 0
     assert np.isnan(polypgen.loc["hirescam", "mean_iou_high_score"])
     assert np.isnan(polypgen.loc["hirescam", "peak_outside_high_score"])
+    assert np.isnan(polypgen.loc["hirescam", "mean_iou_high_score_ci_low"])
     table = transfer.table_transfer(summary)
     assert "Eigen-CAM*" in set(table["method"]) and set(table["cohort"]) == {
         "ETIS-LaribPolypDB", "PolypGen"}
