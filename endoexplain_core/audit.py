@@ -432,15 +432,22 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
 
 
 def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: int,
-                   top_fraction: float = 0.20, repetitions: int = 20, batch_size: int = 16,
+                   top_fraction: float = 0.20, repetitions: int = 20,
+                   other_repetitions: int | None = None, batch_size: int = 16,
                    device: str = "cpu", dataset: str = "hyperkvasir") -> pd.DataFrame:
-    """Audit every checkpoint of the registry (reusing audits already written); one row each."""
+    """Audit every checkpoint of the registry (reusing audits already written); one row each.
+
+    ``repetitions``: random deletions per image for the primary checkpoint (as in 03, so its
+    audit is reused); ``other_repetitions``: for the other checkpoints, whose random-deletion
+    mean is only a per-checkpoint reference (None = the same as the primary).
+    """
     registry = read_registry(run_dir)
+    other_repetitions = repetitions if other_repetitions is None else other_repetitions
     summaries = [audit_registered_checkpoint(run_dir, data_root, checkpoint_id,
                                              image_size=image_size, top_fraction=top_fraction,
-                                             repetitions=repetitions, batch_size=batch_size,
-                                             device=device, dataset=dataset)
-                 for checkpoint_id in registry["checkpoint_id"]]
+                                             repetitions=repetitions if primary else other_repetitions,
+                                             batch_size=batch_size, device=device, dataset=dataset)
+                 for checkpoint_id, primary in zip(registry["checkpoint_id"], registry["is_primary"])]
     columns = ["checkpoint_id", "n_audited", "n_empty_masks_excluded", "reused", "seconds"]
     return pd.DataFrame(summaries)[columns].merge(
         registry[["checkpoint_id", "arch", "seed", "control", "is_primary"]], on="checkpoint_id")

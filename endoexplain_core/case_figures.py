@@ -159,6 +159,9 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float):
                                                  stats_["max"] - stats_["mean"]],
                         fmt=markers[k % len(markers)], capsize=2, ms=4,
                         label=ARCH_LABELS.get(arch, arch))
+        if matrix[column].notna().sum() == 0:   # e.g. no image reached the score threshold
+            ax.text(0.5, 0.5, "no eligible images", transform=ax.transAxes, ha="center",
+                    color="grey")
         if column == "logit_drop_all":
             ax.axhline(random_deletion_mean, ls="--", color="black", lw=0.8,
                        label="Random deletion (primary)")

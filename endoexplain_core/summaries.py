@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core import stats
-from endoexplain_core.audit import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
+from endoexplain_core.audit import CAM_METHODS, MAP_METHODS
 from endoexplain_core.style import method_label
 
 RANDOM_DELETION = "random_deletion"
@@ -328,3 +328,22 @@ def table5(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
     return pd.DataFrame({"term": [TABLE5_TERMS[t] for t in result["term"]],
                          "odds_ratio": result["odds_ratio"], "ci_low": result["ci_low"],
                          "ci_high": result["ci_high"]})
+
+
+def adjusted_model_table(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
+                         seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, str]:
+    """Table 5 and a one-line status; always a table, so later stages can rely on it.
+
+    When the model is not identifiable (no high-score image, or a constant failure outcome)
+    the table lists the terms with NaN odds ratios and the status says why.
+    """
+    n_images = frame["sample_id"].nunique()
+    if n_images and frame["failure"].nunique() == 2:
+        return (table5(frame, replicates=replicates, seed=seed),
+                f"fitted on {n_images} high-score images x {len(CAM_METHODS)} CAMs, "
+                f"{replicates} image-cluster bootstrap replicates")
+    reason = ("no image reached the score threshold" if n_images == 0 else
+              f"peak failure is constant over the {n_images} high-score images")
+    empty = pd.DataFrame({"term": list(TABLE5_TERMS.values()), "odds_ratio": np.nan,
+                          "ci_low": np.nan, "ci_high": np.nan})
+    return empty, f"NOT fitted: {reason}, so the model is not identifiable in this run"

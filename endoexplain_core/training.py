@@ -168,6 +168,23 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def zero_init_head(model: nn.Module) -> nn.Linear:
+    """Set the new 2-class head (the model's last ``nn.Linear``) to zero weights and bias.
+
+    Why: torchvision initialises EfficientNet's head uniformly in +-1/sqrt(num_classes), which
+    with 2 classes gives initial logits in the tens (loss ~10 instead of ln 2). A zero head
+    starts every image at score 0.5 and is the same rule for all three architectures.
+    Returns the head.
+    """
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear head to initialise")
+    head = linears[-1]
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 def resolve_device(device: str) -> torch.device:
     """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device."""
     if device == "auto":
@@ -277,6 +294,31 @@ def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progres
             "state_dict": {k: v.detach().cpu().clone() for k, v in state_dict.items()}}
 
 
+def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optimizer, scheduler,
+                     scaler, loss_function, device: torch.device) -> list[float]:
+    """One epoch of optimiser steps (at most ``max_steps``); returns the per-step losses.
+
+    Raises ``NonFiniteLossError`` before the step that would apply a NaN/inf loss.
+    """
+    use_amp = device.type == "cuda"
+    model.train()
+    losses = []
+    for step, (images, targets, _) in enumerate(loader):
+        if step >= max_steps:
+            break
+        with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+            loss = loss_function(model(images.to(device)), targets.to(device))
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"training loss became {loss.item()} at step {step + 1}")
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
 def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.ManifestDataset,
                      val_set: data.ManifestDataset, settings: TrainingSettings,
                      checkpoint_dir: str | Path, device: str | torch.device = "cpu",
@@ -295,7 +337,6 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.Man
     best_path = checkpoint_dir / f"{spec.checkpoint_id}.pt"
     resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume.pt"
 
-    use_amp = device.type == "cuda"
     steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
     if settings.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, settings.max_steps_per_epoch)
@@ -304,7 +345,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.Man
                                   weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine_with_warmup(settings.warmup_steps, settings.epochs * steps_per_epoch))
-    scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")  # AMP on CUDA only
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
     progress = {"epoch": 0, "best_epoch": 0, "best_auprc": -1.0, "epochs_since_best": 0,
                 "finished": False, "history": []}
@@ -314,7 +355,8 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.Man
         if state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings):
             raise CheckpointMismatchError(
                 f"{resume_path} belongs to other settings or another manifest/image size "
-                f"(stored {state.get('spec')}, {state.get('settings')}); delete it or rerun with --force")
+                f"(stored {state.get('spec')}, {state.get('settings')}); delete it and {best_path.name} "
+                f"to retrain this checkpoint")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -333,26 +375,15 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.Man
                                 drop_last=len(train_set) > settings.batch_size,
                                 generator=shuffle_generator, num_workers=settings.num_workers,
                                 worker_init_fn=_worker_init)
-            model.train()
-            losses = []
-            for step, (images, targets, _) in enumerate(loader):
-                if step >= steps_per_epoch:
-                    break
-                with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-                    loss = loss_function(model(images.to(device)), targets.to(device))
-                if not torch.isfinite(loss):
-                    kept = (f"the last good checkpoint (epoch {progress['best_epoch']}) is kept at {best_path}"
-                            if best_path.is_file() else "no checkpoint had been written yet")
-                    raise NonFiniteLossError(
-                        f"{spec.checkpoint_id}: training loss became {loss.item()} at epoch "
-                        f"{epoch + 1}, step {step + 1}; {kept}. Lower the learning rate or "
-                        f"raise warmup_steps in the profile's 01_training section.")
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
-                losses.append(loss.item())
+            try:
+                losses = _train_one_epoch(model, loader, steps_per_epoch, optimizer, scheduler,
+                                          scaler, loss_function, device)
+            except NonFiniteLossError as error:
+                kept = (f"the last good checkpoint (epoch {progress['best_epoch']}) is kept at {best_path}"
+                        if best_path.is_file() else "no checkpoint had been written yet")
+                raise NonFiniteLossError(
+                    f"{spec.checkpoint_id}: {error} at epoch {epoch + 1}; {kept}. Lower the learning "
+                    f"rate or raise warmup_steps in the profile's 01_training section.") from None
 
             auprc = validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device),
                                      val_set.targets)
@@ -444,6 +475,7 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
         weights_path = imagenet_weights_path(arch, imagenet_weights)
         seed_everything(seed)
         model = models.build_model(arch, num_classes=2, weights_path=weights_path)
+        zero_init_head(model)
         spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
                               manifest_digest=manifest_digest,
                               target_layer=models.TARGET_LAYERS[arch],
@@ -597,7 +629,9 @@ def plot_training_curves(curves: pd.DataFrame):
 
     colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
     dashes = ["-", "--", ":"]
-    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(7.2, 2.8))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 2.8))
     seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
     for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
         control = run["control"].iloc[0] != CONTROL_NONE
@@ -611,6 +645,8 @@ def plot_training_curves(curves: pd.DataFrame):
         auprc_ax.plot(run["epoch"], run["val_auprc"], **line)
     loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
     auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.02))
-    auprc_ax.legend(frameon=False, fontsize=6, loc="lower right", ncol=2)
+    for ax in (loss_ax, auprc_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    auprc_ax.legend(frameon=False, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     return fig

@@ -148,3 +148,83 @@ def test_validator_rejects_each_kind_of_bad_table(breakage, message):
     audit.validate_audit_table(valid_table())
     with pytest.raises(audit.AuditTableError, match=message):
         audit.validate_audit_table(breakage(valid_table()))
+
+
+def test_audit_is_deterministic_and_independent_of_batch_size(tmp_path):
+    cases = [crafted_case(f"c{i}") for i in range(3)]
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir(), second.mkdir()
+    run_audit(first, cases)
+    model = CraftedModel()
+    audit.audit_checkpoint(model, {"checkpoint_id": "crafted_s1", "arch": "crafted", "seed": 1},
+                           TEMPERATURE, cases, dataset="unit", image_size=SIZE,
+                           table_path=second / "audit.parquet",
+                           random_deletion_path=second / "random.parquet", repetitions=4,
+                           batch_size=3, target_layer=("probe", model.probe))
+    pd.testing.assert_frame_equal(pd.read_parquet(first / "audit.parquet"),
+                                  pd.read_parquet(second / "audit.parquet"), rtol=1e-6)
+    pd.testing.assert_frame_equal(pd.read_parquet(first / "random.parquet"),
+                                  pd.read_parquet(second / "random.parquet"), rtol=1e-6)
+
+
+def make_run(tmp_path, size=64, n_images=3):
+    """A minimal run folder: manifest with a masked pool, one registered checkpoint, T."""
+    import hashlib
+    from PIL import Image
+    from endoexplain_core import models, training
+    from endoexplain_core.data import NORMALISATION
+    run, data = tmp_path / "run", tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "masks").mkdir()
+    rows = []
+    for i in range(n_images):
+        image = np.random.default_rng(i).integers(0, 256, (size, size, 3), dtype=np.uint8)
+        mask = np.zeros((size, size), np.uint8)
+        mask[10:30, 20:40] = 255
+        Image.fromarray(image).save(data / "images" / f"m{i}.png")
+        Image.fromarray(mask).save(data / "masks" / f"m{i}.png")
+        rows.append({"sample_id": f"m{i}", "path": f"images/m{i}.png", "source": "polyps",
+                     "target": 1, "role": "spatial_audit", "mask_path": f"masks/m{i}.png"})
+    rows.append({"sample_id": "n0", "path": "images/n0.png", "source": "cecum", "target": 0,
+                 "role": "train", "mask_path": ""})
+    for row in rows:                     # manifest columns this test does not exercise
+        row.update({"group": "g", "sha256": "0" * 64, "ahash": "0" * 64,
+                    "group_id": row["sample_id"], "width": size, "height": size})
+    (run / "manifest").mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(run / "manifest" / "manifest.csv", index=False)
+    digest = hashlib.sha256((run / "manifest" / "manifest.csv").read_bytes()).hexdigest()
+    (run / "manifest" / "manifest.sha256").write_text(digest + "\n")
+    (run / "checkpoints").mkdir()
+    torch.manual_seed(0)
+    model = models.build_model("resnet34")
+    path = run / "checkpoints" / "resnet34_s1.pt"
+    torch.save({"format": training.CHECKPOINT_FORMAT, "checkpoint_id": "resnet34_s1",
+                "arch": "resnet34", "seed": 1, "control": "none", "image_size": size,
+                "manifest_digest": digest, "target_layer": "layer4.2",
+                "normalisation": NORMALISATION, "state_dict": model.state_dict()}, path)
+    pd.DataFrame([{"checkpoint_id": "resnet34_s1", "arch": "resnet34", "seed": 1,
+                   "control": "none", "epochs": 1, "val_auprc": 0.5,
+                   "path": "checkpoints/resnet34_s1.pt", "sha256": training.file_sha256(path),
+                   "is_primary": True}]).to_csv(run / "checkpoints" / "registry.csv", index=False)
+    (run / "calibration").mkdir()
+    pd.DataFrame({"checkpoint_id": ["resnet34_s1"], "temperature": [0.5]}).to_csv(
+        run / "calibration" / "temperatures.csv", index=False)
+    return run, data
+
+
+def test_registered_checkpoint_is_audited_then_reused(tmp_path):
+    run, data = make_run(tmp_path)
+    settings = dict(image_size=64, repetitions=2, batch_size=2)
+    first = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
+    assert not first["reused"] and first["n_audited"] == 3
+    table = audit.read_audit_table(audit.audit_paths(run, "hyperkvasir", "resnet34_s1")["table"])
+    assert set(table["target_layer"]) == {"layer4.2"} and set(table["temperature"]) == {0.5}
+    again = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
+    assert again["reused"]
+    changed = audit.audit_registered_checkpoint(run, data, "resnet34_s1", image_size=64,
+                                                repetitions=3, batch_size=2)
+    assert not changed["reused"]
+    with pytest.raises(KeyError, match="not in"):
+        audit.audit_registered_checkpoint(run, data, "resnet34_s9", **settings)
+    summary = audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2)
+    assert summary["reused"].all() and summary["is_primary"].all()

@@ -153,3 +153,14 @@ def test_source_category_audit_hand_computed():
     assert table.loc["cecum", "false_positives"] == 0
     assert np.isnan(table.loc["cecum", "sensitivity"])
     assert list(table["target"]) == [1, 1, 0, 0]  # positives listed first
+
+
+def test_reliability_raw_vs_scaled_and_its_figure():
+    scores = calibration.add_scores(_scores_frame(), calibration.fit_temperatures(_scores_frame()))
+    reliability = calibration.reliability_raw_vs_scaled(scores, "resnet34_s1", "test")
+    assert list(reliability["score"].unique()) == ["Raw", "Temperature-scaled"]
+    assert reliability.groupby("score")["count"].sum().tolist() == [3000, 3000]
+    fig = calibration.plot_reliability_with_counts(reliability)
+    count_ax = fig.axes[1]
+    heights = [patch.get_height() for patch in count_ax.patches]
+    assert heights == reliability["count"].tolist()

@@ -95,3 +95,12 @@ def test_figure4_draws_three_panels_with_the_random_deletion_line():
     dashed = [line for line in panel_c.get_lines() if line.get_linestyle() == "--"]
     assert len(dashed) == 1 and dashed[0].get_ydata()[0] == 0.75
     assert "Eigen-CAM*" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
+
+
+def test_figure4_says_when_a_panel_has_no_eligible_images():
+    rows = [{"checkpoint_id": "efficientnet_b0_s1", "arch": "efficientnet_b0", "seed": 1,
+             "control": "none", "method": method, "failure_own": float("nan"),
+             "failure_fixed": float("nan"), "logit_drop_all": 0.1} for method in CAM_METHODS]
+    fig = case_figures.figure4(pd.DataFrame(rows), random_deletion_mean=0.0)
+    assert "no eligible images" in [t.get_text() for t in fig.axes[0].texts]
+    assert not fig.axes[2].texts

@@ -182,3 +182,12 @@ def test_format_table4_prints_estimates_with_intervals_and_dashes():
     assert shown.loc[("A", "Random deletion"), "Peak failure"] == "\u2013"
     assert shown.loc[("B", "Centre baseline"), "Logit drop"] == "\u2013"
     assert summaries.estimate_with_ci(0.5, 0.25, 0.75, digits=2) == "0.50 (0.25 to 0.75)"
+
+
+def test_adjusted_model_table_always_returns_the_terms():
+    frame = summaries.table5_model_frame(crafted_table(SCORES, FAILURES), score_threshold=0.99)
+    table, status = summaries.adjusted_model_table(frame)
+    assert list(table["term"]) == list(summaries.TABLE5_TERMS.values())
+    assert table["odds_ratio"].isna().all() and "no image reached" in status
+    constant = summaries.table5_model_frame(crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}), 0.90)
+    assert "constant" in summaries.adjusted_model_table(constant)[1]

@@ -161,7 +161,7 @@ def test_resume_state_from_other_settings_is_refused(cohort, tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cohort, tmp_path):
     # 3 steps per epoch: epoch 1 is clean, epoch 2 turns NaN at its second step.
-    with pytest.raises(training.NonFiniteLossError, match="nan at epoch 2, step 2.*kept"):
+    with pytest.raises(training.NonFiniteLossError, match="nan at step 2 at epoch 2.*kept"):
         _train(cohort, tmp_path, model_class=lambda: PoisonedNet(poison_from=5))
     kept = training.load_checkpoint(tmp_path / "tinynet_s1129.pt", DIGEST, IMAGE_SIZE)
     assert kept["epoch"] == 1
@@ -273,3 +273,45 @@ def test_unknown_architecture_is_refused_before_training(cohort, tmp_path):
         training.train_matrix(manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
                               ["efficientnet_b0", "vgg11"], [1], training_settings={})
     assert not (tmp_path / "checkpoints").exists()
+
+
+def _summary(checkpoint, arch, seed, control, auprc):
+    return {"checkpoint_id": checkpoint, "arch": arch, "seed": seed, "control": control,
+            "pretrained": False, "epochs": 2, "epochs_run": 3, "val_auprc": auprc,
+            "path": "unused", "history": [{"epoch": e, "train_loss": 1.0 / e, "val_auprc": auprc,
+                                            "learning_rate": 0.0} for e in (1, 2, 3)]}
+
+
+def test_training_table_reports_test_metrics_only_where_computed():
+    summaries = [_summary("efficientnet_b0_s1", "efficientnet_b0", 1, "none", 0.9),
+                 _summary("resnet34_s1", "resnet34", 1, "none", 0.95),
+                 _summary("efficientnet_b0_shuffled_s1", "efficientnet_b0", 1, "shuffled_labels", 0.3)]
+    test_results = pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s1", "efficientnet_b0_shuffled_s1"],
+                                 "n_test": [10, 10], "test_auprc": [0.8, 0.35]})
+    table = training.training_table(summaries, "efficientnet_b0_s1", test_results)
+    assert table["primary"].tolist() == [True, False, False]
+    assert table["test_auprc"].isna().tolist() == [False, True, False]
+    assert table.loc[2, "test_auprc"] == 0.35 and table.loc[1, "best_epoch"] == 2
+
+
+def test_training_curves_table_and_figure():
+    summaries = [_summary("efficientnet_b0_s1", "efficientnet_b0", 1, "none", 0.9),
+                 _summary("efficientnet_b0_shuffled_s1", "efficientnet_b0", 1, "shuffled_labels", 0.3)]
+    curves = training.training_curves(summaries)
+    assert len(curves) == 6 and curves["epoch"].tolist() == [1, 2, 3, 1, 2, 3]
+    fig = training.plot_training_curves(curves)
+    loss_ax, auprc_ax = fig.axes
+    assert len(loss_ax.lines) == 2 and list(auprc_ax.lines[1].get_ydata()) == [0.3] * 3
+    assert "shuffled" in auprc_ax.get_legend().get_texts()[1].get_text()
+
+
+@pytest.mark.parametrize("arch", ["efficientnet_b0", "resnet34", "convnext_tiny"])
+def test_zero_init_head_starts_every_score_at_one_half(arch):
+    from endoexplain_core import models
+
+    model = models.build_model(arch, num_classes=2)
+    head = training.zero_init_head(model)
+    assert head.out_features == 2
+    with torch.no_grad():
+        logits = model.eval()(torch.randn(2, 3, 64, 64))
+    assert torch.equal(logits, torch.zeros(2, 2))
