@@ -26,9 +26,10 @@ import torch
 from pytorch_grad_cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, XGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-from endoexplain_core import baselines, cams, deletion, metrics, models, threshold
+from endoexplain_core import audit, cams, models
 
 FRACTION = 0.20
+RANDOM_REPETITIONS = 20
 LIBRARY_CLASSES = (GradCAM, GradCAMPlusPlus, XGradCAM, HiResCAM, EigenCAM)
 
 
@@ -56,23 +57,11 @@ def _disc_masks(batch: int, size: int, device: torch.device) -> torch.Tensor:
     return ((rows - offsets[:, None, None]) ** 2 + (cols - size / 2) ** 2) < (size / 6) ** 2
 
 
-def audit_batch(model, layer_name: str, images: torch.Tensor, masks: torch.Tensor, sample_ids) -> dict:
-    """Everything the spatial audit computes for one batch (what notebooks 03-05 run)."""
-    batch, _, height, width = images.shape
-    maps, logits = cams.compute_cams(model, layer_name, images, return_logits=True)
-    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
-    all_maps = dict(maps)
-    all_maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
-    all_maps["centre"] = baselines.centre_gaussian(batch, height, width, device=images.device)
-    keeps = {method: threshold.top_fraction_mask(value, FRACTION) for method, value in all_maps.items()}
-    rows = {method: metrics.spatial_metrics(value, masks, FRACTION, keep=keeps[method])
-            for method, value in all_maps.items()}
-    cam_keeps = torch.stack([keeps[method] for method in cams.CAM_METHODS])  # (5, B, H, W)
-    n_pixels = cam_keeps[0].sum(dim=(1, 2))
-    random_keeps = deletion.random_deletion_masks(keys, n_pixels.cpu(), height, width, device=images.device)
-    deleted = deletion.deletion_logits(model, images, torch.cat([cam_keeps, random_keeps]))
-    drops = deletion.logit_drops(logits, deleted)
-    return {"rows": rows, "cam_drops": drops[:5], "random_drops": drops[5:]}
+def audit_batch(model, layer_name: str, images: torch.Tensor, masks: torch.Tensor, sample_ids):
+    """The spatial audit of one batch exactly as notebooks 03-05 run it (``audit.audit_batch``):
+    5 CAMs + 2 baselines, metrics, 5 CAM deletions and 20 random deletions."""
+    return audit.audit_batch(model, layer_name, images, masks, list(sample_ids), temperature=1.0,
+                             top_fraction=FRACTION, repetitions=RANDOM_REPETITIONS)
 
 
 def _rss_reset() -> bool:

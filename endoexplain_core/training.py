@@ -629,8 +629,6 @@ def plot_training_curves(curves: pd.DataFrame):
 
     colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
     dashes = ["-", "--", ":"]
-    from matplotlib.ticker import MaxNLocator
-
     fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 2.8))
     seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
     for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
@@ -646,7 +644,7 @@ def plot_training_curves(curves: pd.DataFrame):
     loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
     auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.02))
     for ax in (loss_ax, auprc_ax):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xticks(sorted(curves["epoch"].unique()))
     auprc_ax.legend(frameon=False, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     return fig
