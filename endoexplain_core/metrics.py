@@ -93,24 +93,37 @@ def top_fraction_iou(keep: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return intersection.float() / union.float()
 
 
+def _uniform_if_constant(maps: torch.Tensor) -> torch.Tensor:
+    """Maps (B,H,W) as weights, with all-zero maps replaced by ones.
+
+    An all-zero map comes from a constant CAM (min-max leaves nothing); a constant map spreads
+    its value evenly, so energy and centre of mass are taken from a uniform map. This keeps every
+    image in every outcome; ``threshold.tie_diagnostics`` still flags the map as constant.
+    """
+    constant = maps.amax(dim=(1, 2)) <= 0
+    return torch.where(constant[:, None, None], torch.ones_like(maps), maps)
+
+
 def energy_in_mask(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """float32 (B,): share of the map's total value inside the lesion, in [0, 1].
 
-    An all-zero map has no energy to share: NaN (not 0, which would read as "all outside").
+    An all-zero (constant) map counts as uniform: its share equals the lesion area fraction.
     """
     masks = _as_masks(masks)
     _check_maps(maps, masks)
-    total = maps.double().sum(dim=(1, 2))
-    inside = (maps.double() * masks).sum(dim=(1, 2))
-    return (inside / total).float()  # 0/0 -> NaN
+    weights = _uniform_if_constant(maps.double())
+    total = weights.sum(dim=(1, 2))
+    inside = (weights * masks).sum(dim=(1, 2))
+    return (inside / total).float()
 
 
 def centre_of_mass_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """float32 (B,): distance from the map's centre of mass (map values as weights) to the
-    lesion centroid, divided by the image diagonal sqrt(H^2 + W^2); all-zero map -> NaN."""
+    lesion centroid, divided by the image diagonal sqrt(H^2 + W^2). An all-zero (constant) map
+    counts as uniform: its centre of mass is the frame centre."""
     masks = _as_masks(masks)
     _check_maps(maps, masks)
-    map_row, map_col = _weighted_centre(maps)
+    map_row, map_col = _weighted_centre(_uniform_if_constant(maps))
     lesion_row, lesion_col = _weighted_centre(masks)
     height, width = maps.shape[1:]
     diagonal = (height ** 2 + width ** 2) ** 0.5

@@ -43,7 +43,16 @@ def test_energy_in_mask_hand_case_and_zero_map():
     masks = torch.tensor([[[True, False], [False, True]]] * 2)
     energy = metrics.energy_in_mask(maps, masks)
     assert energy[0].item() == pytest.approx(5 / 8)
-    assert math.isnan(energy[1].item())
+    # a constant (all-zero) map is uniform: its share is the lesion area, 2 of 4 pixels
+    assert energy[1].item() == pytest.approx(2 / 4)
+
+
+def test_constant_map_centre_of_mass_is_the_frame_centre():
+    maps = torch.zeros(1, 4, 6)
+    lesion = torch.zeros(1, 4, 6, dtype=torch.bool)
+    lesion[0, 3, 5] = True  # pixel centre (3.5, 5.5); frame centre (2, 3); diagonal sqrt(52)
+    distance = metrics.centre_of_mass_distance(maps, lesion)
+    assert distance.item() == pytest.approx(math.hypot(1.5, 2.5) / math.sqrt(52), rel=1e-6)
 
 
 def test_centre_of_mass_distance_hand_case():
