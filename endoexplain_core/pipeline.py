@@ -272,7 +272,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         records.append(record)
 
         if failure is not None or (only and stage not in only):
-            record["status"] = "not_run"
+            record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
+                          up_to_date=stamp.get("digest") == digest)
             continue
         if not force and stamp.get("digest") == digest and executed.is_file():
             record.update(status="skipped", seconds=0.0,

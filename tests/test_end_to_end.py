@@ -59,7 +59,7 @@ def test_the_paper_artefacts_exist(smoke_run):
     figures = smoke_run / "figures" / "smoke"
     missing = [name for name in EXPECTED_FIGURE_FILES if not (figures / name).is_file()]
     assert not missing, f"missing in figures/smoke: {missing}"
-    for png in figures.glob("*.png"):
+    for png in figures.glob("figure*.png"):
         assert png.with_suffix(".pdf").is_file(), f"{png.name} has no PDF twin"
 
 
