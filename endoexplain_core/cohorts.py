@@ -159,6 +159,14 @@ def _listing(folder: Path) -> str:
     return "[" + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "") + "]"
 
 
+def _require_folders(parent: Path, *folders: Path) -> None:
+    """Raise ``CohortError`` naming ``parent`` and its contents if a folder is missing."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise CohortError(f"{parent}: unknown layout: missing folder '{folder.name}'; "
+                              f"found {_listing(parent)}")
+
+
 def _cohort_root(data_root: Path, dataset: str) -> Path:
     root = Path(data_root) / DATASET_FOLDERS[dataset]
     if not root.is_dir():
@@ -282,10 +290,7 @@ def read_polypgen(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
     for centre_dir in centre_dirs:
         centre = centre_dir.name.removeprefix("data_")
         image_dir, mask_dir = centre_dir / f"images_{centre}", centre_dir / f"masks_{centre}"
-        for folder in (image_dir, mask_dir):
-            if not folder.is_dir():
-                raise CohortError(f"{centre_dir}: unknown layout: missing folder '{folder.name}'; "
-                                  f"found {_listing(centre_dir)}")
+        _require_folders(centre_dir, image_dir, mask_dir)
         masks = _mask_index(mask_dir)
         frames += [Frame(f"{centre}/{image.stem}", image,
                          _match_mask(masks, mask_dir, (f"{image.stem}_mask",), image), centre=centre)
@@ -313,10 +318,7 @@ def read_polypdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
         for modality_dir in sorted((p for p in centre_dir.iterdir() if p.is_dir()),
                                    key=lambda p: p.name):
             image_dir, mask_dir = modality_dir / "images", modality_dir / "masks"
-            for folder in (image_dir, mask_dir):
-                if not folder.is_dir():
-                    raise CohortError(f"{modality_dir}: unknown layout: missing folder "
-                                      f"'{folder.name}'; found {_listing(modality_dir)}")
+            _require_folders(modality_dir, image_dir, mask_dir)
             masks = _mask_index(mask_dir)
             frames += [Frame(f"{centre_dir.name}/{modality_dir.name}/{image.stem}", image,
                              _match_mask(masks, mask_dir, (image.stem,), image),
