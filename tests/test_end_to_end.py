@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from endoexplain_core import pipeline
@@ -61,6 +62,19 @@ def test_the_paper_artefacts_exist(smoke_run):
     assert not missing, f"missing in figures/smoke: {missing}"
     for png in figures.glob("figure*.png"):
         assert png.with_suffix(".pdf").is_file(), f"{png.name} has no PDF twin"
+
+
+def test_transfer_covers_the_three_external_cohorts(smoke_run):
+    table = pd.read_csv(smoke_run / "figures" / "smoke" / "table_transfer.csv")
+    assert {"ETIS-LaribPolypDB", "PolypGen", "PolypDB"} <= set(table["cohort"])
+
+
+def test_figure_index_lists_every_file(smoke_run):
+    figures = smoke_run / "figures" / "smoke"
+    index = (figures / "README.md").read_text()
+    unlisted = [p.name for p in figures.iterdir() if p.is_file() and p.name != "README.md"
+                and p.name not in index]
+    assert not unlisted, f"figure index misses {unlisted}"
 
 
 def test_manifest_matches_the_committed_reference(smoke_run):

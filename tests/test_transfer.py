@@ -157,25 +157,3 @@ def test_no_negatives_statement_is_computed():
                                             "polypdb": case_table("polypdb", [("2", "c", "d")])})
     assert text.startswith("The 2 analysed external cases (ETIS-LaribPolypDB, PolypDB)")
     assert "0 negative images" in text and "no external AUPRC, specificity or calibration" in text
-
-
-@pytest.mark.slow
-def test_notebook_05_on_the_smoke_run(tmp_path):
-    """Runs 05_transfer with Papermill on an existing smoke run (00-04 executed)."""
-    import papermill
-
-    from endoexplain_core import config
-
-    run_dir = REPO / "runs" / "smoke"
-    if not (run_dir / "calibration" / "temperatures.csv").is_file():
-        pytest.skip("no smoke run with calibrated checkpoints: run ./run_all.sh --profile smoke")
-    parameters = {**config.stage_parameters(config.load_profile("smoke"), "05_transfer"),
-                  "profile": "smoke", "run_dir": str(run_dir), "figures_dir": str(tmp_path),
-                  "data_root": "", "manifest_reference_dir": str(REPO / "data_manifest" / "smoke")}
-    papermill.execute_notebook(str(REPO / "notebooks" / "05_transfer.ipynb"),
-                               str(tmp_path / "05_transfer.ipynb"), parameters=parameters,
-                               kernel_name="endoexplain", cwd=str(REPO / "notebooks"),
-                               progress_bar=False)
-    table = pd.read_csv(tmp_path / "table_transfer.csv")
-    assert set(table["cohort"]) == {"ETIS-LaribPolypDB", "PolypGen", "PolypDB"}
-    assert (tmp_path / "figure5_transfer.png").is_file() and (tmp_path / "figure5_transfer.pdf").is_file()
