@@ -52,20 +52,24 @@ def delete_pixels(images: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def deletion_logits(model: nn.Module, images: torch.Tensor, keeps: torch.Tensor,
-                    chunk_size: int = 64) -> torch.Tensor:
+                    chunk_size: int | None = None) -> torch.Tensor:
     """Logits after each of M deletions: float (M, B, K).
 
     images : (B, C, H, W) normalised input. keeps : bool (M, B, H, W), True = delete.
     chunk_size : at most this many deleted images per no-grad forward (whole deletions are
-    grouped, at least one per forward). The model is put in eval mode.
+    grouped, at least one per forward). Default ``None``: one deletion per forward, i.e.
+    forwards of the caller's batch size B. On 2 CPU cores bigger forwards were slower (25
+    deletions of 16 EfficientNet-B0 images at 256 px: 21.1 s with 64 per forward, 16.5 s with
+    16, floor 15.2 s); on a GPU a larger chunk can pay. The model is put in eval mode.
     """
     _check_keep(images, keeps)
     if keeps.dim() != 4:
         raise ValueError(f"keeps must be (M, B, H, W); got {tuple(keeps.shape)}")
+    n_deletions, batch = keeps.shape[:2]
+    chunk_size = batch if chunk_size is None else chunk_size
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
     model.eval()
-    n_deletions, batch = keeps.shape[:2]
     per_forward = max(1, chunk_size // batch)
     outputs = []
     with torch.no_grad():
@@ -107,7 +111,7 @@ def deletion_response(model: nn.Module, images: torch.Tensor, keep: torch.Tensor
     if reference_logits is None:
         with torch.no_grad():
             reference_logits = model(images)
-    deleted = deletion_logits(model, images, keep[None], chunk_size=images.shape[0])[0]
+    deleted = deletion_logits(model, images, keep[None])[0]
     return logit_drops(reference_logits, deleted, target_class)
 
 
