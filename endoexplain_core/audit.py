@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from endoexplain_core import baselines, cams, deletion, metrics, models, threshold, training
 from endoexplain_core.data import load_manifest, resize_rgb, to_normalised_tensor
 from endoexplain_core.imageio import read_image_and_mask
+from endoexplain_core.training import resolve_device  # one device rule for every stage
 
 CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
 BASELINE_METHODS = ("random", "centre")
@@ -81,13 +82,6 @@ def random_deletion_schema(repetitions: int) -> pa.Schema:
 def sigmoid(values: torch.Tensor) -> torch.Tensor:
     """Logistic function, float64 for stable score differences."""
     return torch.sigmoid(values.double())
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` -> CUDA when available else CPU; anything else is passed to torch.device."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 # --- inputs -----------------------------------------------------------------------------------
