@@ -26,7 +26,11 @@ import torch
 from pytorch_grad_cam import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, XGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-from endoexplain_core import audit, cams, models
+from endoexplain_core.analysis import audit
+
+from endoexplain_core.kernels import cams
+
+from endoexplain_core.models import architectures
 
 FRACTION = 0.20
 RANDOM_REPETITIONS = 20
@@ -58,7 +62,7 @@ def _disc_masks(batch: int, size: int, device: torch.device) -> torch.Tensor:
 
 
 def audit_batch(model, layer_name: str, images: torch.Tensor, masks: torch.Tensor, sample_ids):
-    """The spatial audit of one batch exactly as notebooks 03-05 run it (``audit.audit_batch``):
+    """The spatial audit of one batch exactly as notebooks 04-06 run it (``audit.audit_batch``):
     5 CAMs + 2 baselines, metrics, 5 CAM deletions and 20 random deletions."""
     return audit.audit_batch(model, layer_name, images, masks, list(sample_ids), temperature=1.0,
                              top_fraction=FRACTION, repetitions=RANDOM_REPETITIONS)
@@ -106,8 +110,8 @@ def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[f
 
 def bench_architecture(arch: str, args, device: torch.device) -> dict:
     torch.manual_seed(0)
-    model = models.build_model(arch).eval().to(device)
-    layer_name, layer = models.resolve_target_layer(model, arch)
+    model = architectures.build_model(arch).eval().to(device)
+    layer_name, layer = architectures.resolve_target_layer(model, arch)
     images = torch.randn(args.batch, 3, args.image_size, args.image_size,
                          generator=torch.Generator().manual_seed(1)).to(device)
     masks = _disc_masks(args.batch, args.image_size, device)
@@ -147,7 +151,7 @@ def bench_architecture(arch: str, args, device: torch.device) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--archs", nargs="+", default=list(models.ARCHITECTURES), choices=models.ARCHITECTURES)
+    parser.add_argument("--archs", nargs="+", default=list(architectures.ARCHITECTURES), choices=architectures.ARCHITECTURES)
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

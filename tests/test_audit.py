@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from endoexplain_core import audit, deletion
-from endoexplain_core.data import IMAGENET_MEAN, IMAGENET_STD
+from endoexplain_core.analysis import audit
+
+from endoexplain_core.kernels import deletion
+from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 
 SIZE = 8                     # 8 x 8 images: top 20% = round(12.8) = 13 pixels
 WEIGHT = 2.0                 # positive-logit weight of the crafted head
@@ -171,8 +173,8 @@ def make_run(tmp_path, size=64, n_images=3):
     """A minimal run folder: manifest with a masked pool, one registered checkpoint, T."""
     import hashlib
     from PIL import Image
-    from endoexplain_core import models, training
-    from endoexplain_core.data import NORMALISATION
+    from endoexplain_core.models import architectures, training
+    from endoexplain_core.data.datasets import NORMALISATION
     run, data = tmp_path / "run", tmp_path / "data"
     (data / "images").mkdir(parents=True)
     (data / "masks").mkdir()
@@ -196,7 +198,7 @@ def make_run(tmp_path, size=64, n_images=3):
     (run / "manifest" / "manifest.sha256").write_text(digest + "\n")
     (run / "checkpoints").mkdir()
     torch.manual_seed(0)
-    model = models.build_model("resnet34")
+    model = architectures.build_model("resnet34")
     path = run / "checkpoints" / "resnet34_s1.pt"
     torch.save({"format": training.CHECKPOINT_FORMAT, "checkpoint_id": "resnet34_s1",
                 "arch": "resnet34", "seed": 1, "control": "none", "image_size": size,

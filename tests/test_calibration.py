@@ -8,7 +8,8 @@ import pytest
 import statsmodels.api as sm
 from sklearn.metrics import average_precision_score
 
-from endoexplain_core import calibration
+from endoexplain_core.analysis import calibration
+from endoexplain_core.figures import calibration_figures
 
 
 def test_nll_and_brier_hand_computed():
@@ -160,7 +161,7 @@ def test_reliability_raw_vs_scaled_and_its_figure():
     reliability = calibration.reliability_raw_vs_scaled(scores, "resnet34_s1", "test")
     assert list(reliability["score"].unique()) == ["Raw", "Temperature-scaled"]
     assert reliability.groupby("score")["count"].sum().tolist() == [3000, 3000]
-    fig = calibration.plot_reliability_with_counts(reliability)
+    fig = calibration_figures.plot_reliability_with_counts(reliability)
     count_ax = fig.axes[1]
     heights = [patch.get_height() for patch in count_ax.patches]
     assert heights == reliability["count"].tolist()

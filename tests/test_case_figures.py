@@ -9,8 +9,10 @@ from torch import nn
 
 matplotlib.use("Agg")
 
-from endoexplain_core import audit, case_figures  # noqa: E402
-from endoexplain_core.audit import CAM_METHODS  # noqa: E402
+from endoexplain_core.figures import case_figures  # noqa: E402
+
+from endoexplain_core.analysis import audit
+from endoexplain_core.analysis.audit import CAM_METHODS  # noqa: E402
 
 
 def selection_table():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from endoexplain_core import cohorts, imageio
+from endoexplain_core.data import cohorts, imageio
 
 HEIGHT, WIDTH = 24, 32
 

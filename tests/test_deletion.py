@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from endoexplain_core import deletion, threshold
+from endoexplain_core.kernels import deletion, threshold
 
 
 class RegionSumModel(nn.Module):

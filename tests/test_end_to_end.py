@@ -1,6 +1,6 @@
 """The README's promise on the smoke profile: one command regenerates every artefact.
 
-Runs ``python -m endoexplain_core.pipeline --profile smoke`` (what ``run_all.sh`` execs after
+Runs ``python -m endoexplain_core.pipeline.orchestrator --profile smoke`` (what ``run_all.sh`` execs after
 setting up the environment) into a temporary output root, then checks the artefacts, that a
 rerun skips every stage and that a forced rerun of stage 00 reproduces the manifest digest.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from endoexplain_core import pipeline
+from endoexplain_core.pipeline import orchestrator
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ EXPECTED_FIGURE_FILES = [
 
 
 def run_all(output_root: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "endoexplain_core.pipeline", "--profile", "smoke",
+    command = [sys.executable, "-m", "endoexplain_core.pipeline.orchestrator", "--profile", "smoke",
                "--output-root", str(output_root), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=1500)
 
@@ -45,7 +45,7 @@ def test_every_stage_ran_and_left_its_record(smoke_run):
     run_dir = smoke_run / "runs" / "smoke"
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["status"] == "complete"
-    stages = [p.stem for p in pipeline.discover_stages()]
+    stages = [p.stem for p in orchestrator.discover_stages()]
     assert [s["stage"] for s in provenance["stages"]] == stages
     assert all(s["status"] == "ran" for s in provenance["stages"])
     for stage in stages:
@@ -79,7 +79,7 @@ def test_figure_index_lists_every_file(smoke_run):
 
 def test_manifest_matches_the_committed_reference(smoke_run):
     digest = (smoke_run / "runs" / "smoke" / "manifest" / "manifest.sha256").read_text().strip()
-    reference = (pipeline.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
+    reference = (orchestrator.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
     assert digest == reference.read_text().strip()
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from endoexplain_core import hyperkvasir
-from endoexplain_core.hyperkvasir import HyperKvasirError, canonical_category, index_hyperkvasir
-from endoexplain_core.imageio import ImageReadError, MaskSizeError
+from endoexplain_core.data import hyperkvasir
+from endoexplain_core.data.hyperkvasir import HyperKvasirError, canonical_category, index_hyperkvasir
+from endoexplain_core.data.imageio import ImageReadError, MaskSizeError
 
 LOWER = "hyper-kvasir/labeled-images/lower-gi-tract"
 

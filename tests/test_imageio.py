@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from endoexplain_core.imageio import (ImageReadError, MaskSizeError, check_mask_size,
+from endoexplain_core.data.imageio import (ImageReadError, MaskSizeError, check_mask_size,
                                       read_image_and_mask, read_mask, read_rgb)
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from endoexplain_core import baselines, metrics
+from endoexplain_core.kernels import baselines, metrics
 
 
 def _mask(height, width, rows, cols):

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 import yaml
 
-from endoexplain_core import pipeline
+from endoexplain_core.pipeline import orchestrator
 
 pytestmark = pytest.mark.slow  # each case executes real notebooks through Papermill
 
@@ -46,7 +46,7 @@ def project(tmp_path):
 
 def run(project, **kwargs):
     root, notebooks, profile = project
-    return pipeline.run_pipeline(str(profile), output_root=root / "out", notebook_dir=notebooks,
+    return orchestrator.run_pipeline(str(profile), output_root=root / "out", notebook_dir=notebooks,
                                  **kwargs)
 
 
@@ -99,7 +99,7 @@ def test_changed_upstream_notebook_reruns_downstream(project):
 def test_failure_names_the_cell_keeps_partial_notebook_and_resumes(project):
     root, notebooks, _ = project
     write_notebook(notebooks / "01_second.ipynb", "raise ValueError('planted failure')")
-    with pytest.raises(pipeline.StageFailed) as caught:
+    with pytest.raises(orchestrator.StageFailed) as caught:
         run(project)
     message = str(caught.value)
     assert "01_second.ipynb" in message and "cell" in message and "planted failure" in message

@@ -2,7 +2,7 @@
 
 import pytest
 
-from endoexplain_core import planted_truth
+from endoexplain_core.analysis import planted_truth
 
 
 def test_training_frames_alternate_labels_and_reject_unknown_signals():

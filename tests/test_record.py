@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from endoexplain_core import artefacts, record  # noqa: E402
+from endoexplain_core import artefacts  # noqa: E402
+from endoexplain_core.pipeline import record  # noqa: E402
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run")
@@ -41,10 +42,10 @@ def fake_run(root: Path) -> tuple[Path, Path, dict]:
     stages = []
     for stage, status, files in (
             ("00_roles", "ran", ["table2_roles.csv", "table2_roles.md", "table2_roles.tex"]),
-            ("05_transfer", "skipped", ["figure5_transfer.png", "figure5_transfer.pdf",
+            ("06_transfer", "skipped", ["figure5_transfer.png", "figure5_transfer.pdf",
                                         "table_transfer.csv", "table_transfer.md",
                                         "table_transfer.tex"]),
-            ("06_figures", "ran", ["figure 1 workflow.png", "figure 1 workflow.pdf",
+            ("09_figures", "ran", ["figure 1 workflow.png", "figure 1 workflow.pdf",
                                    "table_transfer.csv"]),
             ("07_extra", "not_run", [])):
         executed = run_dir / "notebooks" / f"{stage}.ipynb"
@@ -77,8 +78,8 @@ def test_figure_index_is_complete_and_attributed(tmp_path):
     assert sorted(listed) == on_disk                     # every file listed ...
     assert all((figures_dir / name).is_file() for name in listed)   # ... and every listed exists
     by_file = dict(zip(listed, rows))
-    assert "06_figures" in by_file["table_transfer.csv"]           # the last writer wins
-    assert "05_transfer" in by_file["table_transfer.md"]
+    assert "09_figures" in by_file["table_transfer.csv"]           # the last writer wins
+    assert "06_transfer" in by_file["table_transfer.md"]
     assert "unknown stage" in by_file["stray_note.txt"]
     assert "figure (PDF)" in by_file["figure5_transfer.pdf"]
     assert "### 07_extra" in text and "| seed | 20260721 |" in text
@@ -91,7 +92,7 @@ def test_run_index_links_only_existing_files(tmp_path):
     page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
     hrefs = re.findall(r'(?:href|src)="([^"]+)"', page)
     assert hrefs and all((run_dir / unquote(h)).resolve().is_file() for h in hrefs)
-    assert "notebooks/05_transfer.html" in hrefs and "provenance.json" in hrefs
+    assert "notebooks/06_transfer.html" in hrefs and "provenance.json" in hrefs
     assert "../../figures/smoke/figure%201%20workflow.png" in hrefs
     assert "07_extra.html (not written)" in page and "status-skipped" in page
 
@@ -266,7 +267,7 @@ def test_collect_final_tables_names_missing_files(tmp_path):
 
 
 def test_figure1_workflow_shows_run_counts():
-    from endoexplain_core import workflow_figure
+    from endoexplain_core.figures import workflow_figure
 
     steps = workflow_figure.workflow_steps({"train": 70, "val": 15, "test": 15, "spatial_audit": 20},
                                            n_checkpoints=10, cohort_names=["ETIS", "PolypGen"])
@@ -279,7 +280,7 @@ def test_figure1_workflow_shows_run_counts():
 
 
 def test_figure2_panels_from_run_tables(tmp_path):
-    from endoexplain_core import calibration_figures
+    from endoexplain_core.figures import calibration_figures
 
     reliability = pd.DataFrame({"score": ["Raw"] * 3 + ["Temperature-scaled"] * 3,
                                 "bin": [0, 5, 9] * 2, "count": [4, 0, 6, 3, 2, 5],
@@ -296,6 +297,6 @@ def test_figure2_panels_from_run_tables(tmp_path):
     assert "Eigen-CAM*" in [t.get_text() for t in panel_b.get_legend().get_texts()]
     plt.close(fig)
     (tmp_path / "bad.csv").write_text("threshold,method\n0.9,gradcam\n")
-    with pytest.raises(ValueError, match=r"bad\.csv: missing columns.*04_robustness"):
+    with pytest.raises(ValueError, match=r"bad\.csv: missing columns.*05_robustness"):
         calibration_figures.read_checked_csv(tmp_path / "bad.csv",
-                                             calibration_figures.THRESHOLD_COLUMNS, "04_robustness")
+                                             calibration_figures.THRESHOLD_COLUMNS, "05_robustness")

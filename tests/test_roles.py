@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from endoexplain_core import roles
-from endoexplain_core.imageio import ImageReadError
+from endoexplain_core.data import roles
+from endoexplain_core.data.imageio import ImageReadError
 
 
 def _frame(seed: int, size: int = 32) -> np.ndarray:

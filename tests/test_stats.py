@@ -6,7 +6,7 @@ from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 import statsmodels.api as sm
 
-from endoexplain_core import stats
+from endoexplain_core.analysis import stats
 
 
 def test_bootstrap_is_deterministic_and_matches_a_loop_over_the_same_indices():

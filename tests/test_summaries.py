@@ -6,8 +6,8 @@ import pytest
 from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 
-from endoexplain_core import summaries
-from endoexplain_core.audit import CAM_METHODS, MAP_METHODS, REQUIRED_COLUMNS, validate_audit_table
+from endoexplain_core.analysis import summaries
+from endoexplain_core.analysis.audit import CAM_METHODS, MAP_METHODS, REQUIRED_COLUMNS, validate_audit_table
 
 
 def crafted_table(scores, failures, checkpoint_id="efficientnet_b0_s1", arch="efficientnet_b0",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from endoexplain_core import synthetic
-from endoexplain_core.imageio import read_mask
+from endoexplain_core.data import synthetic
+from endoexplain_core.data.imageio import read_mask
 
 TINY = dict(frame_size=48, category_counts={"cecum": 4, "bbps-2-3": 3, "dyed-lifted-polyps": 4,
                                             "dyed-resection-margins": 3},

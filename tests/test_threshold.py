@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from endoexplain_core import threshold
+from endoexplain_core.kernels import threshold
 
 
 def _priority_reference(values: list[float], count: int) -> set[int]:

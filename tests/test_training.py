@@ -13,7 +13,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from endoexplain_core import data, training
+from endoexplain_core.data import datasets
+
+from endoexplain_core.figures import training_figures
+from endoexplain_core.models import training
 
 IMAGE_SIZE = 32
 DIGEST = "ab" * 32
@@ -71,7 +74,7 @@ class PoisonedNet(TinyNet):
         return logits
 
 
-class FailingDataset(data.ManifestDataset):
+class FailingDataset(datasets.ManifestDataset):
     """Raises a decode error on its ``fail_at``-th item read (a file going bad mid-epoch)."""
 
     def __init__(self, *args, fail_at, **kwargs):
@@ -82,7 +85,7 @@ class FailingDataset(data.ManifestDataset):
     def __getitem__(self, index):
         self.reads += 1
         if self.reads == self.fail_at:
-            raise data.ImageDecodeError(f"cannot decode image {self.rows.at[index, 'path']}")
+            raise datasets.ImageDecodeError(f"cannot decode image {self.rows.at[index, 'path']}")
         return super().__getitem__(index)
 
 
@@ -92,11 +95,11 @@ def _spec(seed=1129, control=training.CONTROL_NONE, digest=DIGEST):
                                    target_layer="features.0", pretrained=False)
 
 
-def _datasets(cohort, dataset_class=data.ManifestDataset, seed=1129, **kwargs):
+def _datasets(cohort, dataset_class=datasets.ManifestDataset, seed=1129, **kwargs):
     root, manifest = cohort
-    train_set = dataset_class(data.rows_of_roles(manifest, ["train"]), root, IMAGE_SIZE,
+    train_set = dataset_class(datasets.rows_of_roles(manifest, ["train"]), root, IMAGE_SIZE,
                               augment_seed=seed, **kwargs)
-    val_set = data.ManifestDataset(data.rows_of_roles(manifest, ["val"]), root, IMAGE_SIZE)
+    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), root, IMAGE_SIZE)
     return train_set, val_set
 
 
@@ -133,7 +136,7 @@ def test_two_trainings_give_identical_checkpoints(cohort, tmp_path):
 def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_path):
     uninterrupted = _train(cohort, tmp_path / "full")
     # 24 training images, batch 8 -> 24 reads per epoch (+ drop_last nothing): fail in epoch 2.
-    with pytest.raises(data.ImageDecodeError, match="img0"):
+    with pytest.raises(datasets.ImageDecodeError, match="img0"):
         _train(cohort, tmp_path / "killed", dataset_class=FailingDataset, fail_at=24 + 10)
     state = torch.load(tmp_path / "killed" / "tinynet_s1129.resume.pt", weights_only=False)
     assert state["epoch"] == 1 and not state["finished"]
@@ -174,7 +177,7 @@ def test_checkpoint_metadata_round_trip_and_refusals(cohort, tmp_path):
     assert checkpoint["checkpoint_id"] == "tinynet_s1129"
     assert (checkpoint["arch"], checkpoint["seed"], checkpoint["control"]) == ("tinynet", 1129, "none")
     assert checkpoint["image_size"] == IMAGE_SIZE and checkpoint["target_layer"] == "features.0"
-    assert checkpoint["normalisation"] == {"mean": list(data.IMAGENET_MEAN), "std": list(data.IMAGENET_STD)}
+    assert checkpoint["normalisation"] == {"mean": list(datasets.IMAGENET_MEAN), "std": list(datasets.IMAGENET_STD)}
     assert checkpoint["manifest_digest"] == DIGEST and checkpoint["pretrained"] is False
     best = max(summary["history"], key=lambda e: e["val_auprc"])
     assert checkpoint["epoch"] == best["epoch"] and checkpoint["val_auprc"] == best["val_auprc"]
@@ -258,7 +261,7 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
     # The exported logits agree with a fresh forward pass of the loaded checkpoint.
     model, metadata = training.load_model(tmp_path / registry["path"][0], DIGEST, IMAGE_SIZE)
     assert metadata["target_layer"] == "features.8.0"
-    first_image = data.ManifestDataset(manifest.iloc[:1], root, IMAGE_SIZE)[0][0]
+    first_image = datasets.ManifestDataset(manifest.iloc[:1], root, IMAGE_SIZE)[0][0]
     with torch.no_grad():
         expected = model(first_image[None])[0].numpy()
     np.testing.assert_allclose(logits.iloc[0][["logit_neg", "logit_pos"]].to_numpy(dtype=float),
@@ -299,7 +302,7 @@ def test_training_curves_table_and_figure():
                  _summary("efficientnet_b0_shuffled_s1", "efficientnet_b0", 1, "shuffled_labels", 0.3)]
     curves = training.training_curves(summaries)
     assert len(curves) == 6 and curves["epoch"].tolist() == [1, 2, 3, 1, 2, 3]
-    fig = training.plot_training_curves(curves)
+    fig = training_figures.plot_training_curves(curves)
     loss_ax, auprc_ax = fig.axes
     assert len(loss_ax.lines) == 2 and list(auprc_ax.lines[1].get_ydata()) == [0.3] * 3
     assert "shuffled" in auprc_ax.get_legend().get_texts()[1].get_text()
@@ -307,9 +310,9 @@ def test_training_curves_table_and_figure():
 
 @pytest.mark.parametrize("arch", ["efficientnet_b0", "resnet34", "convnext_tiny"])
 def test_zero_init_head_starts_every_score_at_one_half(arch):
-    from endoexplain_core import models
+    from endoexplain_core.models import architectures
 
-    model = models.build_model(arch, num_classes=2)
+    model = architectures.build_model(arch, num_classes=2)
     head = training.zero_init_head(model)
     assert head.out_features == 2
     with torch.no_grad():

@@ -12,7 +12,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from endoexplain_core import audit, cohorts, transfer  # noqa: E402
+from endoexplain_core.analysis import transfer  # noqa: E402
+from endoexplain_core.figures import transfer_figures  # noqa: E402
+
+from endoexplain_core.analysis import audit
+
+from endoexplain_core.data import cohorts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,7 +127,7 @@ def test_breakdown_by_centre():
 
 def test_figure5_bars_and_centre_segments():
     summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, replicates=50)
-    fig = transfer.figure5_transfer(summary, score_threshold=0.90)
+    fig = transfer_figures.figure5_transfer(summary, score_threshold=0.90)
     ax = fig.axes[0]
     heights = sorted(round(p.get_height(), 6) for p in ax.patches)
     expected = summary[summary["method"].isin(audit.CAM_METHODS)]["mean_iou"]
@@ -133,7 +138,7 @@ def test_figure5_bars_and_centre_segments():
     assert centre_levels == pytest.approx(sorted(summary.drop_duplicates("dataset")["centre_baseline_iou"]))
     assert "Eigen-CAM*" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert "n = 4; 2 at ≥ 0.90" in ax.get_xticklabels()[0].get_text()
-    caption = transfer.figure5_caption(summary, score_threshold=0.90)
+    caption = transfer_figures.figure5_caption(summary, score_threshold=0.90)
     assert "ETIS-LaribPolypDB: n = 4, 2 at scaled score ≥ 0.90, CAM mean IoU 0.150–0.250" in caption
     plt.close(fig)
 

@@ -7,7 +7,7 @@ logit difference ``z = logit_pos - logit_neg`` (monotone in the softmax score, s
 
 Reproducibility: every source of randomness is derived from the checkpoint seed: model
 initialisation (torch), the per-epoch shuffling order (a torch.Generator seeded from
-``(seed, epoch)``), augmentations (``data.ManifestDataset``) and dropout / stochastic depth
+``(seed, epoch)``), augmentations (``datasets.ManifestDataset``) and dropout / stochastic depth
 (the global torch RNG, saved in the resume state). After every epoch a resume state is written;
 a killed run restarts from the last completed epoch and ends with the same weights.
 
@@ -35,7 +35,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from endoexplain_core import data, models
+from endoexplain_core.data import datasets
+
+from endoexplain_core.models import architectures
 
 CHECKPOINT_FORMAT = 1
 CONTROL_NONE = "none"
@@ -241,7 +243,7 @@ def load_model(path: str | Path, expected_manifest_digest: str, expected_image_s
                device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
     """Checked checkpoint -> (model in eval mode on ``device``, metadata)."""
     checkpoint = load_checkpoint(path, expected_manifest_digest, expected_image_size)
-    model = models.build_model(checkpoint["arch"], num_classes=2)
+    model = architectures.build_model(checkpoint["arch"], num_classes=2)
     model.load_state_dict(checkpoint["state_dict"])
     metadata = {key: value for key, value in checkpoint.items() if key != "state_dict"}
     return model.to(device).eval(), metadata
@@ -261,7 +263,7 @@ def cosine_with_warmup(warmup_steps: int, total_steps: int):
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, dataset: data.ManifestDataset, batch_size: int,
+def predict_logits(model: nn.Module, dataset: datasets.ManifestDataset, batch_size: int,
                    device: torch.device) -> np.ndarray:
     """float32 (n, 2) logits [negative, positive] of every item, in dataset order."""
     model.eval()
@@ -289,7 +291,7 @@ def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, s
 def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progress: dict,
                        state_dict: dict) -> dict:
     return {"format": CHECKPOINT_FORMAT, "checkpoint_id": spec.checkpoint_id, **asdict(spec),
-            "normalisation": data.NORMALISATION, "epoch": progress["best_epoch"],
+            "normalisation": datasets.NORMALISATION, "epoch": progress["best_epoch"],
             "val_auprc": progress["best_auprc"], "settings": asdict(settings),
             "state_dict": {k: v.detach().cpu().clone() for k, v in state_dict.items()}}
 
@@ -319,8 +321,8 @@ def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optim
     return losses
 
 
-def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: data.ManifestDataset,
-                     val_set: data.ManifestDataset, settings: TrainingSettings,
+def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets.ManifestDataset,
+                     val_set: datasets.ManifestDataset, settings: TrainingSettings,
                      checkpoint_dir: str | Path, device: str | torch.device = "cpu",
                      show_progress: bool = True) -> dict[str, Any]:
     """Train (or resume, or skip if finished) one checkpoint; return its summary.
@@ -417,12 +419,12 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
     """Which local ImageNet weights to start ``arch`` from (None = from scratch).
 
     ``imagenet_weights``: ``"none"`` (always from scratch), ``"auto"`` (the torchvision cache,
-    via ``models.find_local_imagenet_weights``), or a mapping arch -> file path.
+    via ``architectures.find_local_imagenet_weights``), or a mapping arch -> file path.
     """
     if imagenet_weights == "none":
         return None
     if imagenet_weights == "auto":
-        return models.find_local_imagenet_weights(arch)
+        return architectures.find_local_imagenet_weights(arch)
     if isinstance(imagenet_weights, dict):
         if arch not in imagenet_weights:
             return None
@@ -435,10 +437,10 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
 
 def check_architectures(architectures: list[str]) -> None:
     """Refuse a profile asking for an architecture the core cannot build."""
-    unknown = [arch for arch in architectures if arch not in models.ARCHITECTURES]
+    unknown = [arch for arch in architectures if arch not in architectures.ARCHITECTURES]
     if unknown:
         raise ValueError(f"the profile asks for unknown architectures {unknown}; "
-                         f"known: {list(models.ARCHITECTURES)}")
+                         f"known: {list(architectures.ARCHITECTURES)}")
 
 
 def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
@@ -458,9 +460,9 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
                 for arch in [*architectures, PRIMARY_ARCH]}
     device = resolve_device(device)
     checkpoint_dir = Path(run_dir) / "checkpoints"
-    cache = data.ImageCache()
-    train_rows = data.rows_of_roles(manifest, ["train"])
-    val_set = data.ManifestDataset(data.rows_of_roles(manifest, ["val"]), data_root, image_size,
+    cache = datasets.ImageCache()
+    train_rows = datasets.rows_of_roles(manifest, ["train"])
+    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), data_root, image_size,
                                    cache=cache)
     runs = [(arch, seed, CONTROL_NONE) for arch in architectures for seed in training_seeds]
     if control_seed is not None:
@@ -470,15 +472,15 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
         targets = train_rows["target"].to_numpy()
         if control == CONTROL_SHUFFLED:
             targets = shuffled_targets(targets, seed)
-        train_set = data.ManifestDataset(train_rows, data_root, image_size, targets=targets,
+        train_set = datasets.ManifestDataset(train_rows, data_root, image_size, targets=targets,
                                          augment_seed=seed, cache=cache)
         weights_path = imagenet_weights_path(arch, imagenet_weights)
         seed_everything(seed)
-        model = models.build_model(arch, num_classes=2, weights_path=weights_path)
+        model = architectures.build_model(arch, num_classes=2, weights_path=weights_path)
         zero_init_head(model)
         spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
                               manifest_digest=manifest_digest,
-                              target_layer=models.TARGET_LAYERS[arch],
+                              target_layer=architectures.TARGET_LAYERS[arch],
                               pretrained=weights_path is not None)
         summaries.append(train_checkpoint(model, spec, train_set, val_set,
                                           settings[arch],
@@ -565,7 +567,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
     """
     run_dir = Path(run_dir)
     device = resolve_device(device)
-    dataset = data.ManifestDataset(manifest, data_root, image_size, cache=data.ImageCache())
+    dataset = datasets.ManifestDataset(manifest, data_root, image_size, cache=datasets.ImageCache())
     frames = []
     for entry in tqdm(registry.itertuples(index=False), total=len(registry), desc="logits",
                       disable=not show_progress):
@@ -615,36 +617,3 @@ def training_table(summaries: list[dict[str, Any]], primary_id: str,
                           "epochs_run": s["epochs_run"], "val_auprc": s["val_auprc"],
                           "primary": s["checkpoint_id"] == primary_id} for s in summaries])
     return rows.merge(test_results, on="checkpoint_id", how="left")
-
-
-def plot_training_curves(curves: pd.DataFrame):
-    """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
-
-    Colour = architecture, line style = seed; the shuffled-label control is drawn in black.
-    Returns the Matplotlib figure.
-    """
-    import matplotlib.pyplot as plt
-
-    from endoexplain_core import style
-
-    colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
-    dashes = ["-", "--", ":"]
-    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 2.8))
-    seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
-    for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
-        control = run["control"].iloc[0] != CONTROL_NONE
-        arch, seed = run["arch"].iloc[0], run["seed"].iloc[0]
-        label = (f"{style.ARCH_LABELS.get(arch, arch)} shuffled labels" if control
-                 else f"{style.ARCH_LABELS.get(arch, arch)} s{seed}")
-        line = {"color": "black" if control else colours.get(arch, "grey"),
-                "linestyle": "-." if control else dashes[seeds.index(seed) % len(dashes)],
-                "marker": "o", "markersize": 2.5, "linewidth": 1.0, "label": label}
-        loss_ax.plot(run["epoch"], run["train_loss"], **line)
-        auprc_ax.plot(run["epoch"], run["val_auprc"], **line)
-    loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
-    auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.02))
-    for ax in (loss_ax, auprc_ax):
-        ax.set_xticks(sorted(curves["epoch"].unique()))
-    auprc_ax.legend(frameon=False, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    return fig

@@ -8,7 +8,7 @@ first stage) the input data -- equals the one stamped by its last successful run
 notebook stops the run naming the notebook and the failing cell; the partial notebook is kept.
 Every run ends with ``provenance.json``, the figure index and ``index.html``.
 
-Usage: ``python -m endoexplain_core.pipeline --profile smoke [--data-root DIR] [--force]
+Usage: ``python -m endoexplain_core.pipeline.orchestrator --profile smoke [--data-root DIR] [--force]
 [--only 00_roles 01_training] [--adopt-manifest] [--output-root DIR]``.
 """
 
@@ -326,8 +326,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
 
 
 def _write_record(paths: RunPaths, provenance: dict[str, Any]) -> None:
-    """Figure index and ``index.html`` (see ``endoexplain_core.record``)."""
-    from endoexplain_core import record
+    """Figure index and ``index.html`` (see ``endoexplain_core.pipeline.record``)."""
+    from endoexplain_core.pipeline import record
 
     record.write_figure_index(paths.figures_dir, provenance["stages"])
     record.write_run_index(paths.run_dir, paths.figures_dir, provenance)

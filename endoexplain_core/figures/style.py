@@ -8,29 +8,11 @@ from __future__ import annotations
 
 import matplotlib
 
-CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
-BASELINES = ("random", "centre")
-
-METHOD_LABELS = {
-    "gradcam": "Grad-CAM",
-    "gradcampp": "Grad-CAM++",
-    "xgradcam": "XGrad-CAM",
-    "hirescam": "HiResCAM",
-    "eigencam": "Eigen-CAM*",
-    "random": "Random heatmap",
-    "centre": "Centre baseline",
-    "random_deletion": "Random deletion",
-}
-
-METHOD_COLOURS = {
-    "gradcam": "#1b9e77",
-    "gradcampp": "#d95f02",
-    "xgradcam": "#7570b3",
-    "hirescam": "#e7298a",
-    "eigencam": "#666666",
-    "random": "#a6761d",
-    "centre": "#e6ab02",
-}
+# Method names, labels and colours live in the registry (endoexplain_core.methods).
+from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
+    BASELINE_METHODS as BASELINES, CAM_METHODS, EIGEN_FOOTNOTE, METHOD_COLOURS, METHOD_LABELS,
+    method_label,
+)
 
 ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
                "convnext_tiny": "ConvNeXt-Tiny"}
@@ -38,12 +20,6 @@ ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
 HEATMAP_CMAP = "inferno"
 CONTOUR_COLOUR = "cyan"
 PEAK_COLOUR = "white"
-EIGEN_FOOTNOTE = "* Eigen-CAM is class-agnostic (no target class)."
-
-
-def method_label(method: str) -> str:
-    """Display name of a map method; Eigen-CAM carries its class-agnostic asterisk."""
-    return METHOD_LABELS.get(method, method)
 
 
 def apply() -> None:

@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from endoexplain_core import cams, metrics, threshold
-from endoexplain_core.audit import CAM_METHODS, prepare_case
-from endoexplain_core.data import IMAGENET_MEAN, IMAGENET_STD
-from endoexplain_core.style import (ARCH_LABELS, CONTOUR_COLOUR, EIGEN_FOOTNOTE, HEATMAP_CMAP,
+from endoexplain_core.kernels import cams, metrics, threshold
+from endoexplain_core.analysis.audit import CAM_METHODS, prepare_case
+from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
+from endoexplain_core.figures.style import (ARCH_LABELS, CONTOUR_COLOUR, EIGEN_FOOTNOTE, HEATMAP_CMAP,
                                     METHOD_COLOURS, PEAK_COLOUR, method_label)
 
 IOU_TOLERANCE = 0.002

@@ -21,7 +21,7 @@ import pandas as pd
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
-from endoexplain_core.training import write_csv_atomic, write_parquet_atomic
+from endoexplain_core.models.training import write_csv_atomic, write_parquet_atomic
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 SCORE_KINDS = {"raw": "Raw", "scaled": "Temperature-scaled"}
@@ -230,31 +230,3 @@ def write_outputs(run_dir: str | Path, temperatures: pd.DataFrame, scores: pd.Da
     return [write_csv_atomic(temperatures, folder / "temperatures.csv"),
             write_parquet_atomic(scores, folder / "scores.parquet"),
             write_csv_atomic(reliability_test, folder / "reliability_test.csv")]
-
-
-def plot_reliability_with_counts(reliability: pd.DataFrame):
-    """Figure: (A) reliability raw vs temperature-scaled, (B) images per score bin.
-
-    ``reliability`` is ``reliability_raw_vs_scaled`` output. Panel A is drawn by
-    ``calibration_figures.draw_reliability`` (the same drawing as Figure 2A).
-    """
-    import matplotlib.pyplot as plt
-
-    from endoexplain_core.calibration_figures import SCORE_COLOURS, draw_reliability
-
-    fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.2),
-                                             gridspec_kw={"width_ratios": [1, 1.1]})
-    draw_reliability(curve_ax, reliability)
-    curve_ax.set_title("A  Reliability", loc="left")
-    width = 0.045
-    for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
-        part = reliability[reliability["score"] == kind]
-        centres = (part["lower"] + part["upper"]) / 2 + offset
-        count_ax.bar(centres, part["count"], width=width, color=SCORE_COLOURS[kind],
-                     label=f"{kind} score")
-    count_ax.set_yscale("symlog", linthresh=1)
-    count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
-    count_ax.set_title("B  Bin counts", loc="left")
-    count_ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig

@@ -16,11 +16,10 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from endoexplain_core import stats
-from endoexplain_core.audit import CAM_METHODS, MAP_METHODS
-from endoexplain_core.style import method_label
+from endoexplain_core.analysis import stats
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
+from endoexplain_core.methods import method_label
 
-RANDOM_DELETION = "random_deletion"
 TABLE4_ROWS = CAM_METHODS + ("random", RANDOM_DELETION, "centre")
 SCORE_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)
 OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",

@@ -4,7 +4,7 @@ failure (peak outside the lesion) vs the score threshold, with eligible counts.
 Inputs are the run artefacts: ``<run_dir>/calibration/reliability_test.csv`` (02_calibration:
 checkpoint_id, split, score = "Raw" | "Temperature-scaled", bin, lower, upper, count,
 mean_score, observed_frequency) and ``<run_dir>/robustness/threshold_sensitivity.csv``
-(04_robustness: threshold, method, n_eligible, failure_rate, ci_low, ci_high).
+(05_robustness: threshold, method, n_eligible, failure_rate, ci_low, ci_high).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from endoexplain_core import style
+from endoexplain_core.figures import style
 
 RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
 THRESHOLD_COLUMNS = ("threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
@@ -103,3 +103,27 @@ def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str
             f"(n = {n_test} images, 10 equal-width bins; numbers are bin counts). B: share of "
             f"high-score masked images whose CAM peak lies outside the lesion, with 95% "
             f"bootstrap CIs; eligible images: {eligible}.")
+
+
+def plot_reliability_with_counts(reliability: pd.DataFrame):
+    """Figure: (A) reliability raw vs temperature-scaled, (B) images per score bin.
+
+    ``reliability`` is ``reliability_raw_vs_scaled`` output. Panel A is drawn by
+    ``draw_reliability`` (the same drawing as Figure 2A).
+    """
+    fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.2),
+                                             gridspec_kw={"width_ratios": [1, 1.1]})
+    draw_reliability(curve_ax, reliability)
+    curve_ax.set_title("A  Reliability", loc="left")
+    width = 0.045
+    for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
+        part = reliability[reliability["score"] == kind]
+        centres = (part["lower"] + part["upper"]) / 2 + offset
+        count_ax.bar(centres, part["count"], width=width, color=SCORE_COLOURS[kind],
+                     label=f"{kind} score")
+    count_ax.set_yscale("symlog", linthresh=1)
+    count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
+    count_ax.set_title("B  Bin counts", loc="left")
+    count_ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig

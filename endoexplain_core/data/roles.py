@@ -30,7 +30,7 @@ from PIL import Image, UnidentifiedImageError
 from tqdm.auto import tqdm
 
 from endoexplain_core.config import resolve_data_root
-from endoexplain_core.imageio import ImageReadError
+from endoexplain_core.data.imageio import ImageReadError
 
 AHASH_SIZE = 16
 ROLES = ("train", "val", "test", "spatial_audit")

@@ -1,9 +1,9 @@
 """The audit record of a run: the figure index (``figures/<profile>/README.md``),
-``runs/<profile>/index.html``, and the paper's final tables in one format (notebook 06).
+``runs/<profile>/index.html``, and the paper's final tables in one format (notebook 09).
 
 Both are written by the orchestrator at the end of ``run_all.sh`` from the provenance record's
-``stages`` list, whose entries look like ``{"stage": "05_transfer", "notebook":
-"notebooks/05_transfer.ipynb", "status": "ran" | "skipped" | "failed" | "not_run", "seconds":
+``stages`` list, whose entries look like ``{"stage": "06_transfer", "notebook":
+"notebooks/06_transfer.ipynb", "status": "ran" | "skipped" | "failed" | "not_run", "seconds":
 float, "parameters": {...}, "executed_notebook": "<abs .ipynb>", "html": "<abs .html>",
 "figure_files": ["figure5_transfer.png", ...]}``. Nothing here knows the stage names, so
 notebooks added after 06 are picked up unchanged.
@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from endoexplain_core import style
+from endoexplain_core.figures import style
 
 INDEX_NAME = "README.md"
 UNKNOWN_STAGE = "unknown stage"
@@ -74,7 +74,7 @@ def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Pa
     figures_dir = Path(figures_dir)
     attribution = attribute_files(figures_dir, stage_records)
     lines = [f"# Figures and tables: profile `{figures_dir.name}`", "",
-             "Generated at the end of `run_all.sh` by `endoexplain_core.record`; do not edit. "
+             "Generated at the end of `run_all.sh` by `endoexplain_core.pipeline.record`; do not edit. "
              "Each file is listed with the notebook that wrote it; that notebook's parameters "
              "are listed below the table.", "",
              "| file | kind | produced by |", "|---|---|---|"]
@@ -217,9 +217,9 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
 
 # The paper's tables: the name each earlier notebook saves under ``figures_dir`` -> that notebook.
 FINAL_TABLES = {"table2_roles": "00_roles", "table3_calibration": "02_calibration",
-                "table4_spatial_audit": "03_spatial_audit",
-                "table5_adjusted_model": "04_robustness",
-                "table_source_category": "02_calibration", "table_transfer": "05_transfer"}
+                "table4_spatial_audit": "04_spatial_audit",
+                "table5_adjusted_model": "05_robustness",
+                "table_source_category": "02_calibration", "table_transfer": "06_transfer"}
 FINAL_PREFIX = "final_"
 CI_SUFFIXES = ("_ci_low", "_ci_high")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from endoexplain_core.threshold import tie_diagnostics, top_fraction_mask
+from endoexplain_core.kernels.threshold import tie_diagnostics, top_fraction_mask
 
 IOU_FAILURE_LEVEL = 0.10  # "IoU < 0.10": the top area barely touches the lesion
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import pandas as pd
 
-from endoexplain_core.imageio import check_mask_size, read_mask
-from endoexplain_core.roles import hash_files, sha256_file
+from endoexplain_core.data.imageio import check_mask_size, read_mask
+from endoexplain_core.data.roles import hash_files, sha256_file
 
 HYPERKVASIR_FOLDER = "hyper-kvasir"
 LOWER_GI = "lower-gi-tract"

@@ -33,14 +33,13 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
-from endoexplain_core import baselines, cams, deletion, metrics, models, threshold, training
-from endoexplain_core.data import load_manifest, resize_rgb, to_normalised_tensor
-from endoexplain_core.imageio import read_image_and_mask
-from endoexplain_core.training import resolve_device  # one device rule for every stage
+from endoexplain_core.kernels import baselines, cams, deletion, metrics, threshold
+from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
+from endoexplain_core.models import architectures, training
+from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
+from endoexplain_core.data.imageio import read_image_and_mask
+from endoexplain_core.models.training import resolve_device  # one device rule for every stage
 
-CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
-BASELINE_METHODS = ("random", "centre")
-MAP_METHODS = CAM_METHODS + BASELINE_METHODS
 TARGET = "polyp_family positive logit"
 CALIBRATION_STATUS = "scaled"
 CENTRE_SIGMA_FRACTION = 0.25
@@ -223,7 +222,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     ``target_layer`` (layer name) and ``control``. ``temperature``: the checkpoint's fitted T
     (> 0; None is an error). ``cases``: iterable of (sample_id, uint8 (H, W, 3) RGB, bool
     (H, W) mask), consumed once, batch by batch. ``target_layer``: optional (name, module)
-    override of ``models.resolve_target_layer``. ``total``: number of cases, for the bar.
+    override of ``architectures.resolve_target_layer``. ``total``: number of cases, for the bar.
 
     Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
     the two paths and the wall time in seconds.
@@ -239,7 +238,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
     if target_layer is None:
-        target_layer = models.resolve_target_layer(model, metadata["arch"],
+        target_layer = architectures.resolve_target_layer(model, metadata["arch"],
                                                    metadata.get("target_layer"))
     layer_name, layer_module = target_layer
     constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,

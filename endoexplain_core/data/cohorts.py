@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from endoexplain_core import imageio, roles
+from endoexplain_core.data import imageio, roles
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 EMPTY_MASK = "mask has no positive pixel (excluded from localisation)"

@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
-from endoexplain_core import roles
-from endoexplain_core.imageio import read_rgb
+from endoexplain_core.data import roles
+from endoexplain_core.data.imageio import read_rgb
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CAM_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam")
-GRADIENT_METHODS = ("gradcam", "gradcampp", "xgradcam", "hirescam")
+from endoexplain_core.methods import CAM_METHODS, GRADIENT_METHODS
 
 _GRADCAMPP_EPS = 1e-6  # pytorch-grad-cam GradCAMPlusPlus
 _XGRADCAM_EPS = 1e-7  # pytorch-grad-cam XGradCAM

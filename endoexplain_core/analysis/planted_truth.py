@@ -24,8 +24,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from endoexplain_core import audit, synthetic
-from endoexplain_core.data import to_normalised_tensor
+from endoexplain_core.analysis import audit
+
+from endoexplain_core.data import synthetic
+from endoexplain_core.data.datasets import to_normalised_tensor
 
 SIGNALS = ("dye", "lesion")
 TARGET_LAYER = "features.4"

@@ -43,7 +43,7 @@ import imagehash
 import numpy as np
 from PIL import Image, ImageDraw
 
-from endoexplain_core.imageio import read_mask, read_rgb
+from endoexplain_core.data.imageio import read_mask, read_rgb
 
 GENERATOR_VERSION = 1
 MARKER_FILE = "synthetic_cohort.json"

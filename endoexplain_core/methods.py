@@ -1,0 +1,58 @@
+"""The method registry: every CAM method and baseline map the audit knows, in one table.
+
+Nothing else in the package defines method names, labels or colours; modules import the
+tuples below. ``MAP_METHODS`` order is the row order of every case table and summary.
+
+Columns of ``REGISTRY``:
+  label           display name (Eigen-CAM carries the class-agnostic asterisk)
+  colour          one colour per method, shared by every figure
+  kind            "cam" (computed from the model) or "baseline" (model-free reference map)
+  gradient_based  needs the gradient of the target logit at the target layer
+  class_agnostic  ignores the target class (Eigen-CAM)
+
+Which methods coincide by construction at a given layer depends on the architecture; that
+rule is ``models.architectures.identical_methods``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MapMethod:
+    name: str
+    label: str
+    colour: str
+    kind: str
+    gradient_based: bool
+    class_agnostic: bool
+
+
+REGISTRY: tuple[MapMethod, ...] = (
+    MapMethod("gradcam", "Grad-CAM", "#1b9e77", "cam", True, False),
+    MapMethod("gradcampp", "Grad-CAM++", "#d95f02", "cam", True, False),
+    MapMethod("xgradcam", "XGrad-CAM", "#7570b3", "cam", True, False),
+    MapMethod("hirescam", "HiResCAM", "#e7298a", "cam", True, False),
+    MapMethod("eigencam", "Eigen-CAM*", "#666666", "cam", False, True),
+    MapMethod("random", "Random heatmap", "#a6761d", "baseline", False, True),
+    MapMethod("centre", "Centre baseline", "#e6ab02", "baseline", False, True),
+)
+BY_NAME = {method.name: method for method in REGISTRY}
+
+# The paper's five CAM methods (Table 4 rows, in this order).
+CAM_METHODS = tuple(m.name for m in REGISTRY if m.kind == "cam")
+GRADIENT_METHODS = tuple(m.name for m in REGISTRY if m.gradient_based)
+BASELINE_METHODS = tuple(m.name for m in REGISTRY if m.kind == "baseline")
+MAP_METHODS = CAM_METHODS + BASELINE_METHODS
+# The random-deletion control is a Table 4 row but not a map.
+RANDOM_DELETION = "random_deletion"
+
+METHOD_LABELS = {m.name: m.label for m in REGISTRY} | {RANDOM_DELETION: "Random deletion"}
+METHOD_COLOURS = {m.name: m.colour for m in REGISTRY}
+EIGEN_FOOTNOTE = "* Eigen-CAM is class-agnostic (no target class)."
+
+
+def method_label(method: str) -> str:
+    """Display name of a map method; Eigen-CAM carries its class-agnostic asterisk."""
+    return METHOD_LABELS.get(method, method)
