@@ -1,0 +1,362 @@
+"""Threshold-free and chance-normalised localisation scores, batched over images.
+
+Conventions, shared by every function:
+  maps    float (B, H, W), non-negative (CAMs are in [0, 1]); no NaN.
+  masks   bool (B, H, W) (or 0/1), True = lesion M; every mask must be non-empty.
+  fov     bool (B, H, W), True = the frame's visible area B (``field_of_view``); the lesion is
+          always taken inside it (M := M & B), and a map only counts inside it (S := map * B).
+  images  float (B, 3, H, W) or (B, H, W) in any per-channel affine scaling (raw [0, 1] or
+          ImageNet-normalised): the rules below use each image's own intensity range, and the
+          grey level is the channel mean.
+Results are tensors on the inputs' device; distances and radii are in pixels of the maps.
+
+What each score means:
+  * ``iou_curve`` / ``auc_iou``: IoU of the binarised map ``map >= t`` against the lesion at
+    each threshold t, and its trapezoid integral over the 19 thresholds 0.05, 0.10, ..., 0.95.
+    The integral is raw (not divided by the 0.9 width), so a binary map equal to the mask
+    scores 0.9, the maximum.
+  * ``energy_lift_bits``: how many times more saliency per pixel the lesion gets than the rest
+    of the field of view, in bits (log2), after mixing a share ``alpha`` of a uniform map in:
+    E_in = sum_M S / sum_B S, pi = |M| / |B|, E' = (E_in + alpha pi) / (1 + alpha),
+    lambda_E = log2((E' / |M|) / ((1 - E') / |B \\ M|)). A uniform map scores 0 at any lesion
+    size; a map with all its saliency outside the lesion sits at the floor
+    log2(alpha (1 - pi) / (1 + alpha - alpha pi)), about log2(alpha / (1 + alpha)) = -6.66
+    bits for alpha = 0.01 and small lesions; a map equal to the mask reaches the geometry's
+    ceiling log2(1 + 1 / (alpha pi)). A map with no saliency inside B counts as uniform (0
+    bits; ``saliency_free`` flags it). A lesion covering all of B leaves no background and
+    scores NaN.
+  * ``pointing_hits``: the peak of the (lightly Gaussian-smoothed) map inside B hits when it
+    falls in the tolerance zone D_r (``tolerance_zone``); a peak at a uniformly drawn pixel of
+    B hits with probability pi_PG = |D_r| / |B|, the chance level returned beside the hits.
+  * ``dog_conspicuity``: a classifier-free map, max(0, I * g_small - I * g_large), of spots
+    that stand out from their surroundings.
+  * ``soft_iou`` / ``c_score``: agreement between two maps, sum min / sum max, and its
+    confidence-weighted mean over all pairs of a set of maps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import ndimage
+
+from endoexplain_core.kernels.cams import minmax_per_map
+from endoexplain_core.kernels.metrics import _as_masks, _check_maps
+from endoexplain_core.kernels.threshold import top_fraction_mask
+
+# 0.05, 0.10, ..., 0.95: the threshold grid of the area under the IoU curve.
+DEFAULT_IOU_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+FOV_RELATIVE_THRESHOLD = 0.02  # a pixel is "lit" above 2% of its image's intensity range
+ENERGY_LIFT_ALPHA = 0.01       # share of a uniform map mixed in before the log ratio
+TOP_K_FRACTIONS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # 5%, 10%, ..., 50%
+
+
+def _check_fov(fov: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if not isinstance(fov, torch.Tensor) or fov.shape != like.shape:
+        shape = tuple(fov.shape) if isinstance(fov, torch.Tensor) else type(fov).__name__
+        raise ValueError(f"fov must be a bool tensor of shape {tuple(like.shape)}; got {shape}")
+    fov = fov != 0 if fov.dtype != torch.bool else fov
+    empty = (~fov.flatten(1).any(dim=1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"field of view is empty at batch indices {empty}")
+    return fov
+
+
+def _grey(images: torch.Tensor) -> torch.Tensor:
+    """float32 (B, H, W) grey level: the channel mean of (B, C, H, W), or (B, H, W) as is."""
+    if not isinstance(images, torch.Tensor) or images.dim() not in (3, 4) or not images.is_floating_point():
+        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a float tensor (B, C, H, W) or (B, H, W); got {shape}")
+    return (images.mean(dim=1) if images.dim() == 4 else images).float()
+
+
+# --- threshold-free IoU ---------------------------------------------------------------------------
+
+def iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds=DEFAULT_IOU_THRESHOLDS) -> torch.Tensor:
+    """float32 (B, T): IoU of ``maps >= t`` with the lesion, for each threshold t (ascending or
+    not; columns follow ``thresholds``). An all-zero map keeps no pixel at t > 0 (IoU 0)."""
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    levels = torch.as_tensor(tuple(thresholds), dtype=maps.dtype, device=maps.device)
+    if levels.dim() != 1 or levels.numel() == 0:
+        raise ValueError(f"thresholds must be a non-empty 1-D sequence; got {thresholds!r}")
+    mask_area = masks.sum(dim=(1, 2)).float()
+    columns = []
+    for level in levels:  # T passes over (B, H, W): no (B, T, H, W) tensor is ever built
+        keep = maps >= level
+        intersection = (keep & masks).sum(dim=(1, 2)).float()
+        union = keep.sum(dim=(1, 2)).float() + mask_area - intersection
+        columns.append(intersection / union)
+    return torch.stack(columns, dim=1)
+
+
+def auc_iou(maps: torch.Tensor, masks: torch.Tensor, thresholds=None) -> torch.Tensor:
+    """float32 (B,): trapezoid integral of ``iou_curve`` over ``thresholds`` (default: the 19
+    thresholds 0.05..0.95). Raw integral, not divided by the threshold span: its maximum is
+    the span (0.9 by default), reached by a binary map equal to the mask."""
+    thresholds = DEFAULT_IOU_THRESHOLDS if thresholds is None else tuple(thresholds)
+    if len(thresholds) < 2 or any(b <= a for a, b in zip(thresholds, thresholds[1:])):
+        raise ValueError(f"auc_iou needs at least two increasing thresholds; got {thresholds}")
+    curve = iou_curve(maps, masks, thresholds)
+    levels = torch.as_tensor(thresholds, dtype=curve.dtype, device=curve.device)
+    return torch.trapezoid(curve, levels, dim=1)
+
+
+# --- field of view and tolerance zone -------------------------------------------------------------
+
+def field_of_view(images: torch.Tensor, masks: torch.Tensor | None = None,
+                  relative_threshold: float = FOV_RELATIVE_THRESHOLD) -> torch.Tensor:
+    """bool (B, H, W): the visible area B of each endoscopy frame.
+
+    Rule: a pixel is lit when its grey level (channel mean) exceeds the image's minimum by more
+    than ``relative_threshold`` of the image's range (max - min). The lit pixels' holes are
+    filled (a dark lumen or specular-free shadow inside the disc stays in view: only darkness
+    connected to the frame border is outside), and the largest 8-connected region is kept
+    (drops burnt-in text and overlays on the black border). ``masks``, when given, are joined
+    in, so the lesion always lies inside B. A frame with no range (all one value) is all in
+    view. The threshold runs on the images' device; the connectivity steps run on the CPU
+    (SciPy), one frame at a time, and the result is returned on the images' device.
+    """
+    if not 0 <= relative_threshold < 1:
+        raise ValueError(f"relative_threshold must be in [0, 1); got {relative_threshold}")
+    grey = _grey(images)
+    low = grey.amin(dim=(1, 2), keepdim=True)
+    span = grey.amax(dim=(1, 2), keepdim=True) - low
+    lit = (grey - low > relative_threshold * span) | (span <= 0)
+    eight_connected = np.ones((3, 3), dtype=bool)
+    frames = []
+    for frame in lit.cpu().numpy():
+        filled = ndimage.binary_fill_holes(frame)
+        labels, count = ndimage.label(filled, structure=eight_connected)
+        if count > 1:
+            sizes = np.bincount(labels.ravel())
+            sizes[0] = 0
+            filled = labels == int(sizes.argmax())
+        frames.append(filled)
+    fov = torch.from_numpy(np.stack(frames)).to(grey.device)
+    if masks is not None:
+        masks = _as_masks(masks)
+        if masks.shape != fov.shape:
+            raise ValueError(f"masks {tuple(masks.shape)} and images {tuple(fov.shape)} differ in size")
+        fov = fov | masks
+    return fov
+
+
+def _disc_kernel(radius_px: float, device) -> torch.Tensor:
+    """float32 (1, 1, 2R+1, 2R+1): 1 where dy^2 + dx^2 <= radius^2 (Euclidean disc)."""
+    reach = int(math.floor(radius_px))
+    offsets = torch.arange(-reach, reach + 1, dtype=torch.float32, device=device)
+    disc = (offsets[:, None] ** 2 + offsets[None, :] ** 2) <= radius_px ** 2
+    return disc.float()[None, None]
+
+
+def tolerance_zone(masks: torch.Tensor, fov: torch.Tensor, radius_px: float) -> torch.Tensor:
+    """bool (B, H, W): D_r, the lesion dilated by a Euclidean disc of ``radius_px`` pixels
+    (pixel centres at distance <= r from a lesion pixel centre), kept inside the field of
+    view. ``radius_px = 0`` gives D_0 = the lesion inside B. Runs on the masks' device."""
+    masks = _as_masks(masks)
+    fov = _check_fov(fov, masks)
+    if radius_px < 0 or not math.isfinite(radius_px):
+        raise ValueError(f"radius_px must be a finite number >= 0; got {radius_px}")
+    lesion = masks & fov
+    if radius_px < 1:
+        return lesion
+    kernel = _disc_kernel(radius_px, masks.device)
+    reach = kernel.shape[-1] // 2
+    dilated = F.conv2d(lesion.float()[:, None], kernel, padding=reach)[:, 0] > 0.5
+    return dilated & fov
+
+
+# --- chance-normalised scores ---------------------------------------------------------------------
+
+def saliency_free(maps: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
+    """bool (B,): the map has no positive value inside the field of view (scored as uniform)."""
+    _check_maps(maps)
+    fov = _check_fov(fov, maps)
+    return ~((maps.clamp(min=0) * fov) > 0).flatten(1).any(dim=1)
+
+
+def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
+                     alpha: float = ENERGY_LIFT_ALPHA) -> torch.Tensor:
+    """float32 (B,): energy lift lambda_E in bits (module docstring), computed in float64.
+
+    S = max(map, 0) inside B; M = mask inside B. Maps with no saliency inside B score 0 bits
+    (uniform; see ``saliency_free``); a lesion covering all of B scores NaN (no background).
+    """
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    fov = _check_fov(fov, masks)
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0 (it keeps lambda_E finite); got {alpha}")
+    lesion = masks & fov
+    saliency = maps.double().clamp(min=0) * fov
+    total = saliency.sum(dim=(1, 2))
+    lesion_area = lesion.sum(dim=(1, 2)).double()
+    fov_area = fov.sum(dim=(1, 2)).double()
+    background_area = fov_area - lesion_area
+    if (lesion_area == 0).any():
+        raise ValueError("masks have no pixel inside the field of view at batch indices "
+                         f"{(lesion_area == 0).nonzero().flatten().tolist()}")
+    pi = lesion_area / fov_area
+    share = (saliency * lesion).sum(dim=(1, 2)) / torch.where(total > 0, total, torch.ones_like(total))
+    share = torch.where(total > 0, share, pi)  # no saliency in B: a uniform map's share
+    mixed = (share + alpha * pi) / (1 + alpha)
+    lift = torch.log2((mixed / lesion_area) / ((1 - mixed) / background_area))
+    lift = torch.where(total > 0, lift, torch.zeros_like(lift))
+    return torch.where(background_area > 0, lift, torch.full_like(lift, float("nan"))).float()
+
+
+def gaussian_smooth(maps: torch.Tensor, sigma_px: float) -> torch.Tensor:
+    """float32 (B, H, W): separable Gaussian blur, kernel radius ceil(3 sigma), edges
+    replicated. ``sigma_px = 0`` returns the maps unchanged (as float32)."""
+    if sigma_px < 0 or not math.isfinite(sigma_px):
+        raise ValueError(f"sigma_px must be a finite number >= 0; got {sigma_px}")
+    maps = maps.float()
+    if sigma_px == 0:
+        return maps
+    reach = max(1, int(math.ceil(3 * sigma_px)))
+    offsets = torch.arange(-reach, reach + 1, dtype=torch.float32, device=maps.device)
+    weights = torch.exp(-offsets ** 2 / (2 * sigma_px ** 2))
+    weights = weights / weights.sum()
+    planes = maps[:, None]
+    planes = F.conv2d(F.pad(planes, (reach, reach, 0, 0), mode="replicate"), weights.view(1, 1, 1, -1))
+    planes = F.conv2d(F.pad(planes, (0, 0, reach, reach), mode="replicate"), weights.view(1, 1, -1, 1))
+    return planes[:, 0]
+
+
+def pointing_hits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor, *,
+                  radius_px: float, smooth_sigma_px: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hits bool (B,), chance float32 (B,)): the pointing game against its chance level.
+
+    The map is smoothed (``gaussian_smooth`` with ``smooth_sigma_px``; 0 = none), restricted to
+    B, and its first row-major maximum inside B is the peak. A hit is a peak inside
+    ``tolerance_zone(masks, fov, radius_px)``; chance = |D_r| / |B|, the hit rate of a peak
+    drawn uniformly in B. A map constant inside B has an arbitrary peak (the first pixel of B);
+    ``saliency_free`` and the audit's constant-map flag identify those.
+    """
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    fov = _check_fov(fov, masks)
+    zone = tolerance_zone(masks, fov, radius_px)
+    smoothed = gaussian_smooth(maps, smooth_sigma_px)
+    restricted = torch.where(fov, smoothed, torch.full_like(smoothed, -math.inf)).flatten(1)
+    batch, n_pixels = restricted.shape
+    index = torch.arange(n_pixels, device=maps.device).expand(batch, -1)
+    at_max = restricted == restricted.amax(dim=1, keepdim=True)
+    peak = torch.where(at_max, index, n_pixels).amin(dim=1)
+    hits = zone.flatten(1).gather(1, peak[:, None])[:, 0]
+    chance = zone.sum(dim=(1, 2)).float() / fov.sum(dim=(1, 2)).float()
+    return hits, chance
+
+
+# --- a classifier-free reference map --------------------------------------------------------------
+
+def dog_conspicuity(images: torch.Tensor, sigma_small_px: float, sigma_large_px: float,
+                    fov: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 (B, H, W) in [0, 1]: difference-of-Gaussians conspicuity, no classifier.
+
+    D = max(0, I * g_small - I * g_large) with I the grey level (channel mean), then per-image
+    min-max (a map with no positive value is all zeros, like a constant CAM). With ``fov``, both
+    blurs are normalised convolutions inside the field of view (sum of I*B*g / sum of B*g), so
+    the black border does not light up the rim of the frame, and D is 0 outside B; without it,
+    edges are replicated. ``sigma_small_px`` < ``sigma_large_px``, both > 0.
+    """
+    if not 0 < sigma_small_px < sigma_large_px:
+        raise ValueError(f"need 0 < sigma_small_px < sigma_large_px; got {sigma_small_px}, {sigma_large_px}")
+    grey = _grey(images)
+    if fov is None:
+        difference = gaussian_smooth(grey, sigma_small_px) - gaussian_smooth(grey, sigma_large_px)
+    else:
+        fov = _check_fov(fov, grey).float()
+        weight_small = gaussian_smooth(fov, sigma_small_px).clamp(min=1e-6)
+        weight_large = gaussian_smooth(fov, sigma_large_px).clamp(min=1e-6)
+        difference = (gaussian_smooth(grey * fov, sigma_small_px) / weight_small
+                      - gaussian_smooth(grey * fov, sigma_large_px) / weight_large) * fov
+    return minmax_per_map(difference.clamp(min=0))
+
+
+# --- top-k sweep ----------------------------------------------------------------------------------
+
+def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIONS
+                ) -> dict[str, torch.Tensor]:
+    """IoU and energy of the top-k set for each fraction k (default 5%, 10%, ..., 50%).
+
+    The top-k set is ``threshold.top_fraction_mask`` (exact pixel count, fixed tie-break), so
+    the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
+    float32, where energy is the share of the top-k set's saliency that lies in the lesion
+    (sum over top-k & M of the map / sum over top-k; a top-k set with no saliency counts as
+    uniform: its lesion pixel share).
+    """
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    weights = maps.double().clamp(min=0)
+    ious, energies = [], []
+    for fraction in fractions:
+        keep = top_fraction_mask(maps, float(fraction))
+        intersection = (keep & masks).sum(dim=(1, 2)).double()
+        union = (keep | masks).sum(dim=(1, 2)).double()
+        ious.append(intersection / union)
+        kept = (weights * keep).sum(dim=(1, 2))
+        inside = (weights * (keep & masks)).sum(dim=(1, 2))
+        energies.append(torch.where(kept > 0, inside / kept.clamp(min=1e-300),
+                                    intersection / keep.sum(dim=(1, 2)).double()))
+    return {"iou": torch.stack(ious, dim=1).float(), "energy": torch.stack(energies, dim=1).float()}
+
+
+# --- consistency across images --------------------------------------------------------------------
+
+def soft_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32 (...): soft IoU sum min(a, b) / sum max(a, b) over the last two dimensions of
+    two non-negative maps of the same shape (..., H, W). Two all-zero maps agree fully (1)."""
+    if a.shape != b.shape or a.dim() < 2:
+        raise ValueError(f"soft_iou needs two maps of one shape (..., H, W); got {tuple(a.shape)}, {tuple(b.shape)}")
+    if (a < 0).any() or (b < 0).any():
+        raise ValueError("soft_iou needs non-negative maps")
+    low = torch.minimum(a, b).double().sum(dim=(-2, -1))
+    high = torch.maximum(a, b).double().sum(dim=(-2, -1))
+    return torch.where(high > 0, low / high.clamp(min=1e-300), torch.ones_like(high)).float()
+
+
+def c_score(maps: torch.Tensor, weights: torch.Tensor, resolution: int = 64,
+            block_size: int = 256) -> float:
+    """Confidence-weighted mean pairwise soft IoU of N maps (N, H, W) -> float in [0, 1].
+
+    C = sum_{i<j} w_i w_j sIoU(H_i, H_j) / sum_{i<j} w_i w_j with weights (N,) >= 0 (e.g. the
+    scores p_i of the correctly classified images; normalising them to sum 1 changes nothing).
+    Maps are area-resized to ``resolution`` x ``resolution`` first; all-zero (constant) maps
+    count as uniform, as in the audit's energy. Pairwise sums use
+    sum min = (|a| + |b| - |a - b|_1) / 2 and sum max = (|a| + |b| + |a - b|_1) / 2, with the
+    L1 distances computed ``block_size`` rows at a time, so memory stays O(block_size * N)
+    for N in the thousands. Needs N >= 2 and a positive weight on at least two maps.
+    """
+    _check_maps(maps)
+    weights = torch.as_tensor(weights, dtype=torch.float64, device=maps.device).flatten()
+    count = maps.shape[0]
+    if count < 2 or weights.numel() != count:
+        raise ValueError(f"c_score needs N >= 2 maps and N weights; got {count} maps, {weights.numel()} weights")
+    if (weights < 0).any() or not torch.isfinite(weights).all():
+        raise ValueError("c_score weights must be finite and >= 0")
+    if (maps < 0).any():
+        raise ValueError("c_score needs non-negative maps")
+    pair_total = (weights.sum() ** 2 - (weights ** 2).sum()) / 2
+    if pair_total <= 0:
+        raise ValueError("c_score needs a positive weight on at least two maps")
+    constant = maps.amax(dim=(1, 2)) <= 0
+    maps = torch.where(constant[:, None, None], torch.ones_like(maps), maps)
+    if maps.shape[-2:] != (resolution, resolution):
+        maps = F.adaptive_avg_pool2d(maps[:, None].float(), resolution)[:, 0]
+    flat = maps.reshape(count, -1).double()
+    mass = flat.sum(dim=1)
+    weighted_sum = torch.zeros((), dtype=torch.float64, device=maps.device)
+    for start in range(0, count, block_size):
+        stop = min(start + block_size, count)
+        distance = torch.cdist(flat[start:stop], flat, p=1)               # (b, N)
+        both = mass[start:stop, None] + mass[None, :]
+        similarity = (both - distance) / (both + distance).clamp(min=1e-300)
+        pair_weights = weights[start:stop, None] * weights[None, :]
+        upper = torch.arange(start, stop, device=maps.device)[:, None] < torch.arange(count, device=maps.device)[None, :]
+        weighted_sum += (similarity * pair_weights * upper).sum()
+    return float(weighted_sum / pair_total)

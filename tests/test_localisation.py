@@ -1,0 +1,277 @@
+"""Localisation kernels against hand-computed cases and independent references (SciPy, NumPy)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import ndimage
+
+from endoexplain_core import kernels
+from endoexplain_core.kernels import localisation as loc
+
+H = W = 40
+
+
+def disc(radius: float, centre=(20, 20), size=(H, W)) -> torch.Tensor:
+    """bool (H, W): pixel centres within ``radius`` of ``centre`` (pixel-index coordinates)."""
+    rows = torch.arange(size[0], dtype=torch.float64)[:, None]
+    cols = torch.arange(size[1], dtype=torch.float64)[None, :]
+    return (rows - centre[0]) ** 2 + (cols - centre[1]) ** 2 <= radius ** 2
+
+
+def full_fov(batch: int = 1) -> torch.Tensor:
+    return torch.ones(batch, H, W, dtype=torch.bool)
+
+
+def test_public_names_are_exposed_from_kernels():
+    for name in ("iou_curve", "auc_iou", "field_of_view", "tolerance_zone", "energy_lift_bits",
+                 "pointing_hits", "dog_conspicuity", "soft_iou", "c_score", "top_k_sweep"):
+        assert getattr(kernels, name) is getattr(loc, name)
+
+
+# --- AUC-IoU --------------------------------------------------------------------------------------
+
+def test_auc_iou_of_binary_map_equal_to_mask_is_0_9():
+    mask = disc(6)[None]
+    assert loc.auc_iou(mask.float(), mask).item() == pytest.approx(0.9, abs=1e-6)
+    assert loc.iou_curve(mask.float(), mask).shape == (1, 19)
+
+
+def test_iou_curve_and_auc_against_numpy():
+    generator = torch.Generator().manual_seed(0)
+    maps = torch.rand(3, H, W, generator=generator)
+    masks = torch.stack([disc(5), disc(9, (12, 25)), disc(3, (30, 8))])
+    thresholds = loc.DEFAULT_IOU_THRESHOLDS
+    curve = loc.iou_curve(maps, masks).numpy()
+    for b in range(3):
+        m, k = masks[b].numpy(), maps[b].numpy()
+        expected = [np.logical_and(k >= t, m).sum() / np.logical_or(k >= t, m).sum() for t in thresholds]
+        np.testing.assert_allclose(curve[b], expected, rtol=1e-6)
+        assert loc.auc_iou(maps[b:b + 1], masks[b:b + 1]).item() == pytest.approx(
+            np.trapezoid(expected, thresholds), rel=1e-6)
+    # A hand case: a map of 0.5 on the mask, 0 elsewhere -> IoU 1 up to t = 0.5 (10 thresholds)
+    half = masks[:1].float() * 0.5
+    assert loc.auc_iou(half, masks[:1]).item() == pytest.approx(0.45 + 0.025, abs=1e-6)
+
+
+def test_auc_iou_rejects_bad_thresholds():
+    mask = disc(4)[None]
+    with pytest.raises(ValueError, match="increasing"):
+        loc.auc_iou(mask.float(), mask, thresholds=[0.5, 0.3])
+
+
+# --- field of view and tolerance zone -------------------------------------------------------------
+
+def test_field_of_view_is_the_lit_disc_with_dark_lumen_kept_and_border_text_dropped():
+    image = torch.zeros(1, 3, H, W)
+    lit = disc(15)
+    image[0, :, lit] = 0.6
+    image[0, :, disc(3)] = 0.0            # dark lumen inside the disc: still in view
+    image[0, :, 0:2, 0:3] = 1.0           # burnt-in text on the black border: not in view
+    fov = loc.field_of_view(image)
+    assert torch.equal(fov[0], lit)
+    # ImageNet-style per-channel normalisation does not change the rule
+    normalised = (image - torch.tensor([0.485, 0.456, 0.406])[:, None, None]) / torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    assert torch.equal(loc.field_of_view(normalised)[0], lit)
+    # masks are joined in
+    outside = torch.zeros(1, H, W, dtype=torch.bool)
+    outside[0, 38, 38] = True
+    assert loc.field_of_view(image, outside)[0, 38, 38]
+
+
+def test_tolerance_zone_matches_scipy_distance_transform():
+    mask = disc(4, (18, 22))[None]
+    fov = disc(15)[None]
+    for radius in (0, 1, 2.5, 5):
+        zone = loc.tolerance_zone(mask, fov, radius)[0].numpy()
+        distance = ndimage.distance_transform_edt(~mask[0].numpy())
+        assert np.array_equal(zone, (distance <= radius) & fov[0].numpy()), radius
+
+
+# --- energy lift ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("radius", [2, 5, 10])
+def test_uniform_map_has_zero_lift_at_any_lesion_size(radius):
+    mask = disc(radius)[None]
+    fov = disc(18)[None]
+    assert loc.energy_lift_bits(torch.full((1, H, W), 0.3), mask, fov).item() == pytest.approx(0, abs=1e-6)
+    # all-zero map: no saliency in B -> uniform (0 bits), flagged
+    zero = torch.zeros(1, H, W)
+    assert loc.energy_lift_bits(zero, mask, fov).item() == 0
+    assert loc.saliency_free(zero, fov).item()
+
+
+@pytest.mark.parametrize("radius", [2, 5, 10])
+def test_map_equal_to_mask_reaches_the_geometry_ceiling(radius):
+    mask = disc(radius)[None]
+    fov = disc(18)[None]
+    pi = mask.sum().item() / fov.sum().item()
+    ceiling = math.log2(1 + 1 / (0.01 * pi))
+    assert loc.energy_lift_bits(mask.float(), mask, fov).item() == pytest.approx(ceiling, rel=1e-6)
+    # any other map scores lower
+    generator = torch.Generator().manual_seed(radius)
+    other = mask.float() * 0.9 + 0.1 * torch.rand(1, H, W, generator=generator)
+    assert loc.energy_lift_bits(other, mask, fov).item() < ceiling
+
+
+def test_all_saliency_outside_a_small_lesion_sits_at_the_alpha_floor():
+    mask = torch.zeros(1, H, W, dtype=torch.bool)
+    mask[0, 20, 20] = True
+    fov = full_fov()
+    value = loc.energy_lift_bits((~mask).float(), mask, fov).item()
+    assert value == pytest.approx(-6.7, abs=0.05)
+    pi = 1 / (H * W)
+    assert value == pytest.approx(math.log2(0.01 * (1 - pi) / (1 + 0.01 - 0.01 * pi)), rel=1e-6)
+
+
+def test_energy_lift_hand_case_and_fov_restriction():
+    # lesion 4 px in a 16-px field of view; the map puts half its mass on the lesion
+    fov = torch.zeros(1, H, W, dtype=torch.bool)
+    fov[0, :4, :4] = True
+    mask = torch.zeros_like(fov)
+    mask[0, :2, :2] = True
+    maps = torch.zeros(1, H, W)
+    maps[0, :2, :2] = 3.0
+    maps[0, 2:4, :4] = 1.5
+    maps[0, 30:, 30:] = 100.0  # outside B: ignored
+    e_in, pi, alpha = 0.5, 4 / 16, 0.01
+    mixed = (e_in + alpha * pi) / (1 + alpha)
+    expected = math.log2((mixed / 4) / ((1 - mixed) / 12))
+    assert loc.energy_lift_bits(maps, mask, fov).item() == pytest.approx(expected, rel=1e-6)
+    assert math.isnan(loc.energy_lift_bits(maps, fov, fov).item())  # lesion = B: no background
+
+
+# --- pointing game --------------------------------------------------------------------------------
+
+def test_peak_one_pixel_outside_the_mask_hits_at_r1_and_misses_at_r0():
+    mask = disc(4)[None]
+    maps = torch.zeros(1, H, W)
+    maps[0, 20, 25] = 1.0  # (20, 24) is the mask's edge pixel
+    assert not mask[0, 20, 25] and mask[0, 20, 24]
+    for radius, expected in ((0, False), (1, True), (3, True)):
+        hits, _ = loc.pointing_hits(maps, mask, full_fov(), radius_px=radius, smooth_sigma_px=0)
+        assert hits.item() is expected, radius
+
+
+def test_pointing_chance_on_a_drawn_disc():
+    # a one-pixel lesion dilated by r is exactly the drawn disc of radius r
+    point = disc(0, (20, 20))[None]
+    fov = disc(16)[None]
+    for radius in (0, 2, 4, 7.5):
+        _, chance = loc.pointing_hits(torch.rand(1, H, W), point, fov, radius_px=radius, smooth_sigma_px=1)
+        assert chance.item() == pytest.approx(disc(radius).sum().item() / fov.sum().item(), rel=1e-6)
+    # a disc lesion: |D_r| counted by brute force over all pixel pairs
+    lesion = disc(3, (20, 20))
+    points = lesion.nonzero().double()
+    grid = torch.stack(torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij"), -1).double().reshape(-1, 2)
+    for radius in (0, 2, 4):
+        near = (torch.cdist(grid, points).amin(dim=1) <= radius).reshape(H, W) & fov[0]
+        _, chance = loc.pointing_hits(torch.rand(1, H, W), lesion[None], fov, radius_px=radius, smooth_sigma_px=0)
+        assert chance.item() == pytest.approx(near.sum().item() / fov.sum().item(), rel=1e-6)
+
+
+def test_pointing_peak_is_restricted_to_the_field_of_view_and_smoothed():
+    fov = disc(15)[None]
+    mask = disc(3, (20, 10))[None]
+    maps = torch.zeros(1, H, W)
+    maps[0, 0, 0] = 5.0                  # outside B: ignored
+    maps[0, 20, 10] = 1.0                # inside the lesion
+    hits, _ = loc.pointing_hits(maps, mask, fov, radius_px=0, smooth_sigma_px=0)
+    assert hits.item()
+    # a single spike outside the lesion loses to a broad bump on it once smoothed
+    maps = 0.6 * torch.exp(-((torch.arange(H)[:, None] - 20.0) ** 2 + (torch.arange(W)[None] - 10.0) ** 2) / 20)[None]
+    maps[0, 20, 28] = 1.0
+    unsmoothed, _ = loc.pointing_hits(maps, mask, fov, radius_px=0, smooth_sigma_px=0)
+    smoothed, _ = loc.pointing_hits(maps, mask, fov, radius_px=0, smooth_sigma_px=2)
+    assert not unsmoothed.item() and smoothed.item()
+
+
+def test_gaussian_smooth_matches_scipy_inside():
+    generator = torch.Generator().manual_seed(1)
+    maps = torch.rand(2, H, W, generator=generator)
+    ours = loc.gaussian_smooth(maps, 1.5).numpy()
+    reference = np.stack([ndimage.gaussian_filter(m, 1.5, mode="nearest", truncate=3.0) for m in maps.numpy()])
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+# --- DoG conspicuity ------------------------------------------------------------------------------
+
+def test_dog_marks_a_small_bright_spot_and_ignores_the_frame_rim():
+    fov = disc(17)[None]
+    image = torch.zeros(1, 3, H, W)
+    image[0, :, fov[0]] = 0.4
+    image[0, :, disc(2, (14, 24))] = 0.9
+    with_fov = loc.dog_conspicuity(image, 1.0, 6.0, fov=fov)
+    assert with_fov.shape == (1, H, W) and with_fov.min() >= 0 and with_fov.max() == 1
+    row, col = divmod(int(with_fov.flatten().argmax()), W)
+    assert math.hypot(row - 14, col - 24) <= 2
+    assert with_fov[0][~fov[0]].abs().max() == 0
+    # reference: SciPy blurs of the grey image, difference, ReLU, min-max (no field of view)
+    grey = image[0].mean(0).numpy()
+    difference = (ndimage.gaussian_filter(grey, 1.0, mode="nearest", truncate=3.0)
+                  - ndimage.gaussian_filter(grey, 6.0, mode="nearest", truncate=3.0)).clip(min=0)
+    np.testing.assert_allclose(loc.dog_conspicuity(image, 1.0, 6.0)[0].numpy(),
+                               difference / difference.max(), atol=1e-5)
+    with pytest.raises(ValueError, match="sigma"):
+        loc.dog_conspicuity(image, 6.0, 1.0)
+
+
+# --- top-k sweep ----------------------------------------------------------------------------------
+
+def test_top_k_sweep_20_percent_equals_the_audit_iou():
+    from endoexplain_core.kernels import metrics, threshold
+    generator = torch.Generator().manual_seed(2)
+    maps = torch.rand(2, H, W, generator=generator)
+    masks = torch.stack([disc(6), disc(10, (15, 15))])
+    sweep = loc.top_k_sweep(maps, masks)
+    assert sweep["iou"].shape == (2, 10) and sweep["energy"].shape == (2, 10)
+    column = loc.TOP_K_FRACTIONS.index(0.2)
+    audit_iou = metrics.top_fraction_iou(threshold.top_fraction_mask(maps, 0.2), masks)
+    assert torch.allclose(sweep["iou"][:, column], audit_iou)
+    # energy of the top-k set of a binary mask map: everything kept is in the lesion while k <= |M|
+    exact = loc.top_k_sweep(masks[:1].float(), masks[:1], fractions=[0.05])
+    assert exact["energy"].item() == pytest.approx(1.0)
+
+
+# --- soft IoU and C-Score -------------------------------------------------------------------------
+
+def test_soft_iou_hand_cases():
+    a = torch.tensor([[[1.0, 0.5], [0.0, 0.0]]])
+    b = torch.tensor([[[0.5, 0.5], [0.5, 0.0]]])
+    assert loc.soft_iou(a, b).item() == pytest.approx(1.0 / 2.0)
+    assert loc.soft_iou(a, a).item() == 1
+
+
+def test_c_score_identical_maps_is_1_and_disjoint_binary_maps_0():
+    generator = torch.Generator().manual_seed(3)
+    one = torch.rand(1, H, W, generator=generator)
+    assert loc.c_score(one.expand(5, H, W), torch.rand(5, generator=generator) + 0.1) == pytest.approx(1.0)
+    disjoint = torch.zeros(4, 64, 64)
+    for i in range(4):
+        disjoint[i, i * 16:(i + 1) * 16] = 1.0
+    assert loc.c_score(disjoint, torch.ones(4)) == pytest.approx(0.0)
+
+
+def test_c_score_matches_the_weighted_pair_loop_and_is_block_invariant():
+    generator = torch.Generator().manual_seed(4)
+    maps = torch.rand(9, 32, 32, generator=generator) ** 3
+    maps[2] = 0  # a constant map counts as uniform
+    weights = torch.rand(9, generator=generator)
+    resized = torch.nn.functional.adaptive_avg_pool2d(torch.where(
+        maps.amax(dim=(1, 2), keepdim=True) > 0, maps, torch.ones_like(maps))[:, None], 16)[:, 0]
+    numerator = denominator = 0.0
+    for i in range(9):
+        for j in range(i + 1, 9):
+            w = (weights[i] * weights[j]).item()
+            numerator += w * loc.soft_iou(resized[i], resized[j]).item()
+            denominator += w
+    expected = numerator / denominator
+    for block in (1, 4, 256):
+        assert loc.c_score(maps, weights, resolution=16, block_size=block) == pytest.approx(expected, rel=1e-5)
+    # normalising the weights changes nothing
+    assert loc.c_score(maps, weights / weights.sum(), resolution=16) == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="N >= 2"):
+        loc.c_score(maps[:1], weights[:1])
