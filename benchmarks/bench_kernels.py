@@ -30,7 +30,7 @@ from endoexplain_core.analysis import audit
 
 from endoexplain_core.kernels import cams
 
-from endoexplain_core.models import architectures
+from endoexplain_core.models import networks
 
 FRACTION = 0.20
 RANDOM_REPETITIONS = 20
@@ -110,8 +110,8 @@ def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[f
 
 def bench_architecture(arch: str, args, device: torch.device) -> dict:
     torch.manual_seed(0)
-    model = architectures.build_model(arch).eval().to(device)
-    layer_name, layer = architectures.resolve_target_layer(model, arch)
+    model = networks.build_model(arch).eval().to(device)
+    layer_name, layer = networks.resolve_target_layer(model, arch)
     images = torch.randn(args.batch, 3, args.image_size, args.image_size,
                          generator=torch.Generator().manual_seed(1)).to(device)
     masks = _disc_masks(args.batch, args.image_size, device)
@@ -151,7 +151,7 @@ def bench_architecture(arch: str, args, device: torch.device) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--archs", nargs="+", default=list(architectures.ARCHITECTURES), choices=architectures.ARCHITECTURES)
+    parser.add_argument("--archs", nargs="+", default=list(networks.ARCHITECTURES), choices=networks.ARCHITECTURES)
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

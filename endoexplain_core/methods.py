@@ -6,12 +6,15 @@ tuples below. ``MAP_METHODS`` order is the row order of every case table and sum
 Columns of ``REGISTRY``:
   label           display name (Eigen-CAM carries the class-agnostic asterisk)
   colour          one colour per method, shared by every figure
-  kind            "cam" (computed from the model) or "baseline" (model-free reference map)
+  kind            "cam" (computed from the model; the paper's five), "extended" (computed from
+                  the model by the same fused pass, used only by the extended analyses, never a
+                  Table 4 row), "baseline" (model-free reference map of the audit) or
+                  "extended_baseline" (model-free reference map of the extended analyses only)
   gradient_based  needs the gradient of the target logit at the target layer
   class_agnostic  ignores the target class (Eigen-CAM)
 
 Which methods coincide by construction at a given layer depends on the architecture; that
-rule is ``models.architectures.identical_methods``.
+rule is ``models.networks.identical_methods``.
 """
 
 from __future__ import annotations
@@ -35,14 +38,22 @@ REGISTRY: tuple[MapMethod, ...] = (
     MapMethod("xgradcam", "XGrad-CAM", "#7570b3", "cam", True, False),
     MapMethod("hirescam", "HiResCAM", "#e7298a", "cam", True, False),
     MapMethod("eigencam", "Eigen-CAM*", "#666666", "cam", False, True),
+    MapMethod("layercam", "LayerCAM", "#1f78b4", "extended", True, False),
     MapMethod("random", "Random heatmap", "#a6761d", "baseline", False, True),
     MapMethod("centre", "Centre baseline", "#e6ab02", "baseline", False, True),
+    MapMethod("dog", "DoG conspicuity", "#000000", "extended_baseline", False, True),
 )
 BY_NAME = {method.name: method for method in REGISTRY}
 
 # The paper's five CAM methods (Table 4 rows, in this order).
 CAM_METHODS = tuple(m.name for m in REGISTRY if m.kind == "cam")
-GRADIENT_METHODS = tuple(m.name for m in REGISTRY if m.gradient_based)
+GRADIENT_METHODS = tuple(m.name for m in REGISTRY if m.gradient_based and m.kind == "cam")
+# CAMs beyond the paper's five, from the same fused pass (extended localisation only).
+EXTENDED_CAM_METHODS = tuple(m.name for m in REGISTRY if m.kind == "extended")
+FUSED_CAM_METHODS = CAM_METHODS + EXTENDED_CAM_METHODS
+FUSED_GRADIENT_METHODS = tuple(m.name for m in REGISTRY if m.gradient_based)
+# The image-only difference-of-Gaussians map of the extended analyses (kernels.localisation).
+EXTENDED_BASELINE_METHODS = tuple(m.name for m in REGISTRY if m.kind == "extended_baseline")
 BASELINE_METHODS = tuple(m.name for m in REGISTRY if m.kind == "baseline")
 MAP_METHODS = CAM_METHODS + BASELINE_METHODS
 # The random-deletion control is a Table 4 row but not a map.

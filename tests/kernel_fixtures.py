@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from endoexplain_core.models import architectures
+from endoexplain_core.models import networks
 
 
 def nondegenerate_model(arch: str, seed: int = 0, image_size: int = 64) -> nn.Module:
-    """A seeded ``architectures.build_model(arch)`` in eval mode with informative activations.
+    """A seeded ``networks.build_model(arch)`` in eval mode with informative activations.
 
     * BatchNorm running statistics are set to the statistics of one batch of seeded noise
       images (one train-mode forward with momentum 1), then the affine parameters are drawn
@@ -23,7 +23,7 @@ def nondegenerate_model(arch: str, seed: int = 0, image_size: int = 64) -> nn.Mo
     * ConvNeXt layer scales are drawn from U(0.2, 0.6).
     """
     torch.manual_seed(seed)
-    model = architectures.build_model(arch)
+    model = networks.build_model(arch)
     generator = torch.Generator().manual_seed(seed + 1)
     batch_norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     with torch.no_grad():

@@ -173,7 +173,7 @@ def make_run(tmp_path, size=64, n_images=3):
     """A minimal run folder: manifest with a masked pool, one registered checkpoint, T."""
     import hashlib
     from PIL import Image
-    from endoexplain_core.models import architectures, training
+    from endoexplain_core.models import networks, training
     from endoexplain_core.data.datasets import NORMALISATION
     run, data = tmp_path / "run", tmp_path / "data"
     (data / "images").mkdir(parents=True)
@@ -198,7 +198,7 @@ def make_run(tmp_path, size=64, n_images=3):
     (run / "manifest" / "manifest.sha256").write_text(digest + "\n")
     (run / "checkpoints").mkdir()
     torch.manual_seed(0)
-    model = architectures.build_model("resnet34")
+    model = networks.build_model("resnet34")
     path = run / "checkpoints" / "resnet34_s1.pt"
     torch.save({"format": training.CHECKPOINT_FORMAT, "checkpoint_id": "resnet34_s1",
                 "arch": "resnet34", "seed": 1, "control": "none", "image_size": size,

@@ -13,7 +13,7 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from endoexplain_core.kernels import cams
 
-from endoexplain_core.models import architectures
+from endoexplain_core.models import networks
 from tests.kernel_fixtures import nondegenerate_model, seeded_images
 
 IMAGE_SIZE = 96  # last feature map 3x3; the "other" layers give 6x6
@@ -37,11 +37,11 @@ def _library_cam(method: str, model, layer, images, target_class: int) -> np.nda
         return explainer(input_tensor=images, targets=[ClassifierOutputTarget(target_class)] * len(images))
 
 
-@pytest.mark.parametrize("arch", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("arch", networks.ARCHITECTURES)
 @pytest.mark.parametrize("which", ["default", "other"])
 def test_gradient_methods_match_pytorch_grad_cam(arch, which):
     model = _model(arch)
-    layer_name = architectures.TARGET_LAYERS[arch] if which == "default" else OTHER_LAYERS[arch]
+    layer_name = networks.TARGET_LAYERS[arch] if which == "default" else OTHER_LAYERS[arch]
     layer = model.get_submodule(layer_name)
     images = seeded_images(2, IMAGE_SIZE, seed=3)
     ours = cams.compute_cams(model, layer_name, images, target_class=1, methods=cams.GRADIENT_METHODS)
@@ -70,10 +70,10 @@ def _numpy_eigen_cam(activation: np.ndarray, size: int) -> np.ndarray:
     return np.stack(out)
 
 
-@pytest.mark.parametrize("arch", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("arch", networks.ARCHITECTURES)
 def test_eigencam_matches_numpy_svd_with_sign_rule(arch):
     model = _model(arch)
-    layer = model.get_submodule(architectures.TARGET_LAYERS[arch])
+    layer = model.get_submodule(networks.TARGET_LAYERS[arch])
     images = seeded_images(2, IMAGE_SIZE, seed=5)
     captured = []
     handle = layer.register_forward_hook(lambda module, inputs, output: captured.append(output.detach().clone()))
@@ -99,17 +99,17 @@ def test_identical_by_construction_holds_numerically():
     images = seeded_images(2, IMAGE_SIZE, seed=11)
     resnet = _model("resnet34")
     maps = cams.compute_cams(resnet, "layer4.2", images)
-    assert architectures.identical_methods(resnet, "layer4.2") == [("gradcam", "hirescam", "xgradcam")]
+    assert networks.identical_methods(resnet, "layer4.2") == [("gradcam", "hirescam", "xgradcam")]
     assert torch.allclose(maps["gradcam"], maps["hirescam"], atol=1e-5)
     assert torch.allclose(maps["gradcam"], maps["xgradcam"], atol=1e-4)
     convnext = _model("convnext_tiny")
     maps = cams.compute_cams(convnext, "features.7", images)
-    assert architectures.identical_methods(convnext, "features.7") == [("gradcam", "hirescam")]
+    assert networks.identical_methods(convnext, "features.7") == [("gradcam", "hirescam")]
     assert torch.allclose(maps["gradcam"], maps["hirescam"], atol=1e-5)
     # Where the rule says "not identical", the maps do differ (the check can fail).
     efficientnet = _model("efficientnet_b0")
     maps = cams.compute_cams(efficientnet, "features.8.0", images)
-    assert architectures.identical_methods(efficientnet, "features.8.0") == []
+    assert networks.identical_methods(efficientnet, "features.8.0") == []
     assert (maps["gradcam"] - maps["hirescam"]).abs().max() > 0.05
 
 

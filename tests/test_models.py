@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from endoexplain_core.models import architectures
+from endoexplain_core.models import networks
 
 
-@pytest.mark.parametrize("arch", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("arch", networks.ARCHITECTURES)
 def test_build_model_and_default_target_layer(arch):
     torch.manual_seed(0)
-    model = architectures.build_model(arch, num_classes=2)
+    model = networks.build_model(arch, num_classes=2)
     with torch.no_grad():
         logits = model.eval()(torch.randn(1, 3, 64, 64))
     assert logits.shape == (1, 2)
-    name, layer = architectures.resolve_target_layer(model, arch)
-    assert name == architectures.TARGET_LAYERS[arch]
+    name, layer = networks.resolve_target_layer(model, arch)
+    assert name == networks.TARGET_LAYERS[arch]
     # the table's paths are the DESIGN's features[-1][0], layer4[-1], features[-1]
     expected = {"efficientnet_b0": lambda m: m.features[-1][0], "resnet34": lambda m: m.layer4[-1],
                 "convnext_tiny": lambda m: m.features[-1]}[arch](model)
@@ -25,41 +25,41 @@ def test_build_model_and_default_target_layer(arch):
 
 def test_unknown_architecture_and_layer_errors():
     with pytest.raises(ValueError, match="known: efficientnet_b0, resnet34, convnext_tiny"):
-        architectures.build_model("vgg16")
-    model = architectures.build_model("resnet34")
+        networks.build_model("vgg16")
+    model = networks.build_model("resnet34")
     with pytest.raises(ValueError, match="'layer5' is not a module of this resnet34"):
-        architectures.resolve_target_layer(model, "resnet34", "layer5")
+        networks.resolve_target_layer(model, "resnet34", "layer5")
     with pytest.raises(ValueError, match="not a module"):
-        architectures.identical_methods(model, "layer5")
+        networks.identical_methods(model, "layer5")
 
 
 def test_imagenet_weights_loaded_from_a_local_file(tmp_path):
     torch.manual_seed(1)
-    source = architectures.torchvision.models.resnet34(weights=None)
+    source = networks.torchvision.models.resnet34(weights=None)
     path = tmp_path / "resnet34_imagenet.pth"
     torch.save(source.state_dict(), path)
-    model = architectures.build_model("resnet34", num_classes=2, weights_path=path)
+    model = networks.build_model("resnet34", num_classes=2, weights_path=path)
     assert torch.equal(model.conv1.weight, source.conv1.weight)
     assert model.fc.out_features == 2
     with pytest.raises(FileNotFoundError, match="missing.pth"):
-        architectures.build_model("resnet34", weights_path=tmp_path / "missing.pth")
+        networks.build_model("resnet34", weights_path=tmp_path / "missing.pth")
     with pytest.raises(ValueError, match="resnet34_imagenet.pth"):
-        architectures.build_model("convnext_tiny", weights_path=path)
+        networks.build_model("convnext_tiny", weights_path=path)
 
 
 def test_find_local_weights_looks_only_in_the_hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-    assert architectures.find_local_imagenet_weights("resnet34") is None
+    assert networks.find_local_imagenet_weights("resnet34") is None
     (tmp_path / "checkpoints").mkdir()
     cached = tmp_path / "checkpoints" / "resnet34-b627a593.pth"
     cached.write_bytes(b"")
-    assert architectures.find_local_imagenet_weights("resnet34") == cached
+    assert networks.find_local_imagenet_weights("resnet34") == cached
 
 
 def test_identical_methods_table():
-    assert architectures.identical_methods(architectures.build_model("resnet34"), "layer4.2") == [("gradcam", "hirescam", "xgradcam")]
-    assert architectures.identical_methods(architectures.build_model("convnext_tiny"), "features.7") == [("gradcam", "hirescam")]
-    efficientnet = architectures.build_model("efficientnet_b0")
-    assert architectures.identical_methods(efficientnet, "features.8.0") == []
-    assert architectures.identical_methods(efficientnet, "features.8") == [("gradcam", "hirescam")]
-    assert architectures.identical_methods(architectures.build_model("resnet34"), "layer3.5") == []
+    assert networks.identical_methods(networks.build_model("resnet34"), "layer4.2") == [("gradcam", "hirescam", "xgradcam")]
+    assert networks.identical_methods(networks.build_model("convnext_tiny"), "features.7") == [("gradcam", "hirescam")]
+    efficientnet = networks.build_model("efficientnet_b0")
+    assert networks.identical_methods(efficientnet, "features.8.0") == []
+    assert networks.identical_methods(efficientnet, "features.8") == [("gradcam", "hirescam")]
+    assert networks.identical_methods(networks.build_model("resnet34"), "layer3.5") == []

@@ -310,9 +310,9 @@ def test_training_curves_table_and_figure():
 
 @pytest.mark.parametrize("arch", ["efficientnet_b0", "resnet34", "convnext_tiny"])
 def test_zero_init_head_starts_every_score_at_one_half(arch):
-    from endoexplain_core.models import architectures
+    from endoexplain_core.models import networks
 
-    model = architectures.build_model(arch, num_classes=2)
+    model = networks.build_model(arch, num_classes=2)
     head = training.zero_init_head(model)
     assert head.out_features == 2
     with torch.no_grad():

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from endoexplain_core.kernels import baselines, cams, deletion, metrics, threshold
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
-from endoexplain_core.models import architectures, training
+from endoexplain_core.models import networks, training
 from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
 from endoexplain_core.data.imageio import read_image_and_mask
 from endoexplain_core.models.training import resolve_device  # one device rule for every stage
@@ -222,7 +222,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     ``target_layer`` (layer name) and ``control``. ``temperature``: the checkpoint's fitted T
     (> 0; None is an error). ``cases``: iterable of (sample_id, uint8 (H, W, 3) RGB, bool
     (H, W) mask), consumed once, batch by batch. ``target_layer``: optional (name, module)
-    override of ``architectures.resolve_target_layer``. ``total``: number of cases, for the bar.
+    override of ``networks.resolve_target_layer``. ``total``: number of cases, for the bar.
 
     Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
     the two paths and the wall time in seconds.
@@ -238,7 +238,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
     if target_layer is None:
-        target_layer = architectures.resolve_target_layer(model, metadata["arch"],
+        target_layer = networks.resolve_target_layer(model, metadata["arch"],
                                                    metadata.get("target_layer"))
     layer_name, layer_module = target_layer
     constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,

@@ -27,6 +27,7 @@ import pandas as pd
 from endoexplain_core.analysis import audit, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
+from endoexplain_core.methods import method_label
 
 MANIFEST_NAME = "hyperkvasir"
 OVERLAP_REASON = "overlaps the HyperKvasir manifest by hash (not external data)"
@@ -238,7 +239,7 @@ def table_transfer(summary: pd.DataFrame) -> pd.DataFrame:
     """The paper's transfer table: one row per cohort and map, display labels, Eigen-CAM*."""
     table = summary.copy()
     table.insert(0, "cohort", table.pop("dataset").map(lambda d: DATASET_LABELS.get(d, d)))
-    table["method"] = table["method"].map(style.method_label)
+    table["method"] = table["method"].map(method_label)
     return table[["cohort", "method", "n_cases", "n_eligible", "mean_iou", "ci_low", "ci_high",
                   "mean_iou_high_score",
                   "mean_iou_high_score_ci_low", "mean_iou_high_score_ci_high",

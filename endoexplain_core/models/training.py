@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from endoexplain_core.data import datasets
 
-from endoexplain_core.models import architectures
+from endoexplain_core.models import networks
 
 CHECKPOINT_FORMAT = 1
 CONTROL_NONE = "none"
@@ -243,7 +243,7 @@ def load_model(path: str | Path, expected_manifest_digest: str, expected_image_s
                device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
     """Checked checkpoint -> (model in eval mode on ``device``, metadata)."""
     checkpoint = load_checkpoint(path, expected_manifest_digest, expected_image_size)
-    model = architectures.build_model(checkpoint["arch"], num_classes=2)
+    model = networks.build_model(checkpoint["arch"], num_classes=2)
     model.load_state_dict(checkpoint["state_dict"])
     metadata = {key: value for key, value in checkpoint.items() if key != "state_dict"}
     return model.to(device).eval(), metadata
@@ -419,12 +419,12 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
     """Which local ImageNet weights to start ``arch`` from (None = from scratch).
 
     ``imagenet_weights``: ``"none"`` (always from scratch), ``"auto"`` (the torchvision cache,
-    via ``architectures.find_local_imagenet_weights``), or a mapping arch -> file path.
+    via ``networks.find_local_imagenet_weights``), or a mapping arch -> file path.
     """
     if imagenet_weights == "none":
         return None
     if imagenet_weights == "auto":
-        return architectures.find_local_imagenet_weights(arch)
+        return networks.find_local_imagenet_weights(arch)
     if isinstance(imagenet_weights, dict):
         if arch not in imagenet_weights:
             return None
@@ -437,10 +437,10 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
 
 def check_architectures(architectures: list[str]) -> None:
     """Refuse a profile asking for an architecture the core cannot build."""
-    unknown = [arch for arch in architectures if arch not in architectures.ARCHITECTURES]
+    unknown = [arch for arch in architectures if arch not in networks.ARCHITECTURES]
     if unknown:
         raise ValueError(f"the profile asks for unknown architectures {unknown}; "
-                         f"known: {list(architectures.ARCHITECTURES)}")
+                         f"known: {list(networks.ARCHITECTURES)}")
 
 
 def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
@@ -476,11 +476,11 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
                                          augment_seed=seed, cache=cache)
         weights_path = imagenet_weights_path(arch, imagenet_weights)
         seed_everything(seed)
-        model = architectures.build_model(arch, num_classes=2, weights_path=weights_path)
+        model = networks.build_model(arch, num_classes=2, weights_path=weights_path)
         zero_init_head(model)
         spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
                               manifest_digest=manifest_digest,
-                              target_layer=architectures.TARGET_LAYERS[arch],
+                              target_layer=networks.TARGET_LAYERS[arch],
                               pretrained=weights_path is not None)
         summaries.append(train_checkpoint(model, spec, train_set, val_set,
                                           settings[arch],
