@@ -251,8 +251,8 @@ def test_final_table_formats_estimates_cis_p_values_and_labels():
     assert list(final.columns) == ["method", "n", "failure (95% CI)", "iou (95% CI)", "p holm",
                                    "energy in mask"]
     assert final["method"].tolist() == ["Grad-CAM", "Eigen-CAM*"]
-    assert final["failure (95% CI)"].tolist() == ["0.041 (0.013–0.070)", "0.622 (0.550–0.690)"]
-    assert final["iou (95% CI)"].iloc[1] == "0.250 (0.200–0.300)"
+    assert final["failure (95% CI)"].tolist() == ["0.041 (0.013 to 0.070)", "0.622 (0.550 to 0.690)"]
+    assert final["iou (95% CI)"].iloc[1] == "0.250 (0.200 to 0.300)"
     assert final["p holm"].tolist() == ["<0.001", "0.200"]
     assert final["energy in mask"].tolist() == ["0.333", ""]
     assert final["n"].tolist() == [172, 172]
@@ -293,7 +293,10 @@ def test_figure2_panels_from_run_tables(tmp_path):
     panel_a, panel_b = fig.axes
     raw_line = [l for l in panel_a.lines if l.get_label() == "Raw score"][0]
     assert list(raw_line.get_xdata()) == [0.05, 0.97]          # the empty bin is skipped
-    assert sorted(t.get_text() for t in panel_b.texts) == ["B", "n=12", "n=30"]
+    assert sorted(t.get_text() for t in panel_b.texts) == ["n=12", "n=30"]
+    assert panel_b.get_title(loc="left") == "B"
+    counts_row = sorted(t.get_text() for t in panel_a.texts)      # scaled-score bin counts
+    assert counts_row == ["2", "3", "5", "n:"]
     assert "Eigen-CAM*" in [t.get_text() for t in panel_b.get_legend().get_texts()]
     plt.close(fig)
     (tmp_path / "bad.csv").write_text("threshold,method\n0.9,gradcam\n")

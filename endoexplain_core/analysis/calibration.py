@@ -21,6 +21,7 @@ import pandas as pd
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
+from endoexplain_core.analysis import stats
 from endoexplain_core.models.training import write_csv_atomic, write_parquet_atomic
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -161,7 +162,11 @@ def add_scores(logits: pd.DataFrame, temperatures: pd.DataFrame) -> pd.DataFrame
 
 def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
                       splits: tuple[str, ...] = ("val", "test"), n_bins: int = 10) -> pd.DataFrame:
-    """NLL, Brier and ECE of raw and temperature-scaled scores per split (Table 3 layout)."""
+    """NLL, Brier and ECE of raw and temperature-scaled scores per split (Table 3 layout).
+
+    ``temperature_at_bound`` is True on the temperature-scaled rows of a checkpoint whose T
+    stopped on a search bound: its scaled score is then set by the bound, not by the data.
+    """
     frame = scores[scores["checkpoint_id"] == checkpoint_id]
     rows = []
     for split in splits:
@@ -171,7 +176,8 @@ def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
         temperature = float(part["temperature"].iloc[0])
         for kind, column, t in (("raw", "raw_score", 1.0), ("scaled", "scaled_score", temperature)):
             rows.append({"checkpoint_id": checkpoint_id, "split": SPLIT_LABELS[split],
-                         "score": SCORE_KINDS[kind], "temperature": t, "n": len(part),
+                         "score": SCORE_KINDS[kind], "temperature": t,
+                         "temperature_at_bound": kind == "scaled" and at_bound(t), "n": len(part),
                          "nll": nll(part["z"], part["target"], t),
                          "brier": brier(part[column], part["target"]),
                          "ece": ece(part[column], part["target"], n_bins)})
@@ -198,7 +204,10 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
 
     Positive sources: sensitivity, mean scaled score, false negatives and their share of all
     false negatives. Negative sources: false-positive rate, mean scaled score, false positives
-    and their share of all false positives.
+    and their share of all false positives. Every rate has an exact Clopper-Pearson 95%
+    interval (``*_ci_low``/``*_ci_high``): categories are small (six standard polyps in the
+    paper's test split) and rates of 0 or 1 are common, where a bootstrap interval collapses.
+    The mean scaled score has an image-bootstrap percentile interval (2,000 replicates).
     """
     part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
     if part.empty:
@@ -212,10 +221,18 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
         positive_call = called_positive[group.index]
         n_errors = int((positive_call != (target == 1)).sum())
         total = total_fn if target == 1 else total_fp
+        low, high = stats.clopper_pearson_interval(int(positive_call.sum()), len(group))
+        mean_score = stats.bootstrap_mean_ci(group["scaled_score"].to_numpy(float))
         rows.append({"target": int(target), "source": source, "n": len(group),
                      "sensitivity": float(positive_call.mean()) if target == 1 else np.nan,
+                     "sensitivity_ci_low": low if target == 1 else np.nan,
+                     "sensitivity_ci_high": high if target == 1 else np.nan,
                      "false_positive_rate": float(positive_call.mean()) if target == 0 else np.nan,
-                     "mean_scaled_score": float(group["scaled_score"].mean()),
+                     "false_positive_rate_ci_low": low if target == 0 else np.nan,
+                     "false_positive_rate_ci_high": high if target == 0 else np.nan,
+                     "mean_scaled_score": mean_score["estimate"],
+                     "mean_scaled_score_ci_low": mean_score["ci_low"],
+                     "mean_scaled_score_ci_high": mean_score["ci_high"],
                      "false_negatives": n_errors if target == 1 else 0,
                      "false_positives": n_errors if target == 0 else 0,
                      "share_of_errors": n_errors / total if total else np.nan})

@@ -9,12 +9,23 @@ Conventions (DESIGN.md section 4):
   figure-specific mean IoU, 500 image-cluster replicates for the adjusted logistic model.
 - Empty populations (n = 0) give NaN estimates and intervals rather than an error, so that an
   empty high-score panel can be shown as such.
+- Binary outcomes (proportions): the percentile bootstrap is kept where it is informative (it is
+  paired with the other outcomes of the same images, and the protocol's tables use it), but a
+  proportion of 0/n or n/n has a degenerate bootstrap distribution (every replicate equal), so
+  its interval is replaced by the exact Clopper-Pearson interval (59/59 -> 0.939 to 1.000).
+  Proportions that are not paired with anything (per source category) use Clopper-Pearson
+  throughout; ``wilson_interval`` is offered for comparison.
+- Separation: a logistic term whose maximum-likelihood estimate is infinite (complete or
+  quasi-complete separation) is detected by the linear program of Konis (2007) before any fit
+  (``separation_directions``) and is reported as not estimable, never as a penalty-set number.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import linalg as scipy_linalg
 from scipy import stats as scipy_stats
+from scipy.optimize import linprog
 
 BOOTSTRAP_SEED = 20260721
 SPATIAL_REPLICATES = 2000
@@ -23,6 +34,53 @@ CLUSTER_REPLICATES = 500
 CONFIDENCE_LEVEL = 0.95
 RIDGE_PENALTY = 1e-4
 INTERCEPT_PENALTY = 1e-8
+PERCENTILE_BOOTSTRAP = "percentile bootstrap"
+EXACT_WHEN_DEGENERATE = "Clopper-Pearson (bootstrap degenerate)"
+CLOPPER_PEARSON = "Clopper-Pearson"
+
+
+class ConvergenceError(ArithmeticError):
+    """An iterative fit stopped before its convergence criterion was met."""
+
+
+def clopper_pearson_interval(successes, n, level: float = CONFIDENCE_LEVEL
+                             ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Exact (Clopper-Pearson) interval of a binomial proportion ``successes / n``.
+
+    Beta quantiles: low = B(a/2; k, n-k+1) (0 when k = 0), high = B(1-a/2; k+1, n-k) (1 when
+    k = n). Scalars or arrays of equal shape; n = 0 gives NaN.
+    """
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    alpha = 1.0 - level
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.where(k > 0, scipy_stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+        high = np.where(k < n, scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    low, high = np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
+    return (float(low), float(high)) if low.ndim == 0 else (low, high)
+
+
+def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
+                    ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Wilson score interval of ``successes / n`` (no continuity correction); n = 0 gives NaN."""
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    z = scipy_stats.norm.ppf(1 - (1 - level) / 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        low, high = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    low, high = np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
+    return (float(low), float(high)) if low.ndim == 0 else (low, high)
+
+
+def proportion_ci(successes: int, n: int, level: float = CONFIDENCE_LEVEL) -> dict:
+    """``{"estimate", "ci_low", "ci_high", "n", "successes", "interval"}`` with the exact
+    Clopper-Pearson interval (NaN when n = 0)."""
+    low, high = clopper_pearson_interval(successes, n, level)
+    return {"estimate": successes / n if n else float("nan"), "ci_low": low, "ci_high": high,
+            "n": int(n), "successes": int(successes), "interval": CLOPPER_PEARSON}
 
 
 def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -42,13 +100,17 @@ def percentile_interval(replicate_values: np.ndarray, level: float = CONFIDENCE_
 
 
 def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = BOOTSTRAP_SEED,
-                      level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
+                      level: float = CONFIDENCE_LEVEL, exact_when_degenerate: bool = True
+                      ) -> dict[str, np.ndarray | float]:
     """Mean of ``values`` with an image-bootstrap percentile interval.
 
     ``values``: float array (n,) or (n, k) -- rows are images, columns are outcomes (e.g.
     methods) resampled with the same image indices. Booleans count as 0/1. NaN is rejected:
-    drop undefined rows before calling. Returns ``{"estimate", "ci_low", "ci_high", "n"}``
-    (scalars for 1-D input, (k,) arrays for 2-D input; NaN when n = 0).
+    drop undefined rows before calling. Returns ``{"estimate", "ci_low", "ci_high", "n",
+    "interval"}`` (scalars for 1-D input, (k,) arrays for 2-D input; NaN when n = 0).
+    ``interval`` names the method per column: a 0/1 column whose proportion is 0/n or n/n
+    has a degenerate bootstrap (every replicate equal), and with ``exact_when_degenerate``
+    its interval is the exact Clopper-Pearson one instead of the point "1.000 to 1.000".
     """
     array = np.asarray(values, dtype=np.float64)
     one_dimensional = array.ndim == 1
@@ -59,6 +121,7 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
     if np.isnan(array).any():
         raise ValueError("values contain NaN; remove undefined rows before bootstrapping")
     n = array.shape[0]
+    interval = np.full(array.shape[1], PERCENTILE_BOOTSTRAP, dtype=object)
     if n == 0:
         nan = np.full(array.shape[1], np.nan)
         estimate, low, high = nan, nan, nan
@@ -69,10 +132,19 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
         replicate_means = draw_counts @ array / n
         estimate = array.mean(axis=0)
         low, high = percentile_interval(replicate_means, level)
+        if exact_when_degenerate:
+            binary = np.all((array == 0) | (array == 1), axis=0)
+            degenerate = binary & ((estimate == 0) | (estimate == 1))
+            if degenerate.any():
+                successes = array[:, degenerate].sum(axis=0)
+                exact_low, exact_high = clopper_pearson_interval(successes, np.full(successes.shape, n), level)
+                low, high = low.copy(), high.copy()
+                low[degenerate], high[degenerate] = exact_low, exact_high
+                interval[degenerate] = EXACT_WHEN_DEGENERATE
     if one_dimensional:
         return {"estimate": float(estimate[0]), "ci_low": float(low[0]),
-                "ci_high": float(high[0]), "n": n}
-    return {"estimate": estimate, "ci_low": low, "ci_high": high, "n": n}
+                "ci_high": float(high[0]), "n": n, "interval": str(interval[0])}
+    return {"estimate": estimate, "ci_low": low, "ci_high": high, "n": n, "interval": interval}
 
 
 def paired_difference_ci(first, second, replicates: int = SPATIAL_REPLICATES,
@@ -82,7 +154,9 @@ def paired_difference_ci(first, second, replicates: int = SPATIAL_REPLICATES,
     second = np.asarray(second, dtype=np.float64)
     if first.shape != second.shape or first.ndim != 1:
         raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
-    return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level)
+    # A difference is not a proportion: no exact binomial interval even when it is constant.
+    return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level,
+                             exact_when_degenerate=False)
 
 
 def exact_paired_binomial(failure_first, failure_second) -> dict:
@@ -138,18 +212,52 @@ def holm_adjust(p_values) -> np.ndarray:
     return adjusted
 
 
+def separation_directions(design, outcome, tolerance: float = 1e-6) -> np.ndarray:
+    """Which logistic coefficients have an infinite maximum-likelihood estimate, and their sign.
+
+    ``design``: float (n, p) including the intercept column; ``outcome``: 0/1 (n,). Solves the
+    linear program of Konis (2007, eq. 4.23) with ``scipy.optimize.linprog``: maximise
+    sum(Xb beta) subject to Xb beta >= 0 and -1 <= beta <= 1, where Xb = (2y - 1) * X. A
+    non-zero coefficient of the solution is one that can grow without bound while never
+    lowering the likelihood: the data are (quasi-)completely separated along it. Returns int8
+    (p,): +1 (estimate is +inf), -1 (-inf) or 0 (finite). Only rows that are present matter,
+    so pass the rows a weighted fit gives positive weight. A constant outcome separates the
+    intercept. Raises ValueError for a rank-deficient design (per-term directions are then
+    undefined).
+    """
+    x = np.asarray(design, dtype=np.float64)
+    y = np.asarray(outcome, dtype=np.float64)
+    if x.ndim != 2 or y.shape != (x.shape[0],) or not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError(f"design must be (n, p) and outcome 0/1 (n,), got {x.shape} and {y.shape}")
+    if np.linalg.matrix_rank(x) < x.shape[1]:
+        raise ValueError(f"design of shape {x.shape} is rank deficient: separation per term is "
+                         "undefined (drop collinear or constant columns)")
+    signed = x * (2.0 * y - 1.0)[:, None]
+    result = linprog(-signed.sum(axis=0), A_ub=-signed, b_ub=np.zeros(len(y)),
+                     bounds=[(-1.0, 1.0)] * x.shape[1], method="highs")
+    if not result.success:
+        raise RuntimeError(f"separation linear program failed: {result.message}")
+    beta = np.where(np.abs(result.x) > tolerance, np.sign(result.x), 0.0)
+    return beta.astype(np.int8)
+
+
 def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PENALTY,
-                       intercept_penalty: float = INTERCEPT_PENALTY, max_iterations: int = 100,
-                       tolerance: float = 1e-10) -> np.ndarray:
-    """Logistic regression by Newton-Raphson (IRLS) with a tiny ridge penalty.
+                       intercept_penalty: float = INTERCEPT_PENALTY, max_iterations: int = 200,
+                       tolerance: float = 1e-8, max_halvings: int = 40) -> np.ndarray:
+    """Logistic regression by damped Newton-Raphson with a tiny ridge penalty.
 
     ``design``: float (n, p), column 0 must be the intercept (all ones).
     ``outcome``: 0/1 (n,). ``weights``: frequency weights, float (n,) or (R, n) to fit R
     weighted problems at once (a cluster bootstrap is a frequency weighting of the rows).
     Maximises sum_i w_i log-lik_i - penalty/2 * ||beta[1:]||^2 - intercept_penalty/2 * beta[0]^2.
-    Returns beta, (p,) or (R, p). The penalty keeps estimates finite under separation while
-    barely moving them otherwise; the intercept gets a far smaller one so that a bootstrap
-    replicate whose outcomes are all equal still has a finite (large) solution.
+    Each Newton step is halved (up to ``max_halvings`` times) until the penalised
+    log-likelihood does not decrease; the fit has converged when the largest applied step is
+    below ``tolerance``. Returns beta, (p,) or (R, p). Raises ``ConvergenceError`` naming the
+    largest gradient norm when ``max_iterations`` pass without convergence.
+
+    The penalty keeps estimates finite under separation, but a separated term's value is
+    then set by the penalty, not the data: detect separation first
+    (``separation_directions``) and do not report such a term as a number.
     """
     x = np.asarray(design, dtype=np.float64)
     y = np.asarray(outcome, dtype=np.float64)
@@ -164,17 +272,40 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
     p = x.shape[1]
     ridge = np.full(p, penalty)
     ridge[0] = intercept_penalty
+
+    def objective(beta):                                                       # (R,)
+        eta = beta @ x.T
+        return (w * (y * eta - np.logaddexp(0.0, eta))).sum(axis=1) - 0.5 * (ridge * beta ** 2).sum(axis=1)
+
     beta = np.zeros((w.shape[0], p))
+    current = objective(beta)
     for _ in range(max_iterations):
         probability = 1.0 / (1.0 + np.exp(-(beta @ x.T)))                     # (R, n)
         gradient = (w * (y - probability)) @ x - ridge * beta                  # (R, p)
         curvature = w * probability * (1.0 - probability)                      # (R, n)
         hessian = np.einsum("rn,ni,nj->rij", curvature, x, x) + np.diag(ridge)  # (R, p, p)
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
-        beta = beta + step
-        if np.max(np.abs(step)) < tolerance:
-            break
-    return beta[0] if single else beta
+        scale = np.ones(w.shape[0])
+        for _ in range(max_halvings):
+            candidate = beta + scale[:, None] * step
+            value = objective(candidate)
+            worse = value < current - 1e-12 * np.maximum(1.0, np.abs(current))
+            if not worse.any():
+                break
+            scale = np.where(worse, scale / 2.0, scale)
+        applied = scale[:, None] * step
+        beta = beta + applied
+        current = objective(beta)
+        if np.max(np.abs(applied)) < tolerance:
+            return beta[0] if single else beta
+    probability = 1.0 / (1.0 + np.exp(-(beta @ x.T)))
+    gradient = (w * (y - probability)) @ x - ridge * beta
+    norms = np.linalg.norm(gradient, axis=1)
+    worst = int(np.argmax(norms))
+    raise ConvergenceError(
+        f"ridge logistic did not converge in {max_iterations} Newton iterations: largest "
+        f"gradient norm {norms[worst]:.3e} (problem {worst} of {len(norms)}); the data may be "
+        "separated or the design ill-conditioned")
 
 
 def cluster_bootstrap_odds_ratios(design, outcome, clusters, term_names,
@@ -186,21 +317,149 @@ def cluster_bootstrap_odds_ratios(design, outcome, clusters, term_names,
     ``clusters``: (n,) cluster label per row (the image id: all method rows of one image move
     together). Each replicate draws clusters with replacement; a cluster drawn k times enters
     with frequency weight k, so all replicates are fitted at once. ``term_names``: names of the
-    p design columns (the intercept is dropped from the output). Returns ``{"term",
-    "odds_ratio", "ci_low", "ci_high"}`` as arrays over the non-intercept terms.
+    p design columns (the intercept is dropped from the output).
+
+    A replicate whose drawn rows separate a term has an infinite estimate for it: that
+    replicate counts as +inf or -inf for the term (not its penalty-set value), so a bound
+    reached by such replicates is infinite (an odds-ratio bound of 0 or inf). Returns
+    ``{"term", "odds_ratio", "ci_low", "ci_high", "separated_replicates"}`` as arrays over the
+    non-intercept terms. The full-data fit is expected to be free of separation (check with
+    ``separation_directions`` first).
     """
     x = np.asarray(design, dtype=np.float64)
+    y = np.asarray(outcome, dtype=np.float64)
     labels, cluster_index = np.unique(np.asarray(clusters), return_inverse=True)
     if len(term_names) != x.shape[1]:
         raise ValueError(f"{len(term_names)} term names for {x.shape[1]} design columns")
-    beta = fit_ridge_logistic(x, outcome, penalty=penalty)
+    beta = fit_ridge_logistic(x, y, penalty=penalty)
     draws = bootstrap_indices(labels.size, replicates, seed)                    # (R, clusters)
     cluster_counts = _row_bincount(draws, labels.size)                          # (R, clusters)
     row_weights = cluster_counts[:, cluster_index]                              # (R, n)
-    replicate_beta = fit_ridge_logistic(x, outcome, weights=row_weights, penalty=penalty)
-    low, high = percentile_interval(np.exp(replicate_beta), level)
-    return {"term": np.asarray(term_names[1:]), "odds_ratio": np.exp(beta[1:]),
-            "ci_low": low[1:], "ci_high": high[1:]}
+    replicate_beta = fit_ridge_logistic(x, y, weights=row_weights, penalty=penalty)
+    directions = replicate_separation(x, y, row_weights)                        # (R, p)
+    log_odds = np.where(directions > 0, np.inf, np.where(directions < 0, -np.inf, replicate_beta))
+    low, high = _percentile_with_infinities(log_odds, level)
+    with np.errstate(over="ignore"):
+        return {"term": np.asarray(term_names[1:]), "odds_ratio": np.exp(beta[1:]),
+                "ci_low": np.exp(low[1:]), "ci_high": np.exp(high[1:]),
+                "separated_replicates": (directions[:, 1:] != 0).sum(axis=0)}
+
+
+def replicate_separation(design, outcome, row_weights) -> np.ndarray:
+    """Separation directions (``separation_directions``) of each weighted replicate, int8 (R, p).
+
+    Only rows with positive weight enter a replicate. Replicates whose retained design is rank
+    deficient (a term absent from every drawn row) count that as no separation; their
+    estimate is then the penalty's zero for the missing term.
+    """
+    x = np.asarray(design, dtype=np.float64)
+    y = np.asarray(outcome, dtype=np.float64)
+    weights = np.atleast_2d(row_weights)
+    result = np.zeros((weights.shape[0], x.shape[1]), dtype=np.int8)
+    seen: dict[bytes, np.ndarray] = {}
+    for r, row in enumerate(weights):
+        present = row > 0
+        key = np.packbits(present).tobytes()
+        if key not in seen:
+            try:
+                seen[key] = separation_directions(x[present], y[present])
+            except ValueError:
+                seen[key] = np.zeros(x.shape[1], dtype=np.int8)
+        result[r] = seen[key]
+    return result
+
+
+def _percentile_with_infinities(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval over axis 0 where values may be +-inf (order statistics stay valid:
+    a bound whose neighbouring order statistics are infinite is infinite)."""
+    tail = 100.0 * (1.0 - level) / 2.0
+    big = np.finfo(np.float64).max / 4
+    clipped = np.clip(values, -big, big)
+    low, high = np.percentile(clipped, [tail, 100.0 - tail], axis=0)
+    low = np.where(low <= -big / 2, -np.inf, low)
+    high = np.where(high >= big / 2, np.inf, high)
+    return low, high
+
+
+def weighted_average_precision(score, target, weights) -> np.ndarray:
+    """Average precision of ``score`` for 0/1 ``target`` under each row of frequency weights.
+
+    ``weights``: float (R, n). The same step-wise definition as
+    ``sklearn.metrics.average_precision_score`` with ``sample_weight`` (thresholds at the
+    distinct scores, AP = sum over thresholds of recall increase x precision), computed for
+    all R rows at once. Rows without a weighted positive give NaN.
+    """
+    score = np.asarray(score, dtype=np.float64)
+    y = np.asarray(target, dtype=np.float64)
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    order = np.argsort(-score, kind="mergesort")
+    sorted_score, y, w = score[order], y[order], w[:, order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(sorted_score) != 0), len(sorted_score) - 1]
+    true_positives = np.cumsum(w * y, axis=1)[:, last_of_tie]
+    false_positives = np.cumsum(w * (1 - y), axis=1)[:, last_of_tie]
+    total = true_positives[:, -1:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        precision = np.nan_to_num(true_positives / (true_positives + false_positives))
+        recall = true_positives / total
+        gained = np.diff(np.concatenate([np.zeros((len(w), 1)), recall], axis=1), axis=1)
+        return np.where(total[:, 0] > 0, (gained * precision).sum(axis=1), np.nan)
+
+
+CLASSIFIER_METRICS = ("auprc", "accuracy_at_0.5", "sensitivity", "specificity")
+
+
+def classifier_metric_intervals(z, target, replicates: int = CLASSIFIER_REPLICATES,
+                                seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL
+                                ) -> dict[str, dict]:
+    """Test-split classifier metrics with image-bootstrap percentile CIs.
+
+    ``z``: float (n,) logit differences (the score's ranking; decision z >= 0 = score >= 0.5);
+    ``target``: 0/1 (n,). Metrics: AUPRC (``sklearn.metrics.average_precision_score`` of z),
+    accuracy at 0.5, sensitivity and specificity at 0.5. Images are resampled with
+    ``bootstrap_indices``; a replicate without a positive (or negative) image leaves AUPRC and
+    sensitivity (specificity) undefined and is skipped for that metric (counted in
+    ``undefined_replicates``). A proportion at 0 or 1 (degenerate bootstrap) gets the exact
+    Clopper-Pearson interval instead. Returns metric -> ``{"estimate", "ci_low", "ci_high",
+    "interval", "undefined_replicates"}``.
+    """
+    from sklearn.metrics import average_precision_score
+
+    z = np.asarray(z, dtype=np.float64)
+    y = np.asarray(target, dtype=np.int64)
+    if z.shape != y.shape or z.ndim != 1 or len(z) == 0 or not np.isin(y, (0, 1)).all():
+        raise ValueError(f"need equal non-empty 1-D z and 0/1 target, got {z.shape} and {y.shape}")
+    correct = ((z >= 0).astype(int) == y).astype(float)
+    counts = _row_bincount(bootstrap_indices(len(z), replicates, seed), len(z)).astype(float)
+    positives, negatives = counts @ y, counts @ (1 - y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        replicate = {"accuracy_at_0.5": counts @ correct / len(z),
+                     "sensitivity": counts @ (correct * y) / positives,
+                     "specificity": counts @ (correct * (1 - y)) / negatives}
+    auprc = weighted_average_precision(z, y, counts)
+    auprc[(positives == 0) | (negatives == 0)] = np.nan
+    replicate["auprc"] = auprc
+    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
+    estimate = {"auprc": float(average_precision_score(y, z)) if 0 < n_pos < len(y) else np.nan,
+                "accuracy_at_0.5": float(correct.mean()),
+                "sensitivity": float(correct[y == 1].mean()) if n_pos else np.nan,
+                "specificity": float(correct[y == 0].mean()) if n_neg else np.nan}
+    successes = {"accuracy_at_0.5": (int(correct.sum()), len(z)),
+                 "sensitivity": (int(correct[y == 1].sum()), n_pos),
+                 "specificity": (int(correct[y == 0].sum()), n_neg)}
+    tail = 100.0 * (1.0 - level) / 2.0
+    result = {}
+    for metric in CLASSIFIER_METRICS:
+        values = replicate[metric]
+        defined = values[~np.isnan(values)]
+        low, high = (np.percentile(defined, [tail, 100.0 - tail]) if len(defined)
+                     else (np.nan, np.nan))
+        interval = PERCENTILE_BOOTSTRAP
+        if metric in successes and estimate[metric] in (0.0, 1.0):
+            low, high = clopper_pearson_interval(*successes[metric], level)
+            interval = EXACT_WHEN_DEGENERATE
+        result[metric] = {"estimate": estimate[metric], "ci_low": float(low), "ci_high": float(high),
+                          "interval": interval, "undefined_replicates": int(replicates - len(defined))}
+    return result
 
 
 def _row_bincount(draws: np.ndarray, size: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from endoexplain_core.analysis import stats
+from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
 from endoexplain_core.methods import method_label
 
@@ -207,13 +207,18 @@ def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS,
 
 
 def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
-                          primary_id: str, score_threshold: float) -> pd.DataFrame:
+                          primary_id: str, score_threshold: float,
+                          identical_by_arch: dict | None = None) -> pd.DataFrame:
     """Per checkpoint and map method: failure on its own and on the primary's high-score set.
 
     ``tables``: audit rows of several checkpoints on one dataset; ``random_deletion``: their
     per-image random-deletion rows. Columns: checkpoint_id, arch, seed, control, method,
     n_own, failure_own, n_fixed, failure_fixed, logit_drop_all (CAMs: mean over all images),
-    random_deletion_mean (the checkpoint's mean random-deletion logit drop over all images).
+    random_deletion_mean (the checkpoint's mean random-deletion logit drop over all images),
+    temperature and temperature_at_bound (the fit stopped on a search bound, so this
+    checkpoint's scaled scores, and with them its own high-score subset, are set by the bound),
+    identical_with (the other CAMs this method equals by construction at the checkpoint's
+    target layer, from ``identical_by_arch``: arch -> groups; empty when none or not given).
     """
     primary = tables[tables["checkpoint_id"] == primary_id]
     if primary.empty:
@@ -235,8 +240,19 @@ def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
                          "n_fixed": len(fixed),
                          "failure_fixed": fixed["peak_outside_mask"].mean() if len(fixed) else np.nan,
                          "logit_drop_all": rows_of_method["logit_drop"].mean(),
-                         "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan})
+                         "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan,
+                         "temperature": float(first["temperature"]),
+                         "temperature_at_bound": calibration.at_bound(float(first["temperature"])),
+                         "identical_with": _identical_with(method, (identical_by_arch or {}).get(first["arch"], ()))})
     return pd.DataFrame(rows)
+
+
+def _identical_with(method: str, groups) -> str:
+    """The other methods of ``method``'s identical-by-construction group, joined by " = "."""
+    for group in groups:
+        if method in group:
+            return " = ".join(method_label(m) for m in group if m != method)
+    return ""
 
 
 def architecture_ranges(robustness: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -277,6 +293,127 @@ def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICA
     return pd.DataFrame(rows)
 
 
+def lesion_area_cut_points(table: pd.DataFrame) -> tuple[float, float]:
+    """Tertile cut-points of lesion area over the whole audit pool of this table.
+
+    Images are ranked by lesion area (ties by sample id) and cut into three near-equal groups
+    as in ``lesion_tertiles``; the cut-points are the largest areas of the small and medium
+    groups. An image is small when area <= first, medium when <= second, large otherwise.
+    """
+    _single_checkpoint(table)
+    areas = table.groupby("sample_id")["lesion_area_fraction"].first()
+    ranked = areas.reset_index().sort_values(["lesion_area_fraction", "sample_id"])
+    groups = pd.qcut(np.arange(len(ranked)), 3, labels=list(TERTILE_LABELS))
+    ranked["tertile"] = np.asarray(groups)
+    by_group = ranked.groupby("tertile", observed=False)["lesion_area_fraction"].max()
+    return float(by_group["small"]), float(by_group["medium"])
+
+
+def lesion_strata_high_score(table: pd.DataFrame, score_threshold: float,
+                             replicates: int = stats.SPATIAL_REPLICATES,
+                             seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Failure per map method by lesion-size stratum within the high-score subset.
+
+    The protocol's definition: strata cut at the tertile cut-points of the *full* masked pool
+    (``lesion_area_cut_points``), applied to the images with scaled score >= threshold, so
+    strata within the subset need not be equal in size. Columns: population, stratum,
+    area_cut_low, area_cut_high, method, n, failures, failure_rate, ci_low, ci_high, interval.
+    A stratum without images has n = 0 and NaN rates.
+    """
+    first, second = lesion_area_cut_points(table)
+    ids = high_score_ids(table, score_threshold)
+    areas = table.groupby("sample_id")["lesion_area_fraction"].first()
+    bounds = {"small": (-np.inf, first), "medium": (first, second), "large": (second, np.inf)}
+    rows = []
+    for stratum, (low, high) in bounds.items():
+        members = sorted(s for s in ids if low < areas[s] <= high)
+        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, members)
+        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        for k, method in enumerate(MAP_METHODS):
+            rows.append({"population": f"scaled score >= {score_threshold:.2f}",
+                         "stratum": stratum, "area_cut_low": low, "area_cut_high": high,
+                         "method": method, "n": len(members),
+                         "failures": int(np.nansum(matrix[:, k])) if len(members) else 0,
+                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
+                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
+                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k]),
+                         "interval": str(np.atleast_1d(summary["interval"])[k])})
+    return pd.DataFrame(rows)
+
+
+SECONDARY_OUTCOMES = {"iou_below_0_10": "Top-20% IoU < 0.10 (rate)",
+                      "centre_of_mass_distance": "Centre-of-mass distance",
+                      "score_drop": "Scaled-score drop after top-20% deletion"}
+
+
+def secondary_outcomes(table: pd.DataFrame, score_threshold: float,
+                       replicates: int = stats.SPATIAL_REPLICATES,
+                       seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """The protocol's secondary outcomes per map method, high-score subset and all images.
+
+    IoU < 0.10 (rate), centre-of-mass distance (the audit's normalised distance between the
+    map's centre of mass and the lesion's) and the temperature-scaled score drop after the
+    top-20% deletion (CAMs only; NaN for baselines). Image-bootstrap CIs with the images of a
+    panel shared by every method. Columns: panel, population, outcome, label, method, n,
+    estimate, ci_low, ci_high, interval.
+    """
+    _single_checkpoint(table)
+    populations = (("A", f"scaled score >= {score_threshold:.2f}", high_score_ids(table, score_threshold)),
+                   ("B", "all masked images", sorted(table["sample_id"].unique())))
+    rows = []
+    for panel, population, ids in populations:
+        for outcome, label in SECONDARY_OUTCOMES.items():
+            methods = CAM_METHODS if outcome == "score_drop" else MAP_METHODS
+            matrix = image_matrix(table, outcome, methods, ids)
+            summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+            for k, method in enumerate(methods):
+                rows.append({"panel": panel, "population": population, "outcome": outcome,
+                             "label": label, "method": method, "n": len(ids),
+                             "estimate": float(np.atleast_1d(summary["estimate"])[k]),
+                             "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
+                             "ci_high": float(np.atleast_1d(summary["ci_high"])[k]),
+                             "interval": str(np.atleast_1d(summary["interval"])[k])})
+    return pd.DataFrame(rows)
+
+
+def checkpoint_failure_ranges(robustness: pd.DataFrame, identical_by_arch: dict | None = None,
+                              non_learning: set | frozenset = frozenset()) -> pd.DataFrame:
+    """Per CAM method: minimum and maximum failure rate across checkpoints (the paper's ranges).
+
+    ``robustness``: ``checkpoint_robustness`` output; controls are left out. Both subsets:
+    each checkpoint's own high-score subset and the primary's fixed subset. A checkpoint
+    with no eligible image does not enter its range (counted in ``n_checkpoints``).
+    ``identical_by_arch``: arch -> groups of methods identical by construction at that
+    architecture's target layer (``networks.identical_methods``); ``non_learning``:
+    checkpoint ids that learned nothing (their rows enter the range and are named).
+    Columns: subset, method, n_checkpoints, min, min_checkpoint, max, max_checkpoint,
+    identical_by_construction_in (architectures where this method equals another CAM),
+    non_learning_checkpoints, temperature_at_bound_checkpoints.
+    """
+    matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
+    identical_by_arch = identical_by_arch or {}
+    rows = []
+    for subset, column in (("own high-score subset", "failure_own"),
+                           ("primary's fixed subset", "failure_fixed")):
+        for method in CAM_METHODS:
+            part = matrix[(matrix["method"] == method) & matrix[column].notna()]
+            identical_in = sorted(arch for arch, groups in identical_by_arch.items()
+                                  if any(method in group for group in groups))
+            at_bound = (sorted(part.loc[part["temperature_at_bound"], "checkpoint_id"])
+                        if "temperature_at_bound" in part else [])
+            row = {"subset": subset, "method": method, "n_checkpoints": len(part),
+                   "min": np.nan, "min_checkpoint": "", "max": np.nan, "max_checkpoint": "",
+                   "identical_by_construction_in": ", ".join(identical_in),
+                   "non_learning_checkpoints": ", ".join(sorted(set(part["checkpoint_id"]) & set(non_learning))),
+                   "temperature_at_bound_checkpoints": ", ".join(at_bound)}
+            if len(part):
+                low, high = part.loc[part[column].idxmin()], part.loc[part[column].idxmax()]
+                row.update({"min": float(low[column]), "min_checkpoint": low["checkpoint_id"],
+                            "max": float(high[column]), "max_checkpoint": high["checkpoint_id"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 TABLE5_TERMS = {
     "gradcampp": "Grad-CAM++ versus Grad-CAM",
     "xgradcam": "XGrad-CAM versus Grad-CAM",
@@ -309,40 +446,198 @@ def table5_model_frame(table: pd.DataFrame, score_threshold: float) -> pd.DataFr
     return frame
 
 
+SEPARATION_NOTE = "not estimable ({k}/{n} failed; quasi-complete separation)"
+ODDS_RATIO_DISPLAY_LIMIT = 1000.0
+
+
+def _method_terms() -> tuple[str, ...]:
+    return tuple(CAM_METHODS[1:])
+
+
+def detect_table5_separation(frame: pd.DataFrame) -> dict:
+    """Terms of the adjusted model whose maximum-likelihood estimate is infinite.
+
+    Detection by linear programming (``stats.separation_directions``), repeated after each
+    removal: a separated CAM indicator (e.g. a method that fails on every high-score image)
+    is removed together with its rows, which leaves exactly the likelihood of the other
+    terms; the check is then run again on what remains. Returns ``{"separated": {term: note},
+    "rows": boolean mask of the rows kept, "terms": the design columns kept (intercept first),
+    "unresolved": [terms still separated that are not CAM indicators]}``.
+    """
+    keep = np.ones(len(frame), dtype=bool)
+    terms = ["intercept", *TABLE5_TERMS]
+    separated: dict[str, str] = {}
+    while True:
+        design = frame.loc[keep, terms].to_numpy(dtype=float)
+        outcome = frame.loc[keep, "failure"].to_numpy(dtype=float)
+        directions = stats.separation_directions(design, outcome)
+        flagged = [t for t, d in zip(terms, directions) if d != 0]
+        indicators = [t for t in flagged if t in _method_terms()]
+        if not indicators:
+            return {"separated": separated, "rows": keep, "terms": terms,
+                    "unresolved": [t for t in flagged]}
+        for term in indicators:
+            rows = keep & (frame["method"] == term).to_numpy()
+            failed = int(frame.loc[rows, "failure"].sum())
+            separated[term] = SEPARATION_NOTE.format(k=failed, n=int(rows.sum()))
+            keep = keep & ~rows
+            terms.remove(term)
+
+
 def table5(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
            seed: int = stats.BOOTSTRAP_SEED, penalty: float = stats.RIDGE_PENALTY) -> pd.DataFrame:
     """Odds ratios of the adjusted model with image-cluster bootstrap CIs (Table 5).
 
-    ``frame``: ``table5_model_frame`` output. Raises when it has no rows (empty panel A).
+    ``frame``: ``table5_model_frame`` output. Separation is detected first
+    (``detect_table5_separation``): a separated CAM term is reported with NaN odds ratio,
+    ``estimable`` False and ``note`` "not estimable (k/n failed; quasi-complete
+    separation)", and its rows are left out of the fit of the other terms. Columns: term,
+    odds_ratio, ci_low, ci_high, estimable, note, separated_replicates (bootstrap replicates
+    in which the term was separated; those count as an infinite estimate, so a CI bound they
+    reach is 0 or inf). Raises when there are no rows, when the outcome is constant, or when
+    a term other than a CAM indicator is separated.
     """
     if frame.empty:
         raise ValueError("no high-score images: the adjusted model cannot be fitted")
     if frame["failure"].nunique() < 2:
         raise ValueError("peak failure is constant among the high-score CAM rows: the adjusted "
                          "model is not identifiable")
-    names = ["intercept", *TABLE5_TERMS]
+    found = detect_table5_separation(frame)
+    if found["unresolved"]:
+        raise ValueError(f"terms {found['unresolved']} are separated and cannot be removed by "
+                         "dropping a method: the adjusted model is not identifiable")
+    kept = frame.loc[found["rows"]]
     result = stats.cluster_bootstrap_odds_ratios(
-        frame[names].to_numpy(), frame["failure"].to_numpy(), frame["sample_id"].to_numpy(),
-        names, replicates=replicates, seed=seed, penalty=penalty)
-    return pd.DataFrame({"term": [TABLE5_TERMS[t] for t in result["term"]],
-                         "odds_ratio": result["odds_ratio"], "ci_low": result["ci_low"],
-                         "ci_high": result["ci_high"]})
+        kept[found["terms"]].to_numpy(), kept["failure"].to_numpy(), kept["sample_id"].to_numpy(),
+        found["terms"], replicates=replicates, seed=seed, penalty=penalty)
+    fitted = {t: (o, lo, hi, int(k)) for t, o, lo, hi, k in zip(
+        result["term"], result["odds_ratio"], result["ci_low"], result["ci_high"],
+        result["separated_replicates"])}
+    rows = []
+    for term, label in TABLE5_TERMS.items():
+        if term in fitted:
+            odds_ratio, low, high, k = fitted[term]
+            rows.append({"term": label, "odds_ratio": odds_ratio, "ci_low": low, "ci_high": high,
+                         "estimable": True, "note": "", "separated_replicates": k})
+        else:
+            rows.append({"term": label, "odds_ratio": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+                         "estimable": False, "note": found["separated"][term],
+                         "separated_replicates": replicates})
+    return pd.DataFrame(rows)
 
 
 def adjusted_model_table(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
                          seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, str]:
     """Table 5 and a one-line status; always a table, so later stages can rely on it.
 
-    When the model is not identifiable (no high-score image, or a constant failure outcome)
-    the table lists the terms with NaN odds ratios and the status says why.
+    When the model is not identifiable (no high-score image, a constant failure outcome, a
+    separated covariate or a rank-deficient design) the table lists the terms with NaN odds
+    ratios and the status says why. The status also names separated (not estimable) terms.
     """
     n_images = frame["sample_id"].nunique()
-    if n_images and frame["failure"].nunique() == 2:
-        return (table5(frame, replicates=replicates, seed=seed),
-                f"fitted on {n_images} high-score images x {len(CAM_METHODS)} CAMs, "
-                f"{replicates} image-cluster bootstrap replicates")
-    reason = ("no image reached the score threshold" if n_images == 0 else
-              f"peak failure is constant over the {n_images} high-score images")
+    reason = None
+    if n_images == 0:
+        reason = "no image reached the score threshold"
+    elif frame["failure"].nunique() < 2:
+        reason = f"peak failure is constant over the {n_images} high-score images"
+    else:
+        try:
+            table = table5(frame, replicates=replicates, seed=seed)
+        except ValueError as error:
+            reason = str(error)
+    if reason is None:
+        dropped = table.loc[~table["estimable"], "term"].tolist()
+        status = (f"fitted on {n_images} high-score images x {len(CAM_METHODS)} CAMs, "
+                  f"{replicates} image-cluster bootstrap replicates")
+        if dropped:
+            status += ("; not estimable (quasi-complete separation, rows left out of the fit): "
+                       + ", ".join(dropped))
+        return table, status
     empty = pd.DataFrame({"term": list(TABLE5_TERMS.values()), "odds_ratio": np.nan,
-                          "ci_low": np.nan, "ci_high": np.nan})
+                          "ci_low": np.nan, "ci_high": np.nan, "estimable": False,
+                          "note": "model not fitted", "separated_replicates": 0})
     return empty, f"NOT fitted: {reason}, so the model is not identifiable in this run"
+
+
+def format_odds_ratio(value: float, digits: int = 3) -> str:
+    """An odds ratio for print: beyond 1/1,000 .. 1,000 it is shown as a bound, never a number
+    (such values come from separation or near-separation, not from the data)."""
+    if np.isnan(value):
+        return ""
+    if value > ODDS_RATIO_DISPLAY_LIMIT:
+        return f">{ODDS_RATIO_DISPLAY_LIMIT:,.0f}"
+    if value < 1.0 / ODDS_RATIO_DISPLAY_LIMIT:
+        return f"<{1.0 / ODDS_RATIO_DISPLAY_LIMIT:.3f}"
+    return f"{value:.{digits}f}"
+
+
+def format_table5(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Table 5 as printed: term and "odds ratio (low to high)", or the not-estimable note."""
+    cells = []
+    for row in table.itertuples():
+        if not row.estimable:
+            cells.append(row.note)
+        else:
+            cells.append(f"{format_odds_ratio(row.odds_ratio, digits)} "
+                         f"({format_odds_ratio(row.ci_low, digits)} to "
+                         f"{format_odds_ratio(row.ci_high, digits)})")
+    return pd.DataFrame({"Term": table["term"], "Odds ratio (95% CI)": cells})
+
+
+def table5_footnote(table: pd.DataFrame, replicates: int) -> str:
+    """The footnote of Table 5: method, separated terms, and replicates that hit a bound."""
+    parts = ["Odds ratios of a logistic model of peak failure (Grad-CAM reference; ridge "
+             f"penalty {stats.RIDGE_PENALTY:g} on slopes); 95% percentile intervals over "
+             f"{replicates} image-cluster bootstrap replicates."]
+    dropped = table.loc[~table["estimable"] & (table["note"] != "model not fitted")]
+    if len(dropped):
+        parts.append("Not estimable: " + "; ".join(f"{t}: {n}" for t, n in
+                                                    zip(dropped["term"], dropped["note"]))
+                     + ". The maximum-likelihood odds ratio is infinite (detected by linear "
+                     "programming), so no number is reported; those rows were left out of the "
+                     "fit, which leaves the other terms' estimates unchanged. See the Firth "
+                     "sensitivity table.")
+    hit = table.loc[table["estimable"] & (table["separated_replicates"] > 0)]
+    if len(hit):
+        parts.append("Replicates with separation count as infinite estimates: " + "; ".join(
+            f"{t}: {k} of {replicates}" for t, k in zip(hit["term"], hit["separated_replicates"]))
+            + ".")
+    return " ".join(parts)
+
+
+def table5_firth(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
+    """Firth-penalised logistic model of the same terms (sensitivity analysis of Table 5).
+
+    ``firthmodels.FirthLogisticRegression`` (Jeffreys-prior penalty) gives finite estimates
+    even for separated terms; intervals are profile penalised-likelihood intervals. They treat
+    the rows as independent although each image contributes five CAM rows, so they are
+    narrower than an image-cluster interval would be. Columns: term, odds_ratio, ci_low,
+    ci_high, separated_in_mle (the ordinary MLE of this term is infinite), interval.
+    Empty frame or constant outcome: NaN rows.
+    """
+    from firthmodels import FirthLogisticRegression  # optional dependency of this one table
+
+    terms = list(TABLE5_TERMS)
+    labels = [TABLE5_TERMS[t] for t in terms]
+    separated = set()
+    if len(frame) and frame["failure"].nunique() == 2:
+        try:
+            separated = set(detect_table5_separation(frame)["separated"])
+        except ValueError:
+            separated = set()
+    nan_table = pd.DataFrame({"term": labels, "odds_ratio": np.nan, "ci_low": np.nan,
+                              "ci_high": np.nan, "separated_in_mle": [t in separated for t in terms],
+                              "interval": "not fitted"})
+    if frame.empty or frame["failure"].nunique() < 2:
+        return nan_table
+    model = FirthLogisticRegression(max_iter=200, backend="numpy")
+    x = frame[terms].to_numpy(dtype=float)
+    model.fit(x, frame["failure"].to_numpy(dtype=int))
+    if not model.converged_:
+        raise stats.ConvergenceError(f"Firth logistic did not converge in {model.max_iter} iterations")
+    bounds = model.conf_int(alpha=1.0 - level, method="pl")[: len(terms)]
+    with np.errstate(over="ignore"):
+        return pd.DataFrame({"term": labels, "odds_ratio": np.exp(model.coef_),
+                             "ci_low": np.exp(bounds[:, 0]), "ci_high": np.exp(bounds[:, 1]),
+                             "separated_in_mle": [t in separated for t in terms],
+                             "interval": "profile penalised likelihood (rows independent)"})

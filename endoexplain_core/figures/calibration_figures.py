@@ -36,61 +36,95 @@ def read_checked_csv(path: str | Path, columns: tuple[str, ...], producer: str) 
     return table
 
 
+AXIS_MARGIN = 0.03   # axes run from -margin to 1 + margin so points at 0 and 1 are not clipped
+
+
 def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     """Observed positive frequency vs mean score per bin, raw and scaled; empty bins skipped.
-    Bin counts of the scaled curve are printed next to its points."""
+
+    The number of images per bin (temperature-scaled score) is printed in a row above the
+    axes at each bin's centre, so that counts never sit on the points; the legend goes below
+    the axes, clear of the diagonal.
+    """
     ax.plot([0, 1], [0, 1], color="black", linewidth=0.7, linestyle=":", label="Perfect calibration")
     for kind in ("Raw", "Temperature-scaled"):
         part = reliability[(reliability["score"] == kind) & (reliability["count"] > 0)]
         ax.plot(part["mean_score"], part["observed_frequency"], marker="o", markersize=3,
-                linewidth=1.0, color=SCORE_COLOURS[kind], label=f"{kind} score")
-        if kind == "Temperature-scaled":
-            for x, y, n in zip(part["mean_score"], part["observed_frequency"], part["count"]):
-                ax.annotate(f"{int(n)}", (x, y), textcoords="offset points", xytext=(3, -8),
-                            fontsize=6, color=SCORE_COLOURS[kind])
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+                linewidth=1.0, color=SCORE_COLOURS[kind], label=f"{kind} score", clip_on=False)
+    scaled = reliability[reliability["score"] == "Temperature-scaled"]
+    counts_transform = ax.get_xaxis_transform()          # x in data, y in axes fraction
+    ax.text(-AXIS_MARGIN, 1.03, "n:", transform=counts_transform, ha="right", va="bottom",
+            fontsize=6, color=SCORE_COLOURS["Temperature-scaled"])
+    n_bins = int(reliability["bin"].max()) + 1 if "lower" not in scaled else None
+    centres = ((scaled["lower"] + scaled["upper"]) / 2 if n_bins is None
+               else (scaled["bin"] + 0.5) / max(n_bins, 10))
+    for centre, n in zip(centres, scaled["count"]):
+        if n > 0:
+            ax.text(centre, 1.03, f"{int(n)}", transform=counts_transform,
+                    ha="center", va="bottom", fontsize=6, color=SCORE_COLOURS["Temperature-scaled"])
+    ax.set_xlim(-AXIS_MARGIN, 1 + AXIS_MARGIN)
+    ax.set_ylim(-AXIS_MARGIN, 1 + AXIS_MARGIN)
     ax.set_aspect("equal")
     ax.set_xlabel("Mean score in bin")
     ax.set_ylabel("Observed frequency of target")
-    ax.legend(frameon=False, loc="lower right")
+    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7)
 
 
 def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
-    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top."""
-    thresholds = np.sort(sensitivity["threshold"].unique())
+    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top.
+
+    Thresholds without an eligible image get no tick and no point, only "n=0" in the count
+    row (and the whole panel says so when no threshold has an image). Methods are
+    spread sideways around each threshold so that equal rates do not hide each other.
+    """
+    counts = sensitivity.groupby("threshold")["n_eligible"].max()
+    thresholds = np.sort(counts.index[counts > 0].to_numpy())
     order = [m for m in (*style.CAM_METHODS, *style.BASELINES) if m in set(sensitivity["method"])]
-    offsets = np.linspace(-0.006, 0.006, len(order)) if len(order) > 1 else [0.0]
+    spacing = float(np.min(np.diff(np.sort(counts.index)))) if len(counts) > 1 else 0.05
+    spread = 0.6 * spacing
+    offsets = np.linspace(-spread / 2, spread / 2, len(order)) if len(order) > 1 else [0.0]
     for offset, method in zip(offsets, order):
-        part = sensitivity[sensitivity["method"] == method].sort_values("threshold")
+        part = sensitivity[(sensitivity["method"] == method) & sensitivity["threshold"].isin(thresholds)]
+        part = part.sort_values("threshold")
+        if part.empty:        # an empty line would still claim a bounding box at the origin
+            continue
         errors = np.vstack([part["failure_rate"] - part["ci_low"], part["ci_high"] - part["failure_rate"]])
         ax.errorbar(part["threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
                     color=style.METHOD_COLOURS.get(method, "black"),
                     linestyle="--" if method in style.BASELINES else "-",
-                    label=style.method_label(method))
-    counts = sensitivity.groupby("threshold")["n_eligible"].max()
-    for threshold in thresholds:
-        ax.annotate(f"n={int(counts.loc[threshold])}", (threshold, 1.0), xycoords=("data", "axes fraction"),
-                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
+                    label=style.method_label(method), clip_on=False)
+    for threshold in (counts.index if len(thresholds) else []):
+        n = int(counts.loc[threshold])
+        ax.annotate(f"n={n}" if n else f"n=0 at\n\u2265 {threshold:.2f}", (threshold, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=7, color="black" if n else "dimgrey")
+    every = np.sort(counts.index.to_numpy())
+    ax.set_xlim(every.min() - spacing * 0.6, every.max() + spacing * 0.6)
     ax.set_xticks(thresholds)
     ax.set_xticklabels([f"{t:.2f}" for t in thresholds])
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-AXIS_MARGIN, 1 + AXIS_MARGIN)
     ax.set_xlabel("Temperature-scaled score threshold")
     ax.set_ylabel("Peak outside lesion (95% CI)")
-    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if len(thresholds) == 0:
+        ax.set_xticks(every)
+        ax.set_xticklabels([f"{t:.2f}" for t in every])
+        ax.text(0.5, 0.5, "n = 0 at every threshold:\nno image to estimate from",
+                transform=ax.transAxes, ha="center", va="center", fontsize=8, color="dimgrey",
+                in_layout=False)
+    if len(thresholds):
+        ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
 def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame):
     """Figure 2 with panels A (reliability) and B (failure vs threshold)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(7.2, 3.1),
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.8), layout="constrained",
                                       gridspec_kw={"width_ratios": [1, 1.25]})
     draw_reliability(left, reliability)
     draw_threshold_sensitivity(right, sensitivity)
     for ax, letter in ((left, "A"), (right, "B")):
-        ax.text(-0.18, 1.06, letter, transform=ax.transAxes, fontsize=11, fontweight="bold")
-    fig.text(0.01, -0.01, style.EIGEN_FOOTNOTE, fontsize=7, ha="left", va="top")
-    fig.tight_layout()
+        ax.set_title(letter, loc="left", fontsize=11, fontweight="bold", pad=14)
+    fig.supxlabel(style.EIGEN_FOOTNOTE, fontsize=7, x=0.01, ha="left")
     return fig
 
 
@@ -111,10 +145,10 @@ def plot_reliability_with_counts(reliability: pd.DataFrame):
     ``reliability`` is ``reliability_raw_vs_scaled`` output. Panel A is drawn by
     ``draw_reliability`` (the same drawing as Figure 2A).
     """
-    fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.2),
+    fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.8), layout="constrained",
                                              gridspec_kw={"width_ratios": [1, 1.1]})
     draw_reliability(curve_ax, reliability)
-    curve_ax.set_title("A  Reliability", loc="left")
+    curve_ax.set_title("A  Reliability", loc="left", pad=14)
     width = 0.045
     for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
         part = reliability[reliability["score"] == kind]
@@ -125,5 +159,4 @@ def plot_reliability_with_counts(reliability: pd.DataFrame):
     count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
     count_ax.set_title("B  Bin counts", loc="left")
     count_ax.legend(frameon=False)
-    fig.tight_layout()
     return fig

@@ -12,6 +12,7 @@ rendered mask must equal the table's within ``IOU_TOLERANCE`` or rendering raise
 
 from __future__ import annotations
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -72,110 +73,212 @@ def verify_rendered_iou(rendered_map: np.ndarray, rendered_mask: np.ndarray, tab
     return rendered_iou
 
 
+ROW_LETTERS = {"discordant": "A", "consensus": "B"}
+MISSING_ROW_REASONS = {
+    "discordant": "no high-score image has CAM peaks both inside and outside the mask",
+    "consensus": "no high-score image has all five CAM peaks inside the mask",
+}
+
+
 def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model: torch.nn.Module,
                    target_layer: torch.nn.Module, cases: dict, image_size: int,
                    top_fraction: float, device: str | torch.device = "cpu"):
-    """Draw the selected cases; return (figure, verification table).
+    """Recompute the selected cases' maps, verify them and draw Figure 3; return (figure, checks).
 
     ``cases``: sample_id -> (uint8 (H, W, 3) RGB, bool (H, W) mask) for the selected ids.
-    Columns per row: original frame, mask, then each CAM on a greyscale base (inferno
-    activation, cyan mask contour, white peak). The verification table lists, per drawn map,
-    the table IoU and the rendered IoU (checked within ``IOU_TOLERANCE``) and whether the
-    drawn peak equals the table's.
+    The verification table lists, per drawn map, the table IoU and the rendered IoU (checked
+    within ``IOU_TOLERANCE``; a constant map is checked like any other) and whether the drawn
+    peak equals the table's (a constant map has no peak: True when the table also says
+    constant). Drawing is ``draw_figure3``.
     """
-    drawn = [(role, sid) for role, sid in selection.items() if sid is not None]
-    n_columns = 2 + len(CAM_METHODS)
-    if not drawn:
-        fig, ax = plt.subplots(figsize=(6, 1.2))
-        ax.axis("off")
-        ax.text(0.5, 0.5, "No high-score case meets the selection rule: nothing to draw.",
-                ha="center", va="center")
-        return fig, pd.DataFrame(columns=["case", "sample_id", "method", "table_iou",
-                                          "rendered_iou", "peak_matches"])
-    fig, axes = plt.subplots(len(drawn), n_columns, figsize=(1.6 * n_columns, 1.75 * len(drawn)),
-                             squeeze=False)
-    checks = []
-    for row, (role, sample_id) in enumerate(drawn):
+    drawn, checks = [], []
+    for role, sample_id in selection.items():
+        if sample_id is None:
+            continue
         image, mask = cases[sample_id]
         image_tensor, mask_tensor = prepare_case(sample_id, image, mask, image_size)
         maps = cams.compute_cams(model, target_layer, image_tensor[None].to(device),
                                  target_class=1, methods=CAM_METHODS)
-        rgb = _display_rgb(image_tensor)
-        grey = rgb @ np.array([0.299, 0.587, 0.114])
         mask_array = mask_tensor.numpy()
         rows = table[table["sample_id"] == sample_id].set_index("method")
-        axes[row, 0].imshow(rgb)
-        row_letter = {"discordant": "A", "consensus": "B"}.get(role, role)
-        axes[row, 0].set_ylabel(f"{row_letter}: {role}\n{sample_id}", fontsize=7)
-        axes[row, 1].imshow(mask_array, cmap="gray", vmin=0, vmax=1)
-        for column, method in enumerate(CAM_METHODS, start=2):
+        rendered_maps, cam_rows = {}, {}
+        for method in CAM_METHODS:
             rendered = maps[method][0].cpu().numpy()
             recorded = rows.loc[method]
             rendered_iou = verify_rendered_iou(rendered, mask_array, float(recorded["iou"]),
                                                top_fraction, f"{sample_id}/{method}")
+            constant = bool(recorded.get("constant_map", False)) or float(np.ptp(rendered)) == 0.0
             peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
-            ax = axes[row, column]
-            ax.imshow(grey, cmap="gray", vmin=0, vmax=1)
-            ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
-            ax.contour(mask_array.astype(float), levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
-            ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=6, mew=1.5)
-            ax.set_title(f"{method_label(method)}\nIoU {rendered_iou:.2f}", fontsize=7)
+            rendered_maps[method] = rendered
+            cam_rows[method] = {"iou": rendered_iou, "constant_map": constant,
+                                "peak_outside_mask": bool(recorded["peak_outside_mask"])}
             checks.append({"case": role, "sample_id": sample_id, "method": method,
                            "table_iou": float(recorded["iou"]), "rendered_iou": rendered_iou,
                            "peak_matches": (peak_row, peak_col) == (int(recorded["peak_row"]),
                                                                     int(recorded["peak_col"]))})
-    axes[0, 0].set_title("Frame", fontsize=7)
-    axes[0, 1].set_title("Mask", fontsize=7)
-    for ax in axes.ravel():
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.text(0.01, -0.02, EIGEN_FOOTNOTE, fontsize=7)
-    fig.tight_layout()
-    return fig, pd.DataFrame(checks)
+        drawn.append({"role": role, "sample_id": sample_id,
+                      "score": float(rows["scaled_score"].iloc[0]), "rgb": _display_rgb(image_tensor),
+                      "mask": mask_array, "maps": rendered_maps, "rows": cam_rows})
+    figure = draw_figure3(drawn, roles=tuple(selection) or ("discordant", "consensus"))
+    return figure, pd.DataFrame(checks, columns=["case", "sample_id", "method", "table_iou",
+                                                 "rendered_iou", "peak_matches"])
 
 
-def figure4(robustness: pd.DataFrame, random_deletion_mean: float):
+def draw_figure3(drawn: list[dict], roles=("discordant", "consensus")):
+    """Draw Figure 3 from prepared rows (no model needed; tested from fixed arrays).
+
+    ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in
+    [0, 1]), mask (bool/float (S, S)), maps (method -> float (S, S) in [0, 1]), rows (method
+    -> {"iou", "constant_map", "peak_outside_mask"}). Each role of ``roles`` is one row of
+    the figure, titled with its letter, sample id and score; a role with no case gets a
+    full-width note saying why instead of empty panels. CAM panels: greyscale frame, inferno
+    activation (one colour bar per row), cyan mask contour, white peak marker (never clipped
+    at the frame edge); a constant map is labelled as such and has no peak marker.
+    """
+    by_role = {row["role"]: row for row in drawn}
+    n_columns = 2 + len(CAM_METHODS)
+    heights = [1.0 if role in by_role else 0.22 for role in roles]
+    fig = plt.figure(figsize=(1.45 * n_columns + 0.8, 0.6 + 1.75 * sum(heights)), layout="constrained")
+    subfigures = np.atleast_1d(fig.subfigures(len(roles), 1, height_ratios=heights))
+    for subfigure, role in zip(subfigures, roles):
+        letter = ROW_LETTERS.get(role, role)
+        if role not in by_role:
+            ax = subfigure.subplots()
+            ax.axis("off")
+            ax.text(0.0, 0.5, f"{letter}  {role.capitalize()} case: not drawn \u2013 "
+                    f"{MISSING_ROW_REASONS.get(role, 'no case meets the selection rule')}.",
+                    transform=ax.transAxes, ha="left", va="center", fontsize=8)
+            continue
+        case = by_role[role]
+        subfigure.suptitle(f"{letter}  {role.capitalize()} case: sample {case['sample_id']}, "
+                           f"temperature-scaled score {case['score']:.3f}", x=0.0, ha="left",
+                           fontsize=8)
+        axes = subfigure.subplots(1, n_columns)
+        grey = np.asarray(case["rgb"]) @ np.array([0.299, 0.587, 0.114])
+        mask = np.asarray(case["mask"], dtype=float)
+        axes[0].imshow(case["rgb"])
+        axes[0].set_title("Frame", fontsize=7)
+        axes[1].imshow(mask, cmap="gray", vmin=0, vmax=1)
+        axes[1].set_title("Mask", fontsize=7)
+        for ax, method in zip(axes[2:], CAM_METHODS):
+            rendered = np.asarray(case["maps"][method])
+            info = case["rows"][method]
+            ax.imshow(grey, cmap="gray", vmin=0, vmax=1)
+            ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
+            ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
+            if info["constant_map"]:
+                ax.text(0.5, 0.08, "constant map\n(no peak)", transform=ax.transAxes, ha="center",
+                        va="bottom", fontsize=6, color="white",
+                        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "linewidth": 0})
+            else:
+                peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
+                ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=6, mew=1.5,
+                        clip_on=False)
+            where = "outside" if info["peak_outside_mask"] else "inside"
+            ax.set_title(f"{method_label(method)}\nIoU {info['iou']:.2f}; peak {where}"
+                         if not info["constant_map"] else
+                         f"{method_label(method)}\nIoU {info['iou']:.2f}; constant", fontsize=7)
+        for ax in axes:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        # The bar shows the colour map itself, not the translucent overlay on grey.
+        scale = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(0, 1), cmap=HEATMAP_CMAP)
+        colour_bar = subfigure.colorbar(scale, ax=axes, shrink=0.8, pad=0.01, aspect=15)
+        colour_bar.set_label("CAM (min-max\nnormalised)", fontsize=6)
+        colour_bar.ax.tick_params(labelsize=6)
+    fig.supxlabel("Cyan: lesion mask contour; white \u00d7: CAM peak (first maximum); IoU of the "
+                  "top-20% map pixels with the mask. " + EIGEN_FOOTNOTE, fontsize=7, x=0.0, ha="left")
+    return fig
+
+
+ARCH_COLOURS = {"efficientnet_b0": "#000000", "resnet34": "#0072B2", "convnext_tiny": "#CC79A7"}
+ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^"}
+
+
+def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: int | None = None):
     """Figure 4: failure on own (A) and fixed (B) subsets, logit drop over all images (C).
 
     ``robustness``: ``summaries.checkpoint_robustness`` output (controls are left out). Points
     are architecture means over seeds, whiskers the seed min-max; CAM methods on the x axis.
-    ``random_deletion_mean``: the dashed reference line in C.
+    Colour and marker encode the architecture only (tick labels stay black). An
+    architecture with no eligible image in a panel is left out of that panel and named in it.
+    Open markers: the method is identical by construction to another CAM at that
+    architecture's layer (``identical_with``). ``random_deletion_mean``: the dashed line in C
+    (logits). ``n_images``: images of the audit pool (panel C's n; from the table if None).
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
     archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)
                                                       if a in ARCH_LABELS else len(ARCH_LABELS), a))
-    panels = (("A", "failure_own", "Peak failure, own high-score subset"),
-              ("B", "failure_fixed", "Peak failure, primary's fixed subset"),
-              ("C", "logit_drop_all", "Mean logit drop, all images"))
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    per_checkpoint = matrix.drop_duplicates("checkpoint_id")
+    own_n = per_checkpoint["n_own"]
+    fixed_n = int(per_checkpoint["n_fixed"].max()) if len(per_checkpoint) else 0
+    own_text = (f"n = {own_n.min()}\u2013{own_n.max()} per checkpoint" if own_n.min() != own_n.max()
+                else f"n = {own_n.min()} per checkpoint")
+    pool = n_images if n_images is not None else "all"
+    panels = (("A", "failure_own", "Peak failure, own high-score subset", own_text,
+               "Peak outside lesion (share)"),
+              ("B", "failure_fixed", "Peak failure, primary's fixed subset", f"n = {fixed_n} images",
+               "Peak outside lesion (share)"),
+              ("C", "logit_drop_all", "Mean logit drop, all images", f"n = {pool} images",
+               "Mean drop of the target logit (logits)"))
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.9), layout="constrained")
     offsets = np.linspace(-0.22, 0.22, max(len(archs), 1))
-    markers = ("o", "s", "^", "D")
-    for ax, (letter, column, title) in zip(axes, panels):
+    has_identical = "identical_with" in matrix.columns and (matrix["identical_with"].fillna("") != "").any()
+    for ax, (letter, column, title, n_text, ylabel) in zip(axes, panels):
+        absent = []
         for k, arch in enumerate(archs):
-            of_arch = matrix[matrix["arch"] == arch].groupby("method")[column]
-            stats_ = of_arch.agg(["mean", "min", "max"]).reindex(list(CAM_METHODS))
+            of_arch = matrix[matrix["arch"] == arch]
+            if of_arch[column].notna().sum() == 0:
+                absent.append(ARCH_LABELS.get(arch, arch))
+                continue
+            values = of_arch.groupby("method")[column].agg(["mean", "min", "max"]).reindex(list(CAM_METHODS))
+            identical = (of_arch.groupby("method")["identical_with"].first().reindex(list(CAM_METHODS))
+                         .fillna("") != "") if has_identical else pd.Series(False, index=list(CAM_METHODS))
+            seeds = of_arch.loc[of_arch[column].notna(), "checkpoint_id"].nunique()
             x = np.arange(len(CAM_METHODS)) + offsets[k]
-            ax.errorbar(x, stats_["mean"], yerr=[stats_["mean"] - stats_["min"],
-                                                 stats_["max"] - stats_["mean"]],
-                        fmt=markers[k % len(markers)], capsize=2, ms=4,
-                        label=ARCH_LABELS.get(arch, arch))
-        if matrix[column].notna().sum() == 0:   # e.g. no image reached the score threshold
-            ax.text(0.5, 0.5, "no eligible images", transform=ax.transAxes, ha="center",
-                    color="grey")
+            colour = ARCH_COLOURS.get(arch, "grey")
+            ax.errorbar(x, values["mean"], yerr=[values["mean"] - values["min"], values["max"] - values["mean"]],
+                        fmt="none", ecolor=colour, capsize=2, elinewidth=0.8, clip_on=False)
+            for filled in (True, False):
+                chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
+                if chosen.any():
+                    ax.plot(x[chosen], values["mean"].to_numpy()[chosen], linestyle="none",
+                            marker=ARCH_MARKERS.get(arch, "o"), ms=4.5, color=colour,
+                            markerfacecolor=colour if filled else "white", clip_on=False,
+                            label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seeds)" if filled else None)
+        if absent:
+            n_text = f"{n_text}; no eligible image: {', '.join(absent)}"
+        if archs and len(absent) == len(archs):
+            ax.text(0.5, 0.5, "no eligible images in any checkpoint", transform=ax.transAxes,
+                    ha="center", color="dimgrey", in_layout=False)
         if column == "logit_drop_all":
-            ax.axhline(random_deletion_mean, ls="--", color="black", lw=0.8,
-                       label="Random deletion (primary)")
+            ax.axhline(random_deletion_mean, ls="--", color="dimgrey", lw=0.9,
+                       label="Random deletion, primary (mean)")
             ax.axhline(0.0, color="grey", lw=0.5)
         else:
-            ax.set_ylim(-0.02, 1.02)
-        ax.set_xticks(np.arange(len(CAM_METHODS)),
-                      [method_label(m) for m in CAM_METHODS], rotation=30, ha="right")
-        for tick, method in zip(ax.get_xticklabels(), CAM_METHODS):
-            tick.set_color(METHOD_COLOURS.get(method, "black"))
-        ax.set_title(f"{letter}  {title}", loc="left")
-    handles, labels = axes[2].get_legend_handles_labels()
-    fig.tight_layout()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=len(labels), frameon=False)
-    fig.text(0.01, -0.1, EIGEN_FOOTNOTE, fontsize=7)
+            ax.set_ylim(-0.03, 1.03)
+        ax.set_xlim(-0.5, len(CAM_METHODS) - 0.5)
+        ax.set_xticks(np.arange(len(CAM_METHODS)), [method_label(m) for m in CAM_METHODS],
+                      rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{letter}  {title}\n{n_text}", loc="left")
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    order = [ARCH_LABELS.get(a, a) for a in archs]
+    labels = sorted(entries, key=lambda l: next((i for i, a in enumerate(order) if l.startswith(a)), len(order)))
+    fig.legend([entries[l] for l in labels], labels, loc="outside upper center", ncol=len(labels),
+               frameon=False)
+    notes = ["Points: architecture mean over seeds; whiskers: seed minimum to maximum."]
+    if has_identical:
+        groups = (matrix.loc[matrix["identical_with"].fillna("") != ""]
+                  .drop_duplicates("arch")["arch"].map(lambda a: ARCH_LABELS.get(a, a)))
+        notes.append("Open markers: identical by construction to another CAM at the target layer ("
+                     + ", ".join(groups) + ").")
+    if "temperature_at_bound" in matrix.columns and matrix["temperature_at_bound"].any():
+        bound = sorted(matrix.loc[matrix["temperature_at_bound"].astype(bool), "checkpoint_id"].unique())
+        notes.append("Temperature at its search bound (own subset set by the bound): " + ", ".join(bound) + ".")
+    notes.append(EIGEN_FOOTNOTE)
+    fig.supxlabel("\n".join(notes), fontsize=7, x=0.01, ha="left")
     return fig

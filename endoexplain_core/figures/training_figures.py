@@ -13,30 +13,38 @@ from endoexplain_core.figures import style
 from endoexplain_core.models.training import CONTROL_NONE
 
 
-def plot_training_curves(curves: pd.DataFrame):
+def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
     """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
 
     Colour = architecture, line style = seed; the shuffled-label control is drawn in black.
-    Returns the Matplotlib figure.
+    ``primary_id``: the validation-selected checkpoint, drawn thicker, labelled "(primary)"
+    and starred at its best validation AUPRC. Returns the Matplotlib figure.
     """
     colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
     dashes = ["-", "--", ":"]
-    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 2.8))
+    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 3.0), layout="constrained")
     seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
     for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
         control = run["control"].iloc[0] != CONTROL_NONE
         arch, seed = run["arch"].iloc[0], run["seed"].iloc[0]
         label = (f"{style.ARCH_LABELS.get(arch, arch)} shuffled labels" if control
                  else f"{style.ARCH_LABELS.get(arch, arch)} s{seed}")
+        primary = checkpoint == primary_id
         line = {"color": "black" if control else colours.get(arch, "grey"),
                 "linestyle": "-." if control else dashes[seeds.index(seed) % len(dashes)],
-                "marker": "o", "markersize": 2.5, "linewidth": 1.0, "label": label}
+                "marker": "o", "markersize": 2.5, "linewidth": 2.2 if primary else 1.0,
+                "label": label + (" (primary)" if primary else ""), "clip_on": False,
+                "zorder": 3 if primary else 2}
         loss_ax.plot(run["epoch"], run["train_loss"], **line)
         auprc_ax.plot(run["epoch"], run["val_auprc"], **line)
+        if primary:
+            best = run.loc[run["val_auprc"].idxmax()]
+            auprc_ax.plot(best["epoch"], best["val_auprc"], marker="*", markersize=11,
+                          color=line["color"], markeredgecolor="black", linestyle="none",
+                          clip_on=False, zorder=4, label="Primary: best validation epoch")
     loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
-    auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.02))
+    auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.03))
     for ax in (loss_ax, auprc_ax):
         ax.set_xticks(sorted(curves["epoch"].unique()))
     auprc_ax.legend(frameon=False, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
     return fig

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-BOX_WIDTH, BOX_HEIGHT = 2.7, 1.25
+BOX_WIDTH, BOX_HEIGHT = 2.7, 1.45
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ def workflow_steps(role_counts: dict[str, int] | None = None, n_checkpoints: int
     return [
         Step("00", "Content-defined roles", f"SHA-256 + average-hash groups\n{roles}"),
         Step("01", "Training", f"{checkpoints}\nselection on validation AUPRC"),
-        Step("02", "Calibration", "one temperature per checkpoint\nfitted on validation only"),
-        Step("03", "Paired spatial audit", "5 CAMs + random + centre maps\npeak, top-20% IoU, deletion"),
-        Step("04", "Robustness", "thresholds, checkpoints,\nlesion size, adjusted model"),
-        Step("05", "Frozen transfer", f"primary checkpoint and T frozen\n{cohorts}"),
+        Step("02", "Calibration", "one temperature per checkpoint,\nfitted on validation only;\n"
+             "source-category audit (test)"),
+        Step("04", "Paired spatial audit", "5 CAMs + random + centre maps:\npeak, top-20% IoU;\n"
+             "top-20% deletion vs 20 random\nexact-area deletions (control)"),
+        Step("05", "Robustness", "thresholds, checkpoints,\nlesion size, adjusted model"),
+        Step("06", "Frozen transfer", f"primary checkpoint and T frozen\n{cohorts}"),
     ]
 
 

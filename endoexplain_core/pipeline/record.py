@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import pandas as pd
 
 from endoexplain_core.figures import style
@@ -68,6 +69,32 @@ def _markdown_cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def stage_timing(record: dict) -> tuple[str, float]:
+    """Status text and seconds of the run that produced a stage's artefacts.
+
+    A stage skipped because nothing changed (or left out by ``--only``) did not run now; its
+    artefacts come from the last run that finished it, whose duration and finishing time are
+    in ``<run_dir>/stamps/<stage>.json``. Returns e.g. ``("skipped: unchanged since the run
+    finished 2026-11-30T23:10:02", 367.2)`` instead of 0.0 s.
+    """
+    status = str(record.get("status", "unknown"))
+    seconds = float(record.get("seconds") or 0.0)
+    if status not in ("skipped", "not_run"):
+        return status, seconds
+    stamp = {}
+    if record.get("executed_notebook"):
+        stamp_path = Path(record["executed_notebook"]).parent.parent / "stamps" / f"{record['stage']}.json"
+        if stamp_path.is_file():
+            stamp = json.loads(stamp_path.read_text())
+    last = stamp.get("seconds", record.get("last_run_seconds"))
+    if last is None:
+        return status, seconds
+    reason = "unchanged" if status == "skipped" else (
+        "not requested (up to date)" if record.get("up_to_date") else "not requested (out of date)")
+    when = f" since the run finished {stamp['finished']}" if stamp.get("finished") else ""
+    return f"{status}: {reason}{when}", float(last)
+
+
 def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Path:
     """Write ``<figures_dir>/README.md``: every figure and table file with the notebook and
     parameters that produced it. Returns the path of the index."""
@@ -88,8 +115,8 @@ def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Pa
     for record in stage_records:
         written = sorted(n for n, r in attribution.items() if r is record)
         lines += [f"<a id=\"{record['stage']}\"></a>", f"### {record['stage']}", "",
-                  f"Notebook `{record.get('notebook', '')}`, status {record.get('status', '?')}, "
-                  f"{float(record.get('seconds') or 0.0):.1f} s, {len(written)} file(s) on disk "
+                  f"Notebook `{record.get('notebook', '')}`, status {stage_timing(record)[0]}, "
+                  f"{stage_timing(record)[1]:.1f} s, {len(written)} file(s) on disk "
                   f"from it.", "", "| parameter | value |", "|---|---|"]
         lines += [f"| {_markdown_cell(key)} | {_markdown_cell(value)} |"
                   for key, value in sorted((record.get("parameters") or {}).items())]
@@ -140,6 +167,39 @@ def _parameter_table(parameters: dict) -> str:
             f"<table>{rows}</table></details>")
 
 
+# The tables shown inline at the top of index.html: file stem -> heading.
+HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary checkpoint",
+                   "table4_panel_a": "Table 4, panel A: high-score population",
+                   "table_validity_gate": "Validity gate",
+                   "table5_adjusted_model_formatted": "Table 5: adjusted failure model",
+                   "table_paper_comparison": "Paper versus this run"}
+HEADLINE_ROWS = 40
+
+
+def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_records: list[dict],
+                         tables: dict[str, str] = HEADLINE_TABLES) -> list[str]:
+    """HTML blocks for the headline tables that exist in ``figures_dir``: heading, the table
+    formatted like the paper's final tables (``final_table``), and links to the CSV and to the
+    executed notebook (HTML) that wrote it. Missing tables are skipped."""
+    figures_dir, run_dir = Path(figures_dir), Path(run_dir)
+    attribution = attribute_files(figures_dir, stage_records)
+    blocks = ["<h2>Headline tables</h2>"]
+    for stem, heading in tables.items():
+        path = figures_dir / f"{stem}.csv"
+        if not path.is_file():
+            continue
+        table = final_table(pd.read_csv(path))
+        producer = attribution.get(f"{stem}.csv")
+        source = _link(path, run_dir, path.name)
+        if producer and producer.get("html"):
+            source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
+        more = (f"<p>first {HEADLINE_ROWS} of {len(table)} rows</p>" if len(table) > HEADLINE_ROWS else "")
+        blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source}</p>",
+                   table.head(HEADLINE_ROWS).to_html(index=False, escape=True, na_rep="", border=0),
+                   more]
+    return blocks if len(blocks) > 1 else []
+
+
 def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: dict) -> Path:
     """Write ``<run_dir>/index.html`` linking the executed notebooks' HTML exports (with their
     parameters, status and duration), ``provenance.json``, the figure index and a thumbnail of
@@ -164,6 +224,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     stage_rows = []
     for record in provenance.get("stages") or []:
         status = str(record.get("status", "unknown"))
+        status_text, seconds = stage_timing(record)
         html_path = Path(record["html"]) if record.get("html") else None
         notebook_path = (Path(record["executed_notebook"]) if record.get("executed_notebook")
                          else None)
@@ -172,14 +233,16 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                          else "(none)")
         stage_rows.append(
             f"<tr><td>{escape(str(record.get('stage')))}</td>"
-            f"<td class=\"status-{escape(status)}\">{escape(status)}</td>"
-            f"<td>{float(record.get('seconds') or 0.0):.1f}</td>"
+            f"<td class=\"status-{escape(status)}\">{escape(status_text)}</td>"
+            f"<td>{seconds:.1f}</td>"
             f"<td>{html_cell}<br>{notebook_cell}</td>"
             f"<td>{_parameter_table(record.get('parameters') or {})}</td></tr>")
     stages = ["<h2>Notebooks</h2>", "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
               "<th>executed notebook</th><th>parameters</th></tr>", *stage_rows, "</table>"]
 
-    checkpoints = provenance.get("checkpoints") or {}
+    # Resume states (``<id>.resume.*``) are training state, not checkpoints of the study.
+    checkpoints = {k: v for k, v in (provenance.get("checkpoints") or {}).items()
+                   if ".resume" not in k}
     checkpoint_rows = "".join(f"<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>"
                               for k, v in sorted(checkpoints.items()))
     checkpoint_part = ["<h2>Checkpoints (SHA-256)</h2>",
@@ -204,10 +267,11 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                if thumbnails else "<p>no figures</p>",
                "<h2>Tables</h2>", f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
 
+    headline = headline_tables_html(figures_dir, run_dir, provenance.get("stages") or [])
     page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
                       f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
                       "</title>", f"<style>{_STYLE}</style></head><body>",
-                      *head, *stages, *checkpoint_part, *figures, "</body></html>", ""])
+                      *head, *headline, *stages, *checkpoint_part, *figures, "</body></html>", ""])
     path = run_dir / "index.html"
     _write_atomic(path, page)
     return path
@@ -226,6 +290,17 @@ CI_SUFFIXES = ("_ci_low", "_ci_high")
 
 def _format_number(value, digits: int = 3) -> str:
     return "" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _integer_valued(column: pd.Series) -> bool:
+    """A float column that holds only whole numbers (counts read back from CSV as 139.0)."""
+    values = column.dropna()
+    return (pd.api.types.is_float_dtype(column) and len(values) > 0
+            and bool(np.all(np.isfinite(values)) and np.all(values == np.round(values))))
+
+
+def _format_integer(value) -> str:
+    return "" if pd.isna(value) else f"{int(value):,}"
 
 
 def _format_p(value) -> str:
@@ -253,20 +328,25 @@ def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
 def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """One consistent presentation of a paper table.
 
-    Estimates with CI columns become ``"0.471 (0.395-0.547)"`` under ``<name> (95% CI)``;
-    other floats are rounded to ``digits``; p-value columns (``p``, ``p_value``, ``p_holm``, ...)
-    show ``<0.001``; map methods and architectures get their display labels (Eigen-CAM*);
-    underscores in column names become spaces. Integer columns stay integers.
+    Estimates with CI columns become ``"0.471 (0.395 to 0.547)"`` under ``<name> (95% CI)``
+    ("to", never a dash that could be read as a minus sign with negative bounds); other floats
+    are rounded to ``digits``; whole-number columns (counts) print as integers with thousands
+    separators; p-value columns (``p``, ``p_value``, ``p_holm``, ...) show ``<0.001``; map
+    methods and architectures get their display labels (Eigen-CAM*), and a ``method`` column
+    is dropped when a ``label`` column already shows it; underscores in column names become
+    spaces.
     """
     shown = table.copy()
     if "method" in shown.columns:
         shown["method"] = shown["method"].map(lambda m: style.method_label(m) if isinstance(m, str) else m)
+        if "label" in shown.columns and (shown["label"] == shown["method"]).all():
+            shown = shown.drop(columns="method")
     if "arch" in shown.columns:
         shown["arch"] = shown["arch"].map(lambda a: style.ARCH_LABELS.get(a, a))
     columns = list(shown.columns)
     for estimate, low, high in _ci_columns(columns):
         combined = [("" if pd.isna(e) else f"{_format_number(e, digits)} "
-                     f"({_format_number(lo, digits)}–{_format_number(hi, digits)})")
+                     f"({_format_number(lo, digits)} to {_format_number(hi, digits)})")
                     for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
         shown[estimate] = combined
         shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})
@@ -274,9 +354,22 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
         name = str(column).lower()
         if pd.api.types.is_float_dtype(shown[column]):
             is_p = name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name
-            shown[column] = shown[column].map(_format_p if is_p else
-                                              (lambda v: _format_number(v, digits)))
+            if is_p:
+                shown[column] = shown[column].map(_format_p)
+            elif _integer_valued(shown[column]) and not _is_rate(name):
+                shown[column] = shown[column].map(_format_integer)
+            else:
+                shown[column] = shown[column].map(lambda v: _format_number(v, digits))
+        elif pd.api.types.is_integer_dtype(shown[column]) and shown[column].abs().max() >= 1000:
+            shown[column] = shown[column].map(_format_integer)
     return shown.rename(columns=lambda c: str(c).replace("_", " "))
+
+
+def _is_rate(name: str) -> bool:
+    """Columns that are rates or scores even when a run's values happen to be 0 or 1."""
+    return any(part in name for part in ("rate", "sensitivity", "specificity", "score", "share",
+                                         "auprc", "accuracy", "iou", "ece", "nll", "brier",
+                                         "temperature", "odds", "failure", "energy", "drop"))
 
 
 def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_TABLES,
