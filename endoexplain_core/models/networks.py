@@ -82,10 +82,16 @@ def find_local_imagenet_weights(arch: str) -> Path | None:
     Looks for the file name torchvision would download (``<torch hub dir>/checkpoints/<name>``,
     e.g. ``resnet34-b627a593.pth``) and returns it when present. Never downloads.
     """
+    candidate = imagenet_weights_cache_path(arch)
+    return candidate if candidate.is_file() else None
+
+
+def imagenet_weights_cache_path(arch: str) -> Path:
+    """Where torchvision keeps ``arch``'s ImageNet weights: ``<torch hub dir>/checkpoints/<name>``
+    (the file name of the weights' URL, e.g. ``resnet34-b627a593.pth``), present or not."""
     _check_arch(arch)
     url = torchvision.models.get_model_weights(arch).DEFAULT.url
-    candidate = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
-    return candidate if candidate.is_file() else None
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
 
 
 def resolve_target_layer(model: nn.Module, arch: str, layer_name: str | None = None) -> tuple[str, nn.Module]:

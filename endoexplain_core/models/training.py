@@ -415,18 +415,38 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
 # ----------------------------------------------------------------------------- the matrix
 
 
+class MissingImageNetWeights(FileNotFoundError):
+    """The profile asks for ImageNet weights that are not on this machine (never downloaded)."""
+
+
 def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | None:
     """Which local ImageNet weights to start ``arch`` from (None = from scratch).
 
-    ``imagenet_weights``: ``"none"`` (always from scratch), ``"auto"`` (the torchvision cache,
-    via ``networks.find_local_imagenet_weights``), or a mapping arch -> file path.
+    ``imagenet_weights``: ``"none"`` (from scratch, the only way to ask for it), ``"auto"``
+    (the torchvision cache, via ``networks.find_local_imagenet_weights``), or a mapping
+    arch -> file path (a value of ``"none"`` trains that architecture from scratch). Asking
+    for weights that are not there is an error, never a silent fall-back to random
+    initialisation: ``MissingImageNetWeights`` names the expected file and how to provide it.
     """
     if imagenet_weights == "none":
         return None
     if imagenet_weights == "auto":
-        return networks.find_local_imagenet_weights(arch)
+        found = networks.find_local_imagenet_weights(arch)
+        if found is None:
+            expected = networks.imagenet_weights_cache_path(arch)
+            raise MissingImageNetWeights(
+                f"ImageNet weights for {arch} are not in the local torchvision cache: expected "
+                f"{expected}. Copy that file there (nothing is downloaded), or set "
+                f"imagenet_weights: {{{arch}: /path/to/{expected.name}}} in the profile, or set "
+                "imagenet_weights: none to train from scratch deliberately.")
+        return found
     if isinstance(imagenet_weights, dict):
         if arch not in imagenet_weights:
+            raise MissingImageNetWeights(
+                f"imagenet_weights in the profile names no file for {arch}: add "
+                f"{arch}: /path/to/{networks.imagenet_weights_cache_path(arch).name} (or {arch}: "
+                "none to train it from scratch deliberately)")
+        if imagenet_weights[arch] in (None, "none"):
             return None
         path = Path(imagenet_weights[arch]).expanduser()
         if not path.is_file():
@@ -584,20 +604,33 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
     return table
 
 
-def evaluate_test_split(logits: pd.DataFrame, checkpoint_ids: list[str]) -> pd.DataFrame:
+def evaluate_test_split(logits: pd.DataFrame, checkpoint_ids: list[str],
+                        metric_intervals=None) -> pd.DataFrame:
     """Test-split AUPRC, accuracy at score 0.5 (z >= 0) and positive prevalence per checkpoint.
 
     Call only after the primary has been selected on validation results.
+    ``metric_intervals``: optional ``f(z, target) -> {metric: {"estimate", "ci_low",
+    "ci_high", ...}}`` (the analysis layer's ``stats.classifier_metric_intervals``, 5,000
+    image-bootstrap replicates); with it the table gains ``test_<metric>_ci_low`` /
+    ``_ci_high`` for AUPRC, accuracy at 0.5, sensitivity and specificity, and the point
+    estimates of sensitivity and specificity. Passed in because this layer may not import
+    the statistics layer above it.
     """
     rows = []
     for checkpoint in checkpoint_ids:
         test = logits[(logits["checkpoint_id"] == checkpoint) & (logits["role"] == "test")]
         z = (test["logit_pos"] - test["logit_neg"]).to_numpy()
         target = test["target"].to_numpy()
-        rows.append({"checkpoint_id": checkpoint, "n_test": len(test),
-                     "test_auprc": float(average_precision_score(target, z)),
-                     "test_accuracy_at_0.5": float(np.mean((z >= 0).astype(int) == target)),
-                     "positive_prevalence": float(target.mean())})
+        row = {"checkpoint_id": checkpoint, "n_test": len(test),
+               "test_auprc": float(average_precision_score(target, z)),
+               "test_accuracy_at_0.5": float(np.mean((z >= 0).astype(int) == target)),
+               "positive_prevalence": float(target.mean())}
+        if metric_intervals is not None:
+            for metric, values in metric_intervals(z, target).items():
+                row[f"test_{metric}"] = values["estimate"]
+                row[f"test_{metric}_ci_low"] = values["ci_low"]
+                row[f"test_{metric}_ci_high"] = values["ci_high"]
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
