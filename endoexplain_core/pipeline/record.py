@@ -25,6 +25,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.analysis import summaries
 from endoexplain_core.figures import style
 
 INDEX_NAME = "README.md"
@@ -381,4 +382,13 @@ def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_
                if not (figures_dir / f"{n}.csv").is_file()]
     if missing:
         raise FileNotFoundError("paper tables missing: " + "; ".join(missing))
-    return {name: final_table(pd.read_csv(figures_dir / f"{name}.csv"), digits) for name in names}
+    tables = {}
+    for name in names:
+        table = pd.read_csv(figures_dir / f"{name}.csv")
+        if {"odds_ratio", "estimable", "note"} <= set(table.columns):
+            # Odds ratios: separated terms as "not estimable", values beyond 1/1,000..1,000 as
+            # bounds, never as numbers set by a penalty (analysis.summaries.format_table5).
+            tables[name] = summaries.format_table5(table, digits)
+        else:
+            tables[name] = final_table(table, digits)
+    return tables
