@@ -173,7 +173,7 @@ def make_run(tmp_path, size=64, n_images=3):
     """A minimal run folder: manifest with a masked pool, one registered checkpoint, T."""
     import hashlib
     from PIL import Image
-    from endoexplain_core.models import networks, training
+    from endoexplain_core.models import checkpoint, networks, training
     from endoexplain_core.data.datasets import NORMALISATION
     run, data = tmp_path / "run", tmp_path / "data"
     (data / "images").mkdir(parents=True)
@@ -199,14 +199,14 @@ def make_run(tmp_path, size=64, n_images=3):
     (run / "checkpoints").mkdir()
     torch.manual_seed(0)
     model = networks.build_model("resnet34")
-    path = run / "checkpoints" / "resnet34_s1.pt"
-    torch.save({"format": training.CHECKPOINT_FORMAT, "checkpoint_id": "resnet34_s1",
+    path = run / "checkpoints" / "resnet34_s1.safetensors"
+    checkpoint.save_tree({"format": training.CHECKPOINT_FORMAT, "checkpoint_id": "resnet34_s1",
                 "arch": "resnet34", "seed": 1, "control": "none", "image_size": size,
                 "manifest_digest": digest, "target_layer": "layer4.2",
                 "normalisation": NORMALISATION, "state_dict": model.state_dict()}, path)
     pd.DataFrame([{"checkpoint_id": "resnet34_s1", "arch": "resnet34", "seed": 1,
                    "control": "none", "epochs": 1, "val_auprc": 0.5,
-                   "path": "checkpoints/resnet34_s1.pt", "sha256": training.file_sha256(path),
+                   "path": "checkpoints/resnet34_s1.safetensors", "sha256": training.file_sha256(path),
                    "is_primary": True}]).to_csv(run / "checkpoints" / "registry.csv", index=False)
     (run / "calibration").mkdir()
     pd.DataFrame({"checkpoint_id": ["resnet34_s1"], "temperature": [0.5]}).to_csv(

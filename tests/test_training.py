@@ -16,7 +16,7 @@ from torch import nn
 from endoexplain_core.data import datasets
 
 from endoexplain_core.figures import training_figures
-from endoexplain_core.models import training
+from endoexplain_core.models import checkpoint, training
 
 IMAGE_SIZE = 32
 DIGEST = "ab" * 32
@@ -117,7 +117,7 @@ def _sha(path):
 
 
 def _final_weights(directory):
-    return torch.load(directory / "tinynet_s1129.resume.pt", weights_only=False)["model"]
+    return checkpoint.load_tree(directory / "tinynet_s1129.resume.safetensors")["model"]
 
 
 def test_two_trainings_give_identical_checkpoints(cohort, tmp_path):
@@ -129,8 +129,8 @@ def test_two_trainings_give_identical_checkpoints(cohort, tmp_path):
     assert first["history"] == second["history"] and len(first["history"]) == 3
     # A different seed gives different weights (the seed is actually used).
     other = _train(cohort, tmp_path / "c", spec=_spec(seed=7))
-    assert not torch.equal(torch.load(other["path"], weights_only=False)["state_dict"]["head.weight"],
-                           torch.load(first["path"], weights_only=False)["state_dict"]["head.weight"])
+    assert not torch.equal(checkpoint.load_tree(other["path"])["state_dict"]["head.weight"],
+                           checkpoint.load_tree(first["path"])["state_dict"]["head.weight"])
 
 
 def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_path):
@@ -138,7 +138,7 @@ def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_pa
     # 24 training images, batch 8 -> 24 reads per epoch (+ drop_last nothing): fail in epoch 2.
     with pytest.raises(datasets.ImageDecodeError, match="img0"):
         _train(cohort, tmp_path / "killed", dataset_class=FailingDataset, fail_at=24 + 10)
-    state = torch.load(tmp_path / "killed" / "tinynet_s1129.resume.pt", weights_only=False)
+    state = checkpoint.load_tree(tmp_path / "killed" / "tinynet_s1129.resume.safetensors")
     assert state["epoch"] == 1 and not state["finished"]
     resumed = _train(cohort, tmp_path / "killed")
     assert resumed["history"] == uninterrupted["history"]
@@ -149,10 +149,10 @@ def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_pa
 
 def test_finished_checkpoint_is_not_retrained(cohort, tmp_path):
     first = _train(cohort, tmp_path)
-    before = (tmp_path / "tinynet_s1129.pt").stat().st_mtime_ns
+    before = (tmp_path / "tinynet_s1129.safetensors").stat().st_mtime_ns
     again = _train(cohort, tmp_path)
     assert again["history"] == first["history"]
-    assert (tmp_path / "tinynet_s1129.pt").stat().st_mtime_ns == before
+    assert (tmp_path / "tinynet_s1129.safetensors").stat().st_mtime_ns == before
 
 
 def test_resume_state_from_other_settings_is_refused(cohort, tmp_path):
@@ -166,7 +166,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cohort, tmp_path):
     # 3 steps per epoch: epoch 1 is clean, epoch 2 turns NaN at its second step.
     with pytest.raises(training.NonFiniteLossError, match="nan at step 2 at epoch 2.*kept"):
         _train(cohort, tmp_path, model_class=lambda: PoisonedNet(poison_from=5))
-    kept = training.load_checkpoint(tmp_path / "tinynet_s1129.pt", DIGEST, IMAGE_SIZE)
+    kept = training.load_checkpoint(tmp_path / "tinynet_s1129.safetensors", DIGEST, IMAGE_SIZE)
     assert kept["epoch"] == 1
     assert all(torch.isfinite(v).all() for v in kept["state_dict"].values() if v.is_floating_point())
 
@@ -188,7 +188,7 @@ def test_checkpoint_metadata_round_trip_and_refusals(cohort, tmp_path):
     with pytest.raises(training.CheckpointMismatchError, match="64 px"):
         training.load_checkpoint(summary["path"], DIGEST, 64)
     with pytest.raises(FileNotFoundError, match="01_training"):
-        training.load_checkpoint(tmp_path / "missing.pt", DIGEST, IMAGE_SIZE)
+        training.load_checkpoint(tmp_path / "missing.safetensors", DIGEST, IMAGE_SIZE)
 
 
 def test_early_stopping_after_patience(cohort, tmp_path):
@@ -253,7 +253,7 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
     registry = training.build_registry(summaries, primary, tmp_path)
     assert list(registry.columns) == training.REGISTRY_COLUMNS
     assert registry["is_primary"].tolist() == [True, False]
-    assert registry["path"].tolist()[0] == "checkpoints/efficientnet_b0_s1129.pt"
+    assert registry["path"].tolist()[0] == "checkpoints/efficientnet_b0_s1129.safetensors"
     logits = training.export_logits(registry, manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
                                     show_progress=False)
     assert list(logits.columns) == training.LOGIT_COLUMNS and len(logits) == 2 * len(manifest)

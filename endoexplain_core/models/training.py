@@ -12,8 +12,10 @@ initialisation (torch), the per-epoch shuffling order (a torch.Generator seeded 
 a killed run restarts from the last completed epoch and ends with the same weights.
 
 Files, under ``<run_dir>/checkpoints/`` (docs/architecture.md):
-``<checkpoint_id>.pt`` best-epoch weights + metadata; ``<checkpoint_id>.resume.pt`` last
-epoch's full training state; ``registry.csv``; ``training_curves.csv``.
+``<checkpoint_id>.safetensors`` best-epoch weights + metadata; ``<checkpoint_id>.resume.safetensors``
+last epoch's full training state; ``registry.csv``; ``training_curves.csv``. Both checkpoint
+files are written and read by ``models.checkpoint`` (tensors in safetensors, the rest JSON):
+no code path unpickles them.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ from tqdm.auto import tqdm
 
 from endoexplain_core.data import datasets
 
+from endoexplain_core.models import checkpoint as checkpoint_files
 from endoexplain_core.models import networks
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: safetensors + JSON (1 was a torch pickle)
+CHECKPOINT_SUFFIX = checkpoint_files.SUFFIX
 CONTROL_NONE = "none"
 CONTROL_SHUFFLED = "shuffled_labels"
 PRIMARY_ARCH = "efficientnet_b0"
@@ -200,10 +204,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file, then rename: a kill never leaves a half-written file."""
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(obj, temporary)
-    os.replace(temporary, path)
+    """Safe checkpoint file (``models.checkpoint.save_tree``): temporary file, fsync, rename,
+    so a kill or a full disk never leaves a half-written file in place of the last good one."""
+    checkpoint_files.save_tree(obj, path)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -225,7 +228,7 @@ def load_checkpoint(path: str | Path, expected_manifest_digest: str, expected_im
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: run notebook 01_training")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = checkpoint_files.load_tree(path)  # never unpickles
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointMismatchError(f"{path} is not an endoExplain checkpoint (format {CHECKPOINT_FORMAT})")
     if checkpoint["manifest_digest"] != expected_manifest_digest:
@@ -336,8 +339,8 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     device = torch.device(device)
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    best_path = checkpoint_dir / f"{spec.checkpoint_id}.pt"
-    resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume.pt"
+    best_path = checkpoint_dir / f"{spec.checkpoint_id}{CHECKPOINT_SUFFIX}"
+    resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume{CHECKPOINT_SUFFIX}"
 
     steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
     if settings.max_steps_per_epoch is not None:
@@ -353,7 +356,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                 "finished": False, "history": []}
 
     if resume_path.is_file():
-        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        state = checkpoint_files.load_tree(resume_path)  # safetensors + JSON, never unpickled
         if state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings):
             raise CheckpointMismatchError(
                 f"{resume_path} belongs to other settings or another manifest/image size "
