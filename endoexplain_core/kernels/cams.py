@@ -8,6 +8,9 @@ g = d logit[target_class] / dA (same shape):
              w_c = sum_hw relu(g) a                      cam = sum_c w_c A_c
   xgradcam   w_c = sum_hw g A_c / (S_c + 1e-7)             cam = sum_c w_c A_c
   hirescam   cam = sum_c g_c A_c (element-wise, no pooling of the gradient)
+  layercam   cam = sum_c relu(g_c) A_c (element-wise, positive gradients only). An extended
+             method (``methods.EXTENDED_CAM_METHODS``): it is computed from the same pass when
+             asked for, but it is not one of the paper's five (``CAM_METHODS``, the default).
   eigencam   cam = projection of the spatially centred activations (h*w rows, C columns) on
              their first right singular vector, with the sign chosen so that the projection's
              largest-magnitude value is positive (the library leaves the sign arbitrary).
@@ -30,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from endoexplain_core.methods import CAM_METHODS, GRADIENT_METHODS
+from endoexplain_core.methods import (  # noqa: F401 (GRADIENT_METHODS: re-export for callers)
+    CAM_METHODS, FUSED_CAM_METHODS, FUSED_GRADIENT_METHODS, GRADIENT_METHODS,
+)
 
 _GRADCAMPP_EPS = 1e-6  # pytorch-grad-cam GradCAMPlusPlus
 _XGRADCAM_EPS = 1e-7  # pytorch-grad-cam XGradCAM
@@ -110,6 +115,8 @@ def _gradient_cams(activation: torch.Tensor, gradient: torch.Tensor, methods) ->
         cams["xgradcam"] = _channel_weight_cam(weights, activation)
     if "hirescam" in methods:
         cams["hirescam"] = (gradient * activation).sum(dim=1)
+    if "layercam" in methods:
+        cams["layercam"] = (gradient.clamp(min=0) * activation).sum(dim=1)
     return cams
 
 
@@ -151,7 +158,8 @@ def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.
         run exactly once per forward pass and output (B, C, h, w).
     images : float tensor (B, 3, H, W), normalised model input, on the model's device.
     target_class : logit column the gradient methods explain (1 = positive class).
-    methods : subset of ``CAM_METHODS``, in any order.
+    methods : subset of ``FUSED_CAM_METHODS`` (the five ``CAM_METHODS`` and the extended
+        LayerCAM), in any order; default the five.
     return_logits : also return the logits of the very same forward pass.
 
     Returns
@@ -163,15 +171,15 @@ def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.
     Hooks are removed even when an error occurs; parameters' ``.grad`` are left untouched.
     """
     methods = tuple(methods)
-    unknown = [m for m in methods if m not in CAM_METHODS]
+    unknown = [m for m in methods if m not in FUSED_CAM_METHODS]
     if unknown or not methods:
-        raise ValueError(f"unknown CAM methods {unknown}; choose from {CAM_METHODS}")
+        raise ValueError(f"unknown CAM methods {unknown}; choose from {FUSED_CAM_METHODS}")
     if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
         shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
         raise ValueError(f"images must be a float tensor (B, C, H, W); got {shape}")
     layer = _resolve_layer(model, target_layer)
     model.eval()
-    need_gradient = any(m in GRADIENT_METHODS for m in methods)
+    need_gradient = any(m in FUSED_GRADIENT_METHODS for m in methods)
     activation, gradient, logits = _forward_with_activation_gradient(
         model, layer, images, target_class, need_gradient)
     activation = activation.float()
@@ -186,3 +194,17 @@ def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.
         normalised = minmax_per_map(resized).reshape(len(methods), images.shape[0], *images.shape[-2:])
     maps = {method: normalised[i] for i, method in enumerate(methods)}
     return (maps, logits) if return_logits else maps
+
+
+def activation_and_gradient(model: nn.Module, target_layer: nn.Module | str, images: torch.Tensor,
+                            target_class: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-layer activation A and gradient d logit[target_class] / dA, both (B, C, h, w).
+
+    The very pass ``compute_cams`` uses (trunk without autograd); for diagnostics that need
+    the raw quantities, e.g. how often the Grad-CAM++ epsilon dominates its denominator.
+    """
+    layer = _resolve_layer(model, target_layer)
+    model.eval()
+    activation, gradient, _ = _forward_with_activation_gradient(model, layer, images, target_class,
+                                                                need_gradient=True)
+    return activation.float(), gradient.float()
