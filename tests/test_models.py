@@ -58,8 +58,8 @@ def test_find_local_weights_looks_only_in_the_hub_cache(tmp_path, monkeypatch):
 
 def test_identical_methods_table():
     assert networks.identical_methods(networks.build_model("resnet34"), "layer4.2") == [("gradcam", "hirescam", "xgradcam")]
-    assert networks.identical_methods(networks.build_model("convnext_tiny"), "features.7") == [("gradcam", "hirescam")]
+    assert networks.identical_methods(networks.build_model("convnext_tiny"), "features.7") == [("gradcam", "hirescam", "xgradcam")]
     efficientnet = networks.build_model("efficientnet_b0")
     assert networks.identical_methods(efficientnet, "features.8.0") == []
-    assert networks.identical_methods(efficientnet, "features.8") == [("gradcam", "hirescam")]
+    assert networks.identical_methods(efficientnet, "features.8") == [("gradcam", "hirescam", "xgradcam")]
     assert networks.identical_methods(networks.build_model("resnet34"), "layer3.5") == []

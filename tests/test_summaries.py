@@ -97,7 +97,7 @@ def test_failure_by_threshold_counts_eligible_images():
     assert counts.to_dict() == {0.80: 4, 0.90: 3, 0.96: 1}
     gradcam = result[(result["method"] == "gradcam")].set_index("threshold")["failure_rate"]
     assert gradcam[0.80] == pytest.approx(1 / 4) and gradcam[0.96] == 0.0
-    assert list(result.columns) == ["threshold", "method", "n_eligible", "failure_rate",
+    assert list(result.columns) == ["threshold", "method", "n_eligible", "n_constant", "failure_rate",
                                     "ci_low", "ci_high"]
 
 

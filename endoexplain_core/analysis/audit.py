@@ -33,7 +33,8 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
-from endoexplain_core.kernels import baselines, cams, deletion, metrics, threshold
+from endoexplain_core.analysis import map_diagnostics
+from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metrics, threshold
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
 from endoexplain_core.models import networks, training
 from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
@@ -60,8 +61,18 @@ AUDIT_SCHEMA = pa.schema([
     ("constant_map", pa.bool_()), ("max_multiplicity", pa.int64()),
     ("boundary_ties", pa.int64()),
     ("logit_drop", pa.float64()), ("score_drop", pa.float64()),
+    # Map-prior diagnostics (analysis.map_diagnostics): the target layer's feature grid, whether
+    # the peak's grid cell is in the grid's border ring / a corner, the IoU of the map's top set
+    # with the method's prior map (mean map over held-out negatives; NaN without a prior), and
+    # the logit drop from deleting the lesion itself (per image, repeated on every method row).
+    ("feature_grid_height", pa.int64()), ("feature_grid_width", pa.int64()),
+    ("peak_border_ring", pa.bool_()), ("peak_corner_cell", pa.bool_()),
+    ("prior_top_iou", pa.float64()), ("lesion_logit_drop", pa.float64()),
 ])
-REQUIRED_COLUMNS = tuple(AUDIT_SCHEMA.names)
+DIAGNOSTIC_COLUMNS = ("feature_grid_height", "feature_grid_width", "peak_border_ring",
+                      "peak_corner_cell", "prior_top_iou", "lesion_logit_drop")
+# Tables written before the diagnostics existed (and hand-made test tables) stay valid.
+REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_COLUMNS)
 
 
 class AuditTableError(ValueError):
@@ -154,13 +165,19 @@ def _batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[s
 
 def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,
                 masks: torch.Tensor, sample_ids: list[str], *, temperature: float,
-                top_fraction: float, repetitions: int) -> tuple[dict, dict]:
+                top_fraction: float, repetitions: int, grid: tuple[int, int] | None = None,
+                priors: dict[str, torch.Tensor] | None = None) -> tuple[dict, dict]:
     """Audit one batch; return (column -> values over B x 7 rows, random-deletion columns).
 
     ``images``: float32 (B, 3, S, S) normalised, on the model's device; ``masks``: bool
     (B, S, S), non-empty. Rows are ordered image-major, methods in ``MAP_METHODS`` order.
-    Forwards: 1 CAM forward (+ its backward) and 5 + ``repetitions`` deletion forwards.
+    ``grid``: the target layer's (h, w) (computed from one forward when None); ``priors``:
+    method -> (S, S) prior map for ``prior_top_iou`` (NaN when None or for baselines).
+    Forwards: 1 CAM forward (+ its backward) and 6 + ``repetitions`` deletion forwards (the
+    five CAM top areas, the lesion itself, the random controls).
     """
+    if grid is None:
+        grid = map_diagnostics.feature_grid(model, target_layer, images.shape[-1], images.device)
     batch, _, height, width = images.shape
     maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
                                      methods=CAM_METHODS, return_logits=True)
@@ -177,7 +194,11 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
     random_top = deletion.random_deletion_masks(keys, [n_pixels] * batch, height, width,
                                                 repetitions=repetitions, device=images.device)
     with torch.no_grad():
-        deleted = deletion.deletion_logits(model, images, torch.cat([cam_top, random_top])).double()
+        deleted = deletion.deletion_logits(model, images,
+                                           torch.cat([cam_top, masks[None], random_top])).double()
+    lesion_drop = logits[:, 1] - deleted[len(CAM_METHODS), :, 1]                         # (B,)
+    keep_rows = [i for i in range(deleted.shape[0]) if i != len(CAM_METHODS)]
+    deleted = deleted[keep_rows]
     logit_drop = logits[None, :, 1] - deleted[..., 1]                                  # (5+R, B)
     z_deleted = deleted[..., 1] - deleted[..., 0]
     score_drop = sigmoid(z / temperature)[None] - sigmoid(z_deleted / temperature)    # (5+R, B)
@@ -190,6 +211,13 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
         columns = {name: value.detach().cpu().numpy() for name, value in spatial.items()}
         columns["logit_drop"] = logit_drop[index].cpu().numpy() if is_cam else np.full(batch, np.nan)
         columns["score_drop"] = score_drop[index].cpu().numpy() if is_cam else np.full(batch, np.nan)
+        rows_px, cols_px = spatial["peak_row"], spatial["peak_col"]
+        columns["peak_border_ring"] = map_priors.border_ring(rows_px, cols_px, height, grid).cpu().numpy()
+        columns["peak_corner_cell"] = map_priors.corner_cell(rows_px, cols_px, height, grid).cpu().numpy()
+        prior = (priors or {}).get(method)
+        columns["prior_top_iou"] = (
+            map_priors.top_set_iou(maps[method], prior.to(maps[method].device), top_fraction).cpu().numpy()
+            if prior is not None else np.full(batch, np.nan))
         per_method[method] = columns
 
     # Interleave to image-major order: row = image * 7 + method.
@@ -198,8 +226,10 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
     rows["sample_id"] = np.repeat(np.asarray(sample_ids, dtype=object), len(MAP_METHODS))
     rows["method"] = np.tile(np.asarray(MAP_METHODS, dtype=object), batch)
     for name, value in (("logit_pos", logits[:, 1]), ("z", z), ("raw_score", sigmoid(z)),
-                        ("scaled_score", sigmoid(z / temperature))):
+                        ("scaled_score", sigmoid(z / temperature)), ("lesion_logit_drop", lesion_drop)):
         rows[name] = np.repeat(value.cpu().numpy(), len(MAP_METHODS))
+    rows["feature_grid_height"] = np.full(batch * len(MAP_METHODS), grid[0], dtype=np.int64)
+    rows["feature_grid_width"] = np.full(batch * len(MAP_METHODS), grid[1], dtype=np.int64)
 
     random_drops = logit_drop[len(CAM_METHODS):].T.cpu().numpy()                        # (B, R)
     random_table = {"sample_id": list(sample_ids)}
@@ -215,7 +245,8 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                      random_deletion_path: str | Path, top_fraction: float = 0.20,
                      repetitions: int = 20, batch_size: int = 16, device: str = "cpu",
                      target_layer: tuple[str, torch.nn.Module] | None = None,
-                     total: int | None = None) -> dict:
+                     total: int | None = None,
+                     priors: dict[str, torch.Tensor] | None = None) -> dict:
     """Audit one checkpoint on one masked cohort and write its two Parquet tables.
 
     ``metadata``: checkpoint metadata with ``checkpoint_id``, ``arch``, ``seed`` and optionally
@@ -223,6 +254,8 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     (> 0; None is an error). ``cases``: iterable of (sample_id, uint8 (H, W, 3) RGB, bool
     (H, W) mask), consumed once, batch by batch. ``target_layer``: optional (name, module)
     override of ``networks.resolve_target_layer``. ``total``: number of cases, for the bar.
+    ``priors``: optional method -> (S, S) prior maps (``map_diagnostics.prior_maps``) for the
+    ``prior_top_iou`` column.
 
     Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
     the two paths and the wall time in seconds.
@@ -241,6 +274,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
         target_layer = networks.resolve_target_layer(model, metadata["arch"],
                                                    metadata.get("target_layer"))
     layer_name, layer_module = target_layer
+    grid = map_diagnostics.feature_grid(model, layer_module, image_size, torch_device)
     constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,
                  "arch": str(metadata["arch"]), "seed": int(metadata["seed"]),
                  "control": str(metadata.get("control", "none")), "target": TARGET,
@@ -262,7 +296,8 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
             for ids, images, masks in _batches(cases, image_size, batch_size, excluded):
                 rows, random_table = audit_batch(
                     model, layer_module, images.to(torch_device), masks.to(torch_device), ids,
-                    temperature=temperature, top_fraction=top_fraction, repetitions=repetitions)
+                    temperature=temperature, top_fraction=top_fraction, repetitions=repetitions,
+                    grid=grid, priors=priors)
                 n_rows = len(rows["sample_id"])
                 rows.update({k: [v] * n_rows for k, v in constants.items()})
                 table_writer.write_table(pa.Table.from_pydict(rows, schema=AUDIT_SCHEMA))
@@ -379,14 +414,20 @@ def audit_paths(run_dir: str | Path, dataset: str, checkpoint_id: str) -> dict[s
     folder = Path(run_dir) / "audit" / dataset
     return {"table": folder / f"{checkpoint_id}.parquet",
             "random_deletion": folder / f"{checkpoint_id}_random_deletion.parquet",
-            "summary": folder / f"{checkpoint_id}_summary.json"}
+            "summary": folder / f"{checkpoint_id}_summary.json",
+            "negatives": folder / f"{checkpoint_id}_negatives.parquet"}
 
 
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 image_size: int, top_fraction: float = 0.20, repetitions: int = 20,
                                 batch_size: int = 16, device: str = "cpu",
-                                dataset: str = "hyperkvasir", reuse: bool = True) -> dict:
+                                dataset: str = "hyperkvasir", reuse: bool = True,
+                                prior_negatives: int = 48) -> dict:
     """Audit a checkpoint of the run's registry on the run's masked HyperKvasir pool.
+
+    ``prior_negatives``: how many held-out test negatives (sorted by sample id) define each
+    method's prior map (``map_diagnostics.prior_maps``); their per-map peak rows are written to
+    ``<checkpoint_id>_negatives.parquet``. 0 skips the prior (``prior_top_iou`` is NaN).
 
     Loads the manifest (and its digest), the checkpoint (refusing one trained on another
     manifest or size) and its temperature. With ``reuse``, an existing audit made from the same
@@ -403,7 +444,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
     paths = audit_paths(run_dir, dataset, checkpoint_id)
     settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
                 "repetitions": int(repetitions), "image_size": int(image_size),
-                "pool": sorted(pool["sample_id"].astype(str))}
+                "pool": sorted(pool["sample_id"].astype(str)), "prior_negatives": int(prior_negatives)}
     if reuse and paths["summary"].is_file() and paths["table"].is_file():
         previous = json.loads(paths["summary"].read_text())
         if previous.get("settings") == settings and paths["random_deletion"].is_file():
@@ -411,12 +452,26 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
             return {**previous, "reused": True}
     temperature = checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
     model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
+    negatives = map_diagnostics.held_out_negatives(manifest, prior_negatives)
+    priors = None
+    if len(negatives):
+        layer_name, layer = networks.resolve_target_layer(model, metadata["arch"],
+                                                          metadata.get("target_layer"))
+        torch_device = resolve_device(device)
+        grid = map_diagnostics.feature_grid(model, layer, image_size, torch_device)
+        images = map_diagnostics.negative_images(negatives, data_root, image_size).to(torch_device)
+        priors, negative_rows = map_diagnostics.prior_maps(
+            model, layer, images, negatives["sample_id"], grid=grid, fraction=top_fraction,
+            batch_size=batch_size)
+        training.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
+                                      paths["negatives"])
     summary = audit_checkpoint(model, metadata, temperature, manifest_cases(pool, data_root),
                                dataset=dataset, image_size=image_size,
                                table_path=paths["table"],
                                random_deletion_path=paths["random_deletion"],
                                top_fraction=top_fraction, repetitions=repetitions,
-                               batch_size=batch_size, device=device, total=len(pool))
+                               batch_size=batch_size, device=device, total=len(pool),
+                               priors=priors)
     summary = {**summary, "settings": settings}
     temporary = paths["summary"].with_name(paths["summary"].name + ".partial")
     temporary.write_text(json.dumps(summary, indent=1))
@@ -427,7 +482,8 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
 def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: int,
                    top_fraction: float = 0.20, repetitions: int = 20,
                    other_repetitions: int | None = None, batch_size: int = 16,
-                   device: str = "cpu", dataset: str = "hyperkvasir") -> pd.DataFrame:
+                   device: str = "cpu", dataset: str = "hyperkvasir",
+                   prior_negatives: int = 48) -> pd.DataFrame:
     """Audit every checkpoint of the registry (reusing audits already written); one row each.
 
     ``repetitions``: random deletions per image for the primary checkpoint (as in 03, so its
@@ -439,7 +495,8 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
     summaries = [audit_registered_checkpoint(run_dir, data_root, checkpoint_id,
                                              image_size=image_size, top_fraction=top_fraction,
                                              repetitions=repetitions if primary else other_repetitions,
-                                             batch_size=batch_size, device=device, dataset=dataset)
+                                             batch_size=batch_size, device=device, dataset=dataset,
+                                             prior_negatives=prior_negatives)
                  for checkpoint_id, primary in zip(registry["checkpoint_id"], registry["is_primary"])]
     columns = ["checkpoint_id", "n_audited", "n_empty_masks_excluded", "reused", "seconds"]
     return pd.DataFrame(summaries)[columns].merge(

@@ -3,6 +3,12 @@
 Every function takes validated audit tables (``audit.validate_audit_table``) and returns a
 tidy ``pandas.DataFrame``. Conventions:
 - "Failure" is ``peak_outside_mask`` (pointing-game failure, first row-major maximum).
+- A constant map has no peak and no top set: every rate and mean (failure, IoU, energy,
+  deletion) is taken over maps with a defined peak (``constant_map`` False), and the number of
+  constant maps is reported beside it (``n_constant``). ``image_matrix`` returns NaN for a
+  constant map's cell in those columns; ``bootstrap_defined`` drops NaN per column. The old
+  convention (a constant map "peaks" at pixel (0, 0), outside the field of view, so it counts
+  as a failure) survives as the sensitivity column ``peak_failure_constant_as_failure``.
 - A high-score population is the set of images with ``scaled_score >= score_threshold`` under
   a given checkpoint; every outcome of a panel uses exactly the same images.
 - CIs are image-bootstrap percentile intervals (``stats``); outcomes of one population share
@@ -25,19 +31,69 @@ SCORE_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)
 OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",
             "energy_in_mask": "energy_in_mask", "logit_drop": "logit_drop"}
 TERTILE_LABELS = ("small", "medium", "large")
+# Outcomes that need a peak or a top set: undefined (NaN) for a constant map.
+PEAK_DEPENDENT = ("peak_outside_mask", "iou", "iou_below_0_10", "energy_in_mask",
+                  "centre_of_mass_distance", "logit_drop", "score_drop")
 
 
 def image_matrix(table: pd.DataFrame, column: str, methods, sample_ids) -> np.ndarray:
     """Values of ``column`` as float (n_images, n_methods), rows in ``sample_ids`` order.
 
     ``table`` holds one checkpoint on one dataset. Raises when a requested cell is missing.
+    For ``PEAK_DEPENDENT`` columns a constant map's cell is NaN (it has no peak / top set).
     """
     wide = table.pivot(index="sample_id", columns="method", values=column)
     missing = [m for m in methods if m not in wide.columns]
     if missing:
         raise ValueError(f"audit table has no rows for methods {missing}")
-    matrix = wide.reindex(index=list(sample_ids), columns=list(methods))
-    return matrix.to_numpy(dtype=np.float64)
+    matrix = wide.reindex(index=list(sample_ids), columns=list(methods)).to_numpy(dtype=np.float64, copy=True)
+    if column in PEAK_DEPENDENT and "constant_map" in table.columns:
+        constant = table.pivot(index="sample_id", columns="method", values="constant_map")
+        constant = constant.reindex(index=list(sample_ids), columns=list(methods))
+        matrix[constant.fillna(False).to_numpy(dtype=bool)] = np.nan
+    return matrix
+
+
+def bootstrap_defined(matrix: np.ndarray, replicates: int = stats.SPATIAL_REPLICATES,
+                      seed: int = stats.BOOTSTRAP_SEED) -> dict[str, np.ndarray]:
+    """``stats.bootstrap_mean_ci`` per column over its defined (non-NaN) rows.
+
+    Without NaN this is exactly one call on the whole matrix (paired columns); a column with
+    undefined rows is bootstrapped over its own rows with the same seed. Returns estimate,
+    ci_low, ci_high, interval and n as (k,) arrays.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim == 1:
+        matrix = matrix[:, None]
+    keys = ("estimate", "ci_low", "ci_high", "interval")
+    if not np.isnan(matrix).any():
+        result = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        return {k: np.atleast_1d(result[k]) for k in keys} | {
+            "n": np.full(matrix.shape[1], matrix.shape[0])}
+    out = {k: np.full(matrix.shape[1], np.nan) for k in keys[:3]}
+    out["interval"] = np.full(matrix.shape[1], stats.PERCENTILE_BOOTSTRAP, dtype=object)
+    out["n"] = np.zeros(matrix.shape[1], dtype=int)
+    for k in range(matrix.shape[1]):
+        column = matrix[~np.isnan(matrix[:, k]), k]
+        out["n"][k] = len(column)
+        if len(column):
+            result = stats.bootstrap_mean_ci(column, replicates=replicates, seed=seed)
+            for key in keys:
+                out[key][k] = result[key]
+    return out
+
+
+def constant_counts(table: pd.DataFrame, methods, sample_ids) -> np.ndarray:
+    """int (n_methods,): constant maps per method among ``sample_ids``."""
+    wide = table.pivot(index="sample_id", columns="method", values="constant_map")
+    wide = wide.reindex(index=list(sample_ids), columns=list(methods))
+    return wide.fillna(False).to_numpy(dtype=bool).sum(axis=0)
+
+
+def defined_rate(rows: pd.DataFrame, column: str = "peak_outside_mask") -> float:
+    """Mean of ``column`` over rows whose map is not constant (NaN when none)."""
+    defined = rows.loc[~rows["constant_map"].astype(bool), column]
+    return float(defined.astype(float).mean()) if len(defined) else np.nan
 
 
 def high_score_ids(table: pd.DataFrame, score_threshold: float) -> list[str]:
@@ -59,12 +115,22 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
 
     Rows: the five CAMs, random heatmap, random deletion (logit drop only: the per-image mean of
     the exact-area draws) and centre baseline. Outcomes that do not apply are NaN. An empty
-    population gives n = 0 and NaN everywhere.
+    population gives n = 0 and NaN everywhere. Outcomes are over maps with a defined peak;
+    ``n_constant`` counts the constant maps left out, ``n_defined`` the maps used, and
+    ``peak_failure_constant_as_failure`` is the sensitivity value counting them as failures.
     """
     _single_checkpoint(table)
     sample_ids = sorted(sample_ids)
     result = pd.DataFrame({"method": TABLE4_ROWS, "label": [method_label(m) for m in TABLE4_ROWS],
                            "n": len(sample_ids)})
+    constant = dict(zip(MAP_METHODS, constant_counts(table, MAP_METHODS, sample_ids)))
+    result["n_constant"] = result["method"].map(constant).fillna(0).astype(int)
+    result["n_defined"] = result["n"] - result["n_constant"]
+    raw_failure = image_matrix(table.assign(constant_map=False), "peak_outside_mask", MAP_METHODS, sample_ids)
+    counted = np.where(image_matrix(table, "peak_outside_mask", MAP_METHODS, sample_ids) >= 0,
+                       raw_failure, 1.0)  # a constant map counts as a failure
+    sensitivity = dict(zip(MAP_METHODS, counted.mean(axis=0) if len(sample_ids) else [np.nan] * len(MAP_METHODS)))
+    result["peak_failure_constant_as_failure"] = result["method"].map(sensitivity).astype(float)
     for outcome, column in OUTCOMES.items():
         methods = CAM_METHODS if outcome == "logit_drop" else MAP_METHODS
         matrix = image_matrix(table, column, methods, sample_ids)
@@ -72,7 +138,7 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
             means = random_deletion.set_index("sample_id")["logit_drop_mean"]
             matrix = np.column_stack([matrix, means.reindex(sample_ids).to_numpy(float)])
             methods = CAM_METHODS + (RANDOM_DELETION,)
-        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
         for key, suffix in (("estimate", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
             values = dict(zip(methods, np.atleast_1d(summary[key])))
             result[outcome + suffix] = result["method"].map(values).astype(float)
@@ -106,6 +172,10 @@ def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
                            ("energy_in_mask", "Energy in mask"), ("logit_drop", "Logit drop")):
         shown[title] = [estimate_with_ci(e, lo, hi, digits) for e, lo, hi in
                         zip(table[outcome], table[outcome + "_ci_low"], table[outcome + "_ci_high"])]
+    if "n_constant" in table.columns:  # constant maps: left out of the rates, counted here
+        shown["Constant maps"] = table["n_constant"].to_numpy()
+        shown["Peak failure, constant = failure"] = [
+            "\u2013" if v != v else f"{v:.{digits}f}" for v in table["peak_failure_constant_as_failure"]]
     return shown.reset_index(drop=True)
 
 
@@ -127,13 +197,16 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
     for i, j in combinations(range(len(CAM_METHODS)), 2):
         first, second = CAM_METHODS[i], CAM_METHODS[j]
         same = any(first in group and second in group for group in identical_groups)
-        row = {"first": first, "second": second, "n": len(sample_ids),
+        both = ~np.isnan(failure[:, i]) & ~np.isnan(failure[:, j])  # both maps have a peak
+        row = {"first": first, "second": second, "n": int(both.sum()),
+               "n_constant_excluded": len(sample_ids) - int(both.sum()),
                "identical_by_construction": same}
-        if sample_ids:
-            fail_diff = stats.paired_difference_ci(failure[:, i], failure[:, j], replicates, seed)
-            binomial = stats.exact_paired_binomial(failure[:, i] > 0, failure[:, j] > 0)
-            iou_diff = stats.paired_difference_ci(iou[:, i], iou[:, j], replicates, seed)
-            wilcoxon = stats.paired_wilcoxon(iou[:, i], iou[:, j])
+        if both.any():
+            fi, fj, ii, ij = failure[both, i], failure[both, j], iou[both, i], iou[both, j]
+            fail_diff = stats.paired_difference_ci(fi, fj, replicates, seed)
+            binomial = stats.exact_paired_binomial(fi > 0, fj > 0)
+            iou_diff = stats.paired_difference_ci(ii, ij, replicates, seed)
+            wilcoxon = stats.paired_wilcoxon(ii, ij)
             row.update({"failure_difference": fail_diff["estimate"],
                         "failure_difference_ci_low": fail_diff["ci_low"],
                         "failure_difference_ci_high": fail_diff["ci_high"],
@@ -148,7 +221,7 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
     result = pd.DataFrame(rows)
     result.insert(2, "pair", [f"{method_label(a)} vs {method_label(b)}"
                               for a, b in zip(result["first"], result["second"])])
-    if sample_ids:
+    if "failure_p" in result.columns:
         result["failure_p_holm"] = stats.holm_adjust(result["failure_p"].to_numpy())
         result["iou_p_holm"] = stats.holm_adjust(result["iou_p"].to_numpy())
     return result
@@ -188,18 +261,20 @@ def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS,
                          seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
     """Failure rate per map method at each scaled-score threshold, with eligible counts.
 
-    Columns: threshold, method, n_eligible, failure_rate, ci_low, ci_high (NaN when no image
-    is eligible). Methods: the five CAMs and the two spatial baselines.
+    Columns: threshold, method, n_eligible, n_constant (constant maps among them, left out of
+    the rate), failure_rate, ci_low, ci_high (NaN when no image is eligible). Methods: the five
+    CAMs and the two spatial baselines.
     """
     _single_checkpoint(table)
     rows = []
     for score_threshold in thresholds:
         ids = high_score_ids(table, score_threshold)
         matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
-        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+        constant = constant_counts(table, MAP_METHODS, ids)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"threshold": float(score_threshold), "method": method,
-                         "n_eligible": len(ids),
+                         "n_eligible": len(ids), "n_constant": int(constant[k]),
                          "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
                          "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
                          "ci_high": float(np.atleast_1d(summary["ci_high"])[k])})
@@ -236,10 +311,11 @@ def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
             rows.append({"checkpoint_id": checkpoint_id, "arch": first["arch"],
                          "seed": int(first["seed"]), "control": first["control"],
                          "method": method, "n_own": len(own),
-                         "failure_own": own["peak_outside_mask"].mean() if len(own) else np.nan,
-                         "n_fixed": len(fixed),
-                         "failure_fixed": fixed["peak_outside_mask"].mean() if len(fixed) else np.nan,
-                         "logit_drop_all": rows_of_method["logit_drop"].mean(),
+                         "n_constant_own": int(own["constant_map"].sum()),
+                         "failure_own": defined_rate(own),
+                         "n_fixed": len(fixed), "n_constant_fixed": int(fixed["constant_map"].sum()),
+                         "failure_fixed": defined_rate(fixed),
+                         "logit_drop_all": defined_rate(rows_of_method, "logit_drop"),
                          "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan,
                          "temperature": float(first["temperature"]),
                          "temperature_at_bound": calibration.at_bound(float(first["temperature"])),
@@ -282,7 +358,7 @@ def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICA
     for tertile, members in ranked.groupby("tertile", observed=False, sort=False):
         ids = sorted(members["sample_id"])
         matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
-        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"tertile": tertile, "area_min": members["lesion_area_fraction"].min(),
                          "area_max": members["lesion_area_fraction"].max(), "method": method,
@@ -328,7 +404,7 @@ def lesion_strata_high_score(table: pd.DataFrame, score_threshold: float,
     for stratum, (low, high) in bounds.items():
         members = sorted(s for s in ids if low < areas[s] <= high)
         matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, members)
-        summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"population": f"scaled score >= {score_threshold:.2f}",
                          "stratum": stratum, "area_cut_low": low, "area_cut_high": high,
@@ -365,7 +441,7 @@ def secondary_outcomes(table: pd.DataFrame, score_threshold: float,
         for outcome, label in SECONDARY_OUTCOMES.items():
             methods = CAM_METHODS if outcome == "score_drop" else MAP_METHODS
             matrix = image_matrix(table, outcome, methods, ids)
-            summary = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
+            summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
             for k, method in enumerate(methods):
                 rows.append({"panel": panel, "population": population, "outcome": outcome,
                              "label": label, "method": method, "n": len(ids),
@@ -433,7 +509,9 @@ def table5_model_frame(table: pd.DataFrame, score_threshold: float) -> pd.DataFr
     """
     _single_checkpoint(table)
     ids = set(high_score_ids(table, score_threshold))
-    rows = table[table["sample_id"].isin(ids) & table["method"].isin(CAM_METHODS)]
+    constant = table["constant_map"].astype(bool) if "constant_map" in table else False
+    rows = table[table["sample_id"].isin(ids) & table["method"].isin(CAM_METHODS)
+                 & ~constant]  # a constant map has no peak to model
     rows = rows.sort_values(["sample_id", "method"]).reset_index(drop=True)
     frame = pd.DataFrame({"sample_id": rows["sample_id"], "method": rows["method"],
                           "failure": rows["peak_outside_mask"].astype(float),

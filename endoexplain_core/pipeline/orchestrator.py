@@ -15,6 +15,8 @@ Usage: ``python -m endoexplain_core.pipeline.orchestrator --profile smoke [--dat
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -216,7 +218,7 @@ def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return {}
-    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.pt"))}
+    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))}
 
 
 def _manifest_digest(run_dir: Path) -> str | None:
@@ -224,6 +226,58 @@ def _manifest_digest(run_dir: Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
+# ----------------------------------------------------------------------------- run lock
+# Two runs writing one run folder would interleave stamps, checkpoints and tables. Every
+# ``run_pipeline`` call therefore holds an OS file lock (``filelock``: flock on POSIX, released
+# by the kernel when the holder dies, even by SIGKILL) on ``<output_root>/runs/<profile>.lock``.
+
+
+class RunFolderLocked(RuntimeError):
+    """Another run holds the lock of this run folder; nothing was read or written."""
+
+
+def run_lock_path(profile: str, output_root: Path) -> Path:
+    """``<output_root>/runs/<profile>.lock``: the lock of the run folder of ``profile``."""
+    return Path(output_root).resolve() / "runs" / f"{profiles.profile_path(profile).stem}.lock"
+
+
+@contextlib.contextmanager
+def run_folder_lock(profile: str, output_root: Path, wait_seconds: float = 0.0):
+    """Hold the run-folder lock for the block; raise ``RunFolderLocked`` if another run holds
+    it for longer than ``wait_seconds`` (0: do not wait; negative: wait indefinitely)."""
+    from filelock import FileLock, Timeout
+
+    path = run_lock_path(profile, output_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.with_name(path.name + ".owner")
+    lock = FileLock(path, timeout=wait_seconds)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = owner.read_text().strip() if owner.is_file() else "unknown process"
+        raise RunFolderLocked(
+            f"the run folder {path.parent / path.stem} is in use by another run ({holder}); "
+            f"this run stopped before doing anything. Wait for it to finish, or pass "
+            f"--wait-for-lock SECONDS to queue behind it") from None
+    try:
+        owner.write_text(f"pid {os.getpid()} on {platform.node()}, started "
+                         f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        yield path
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
+def _one_run_per_folder(function):
+    """Run ``function`` (``run_pipeline``) under ``run_folder_lock``; ``wait_for_lock`` seconds."""
+    @functools.wraps(function)
+    def locked(profile: str, *args, wait_for_lock: float = 0.0, **kwargs):
+        with run_folder_lock(profile, kwargs.get("output_root", REPO_ROOT), wait_for_lock):
+            return function(profile, *args, **kwargs)
+    return locked
+
+
+@_one_run_per_folder
 def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  only: list[str] | None = None, adopt_manifest: bool = False,
                  output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
@@ -347,13 +401,20 @@ def main(argv: list[str] | None = None) -> int:
                              "make it the new reference")
     parser.add_argument("--output-root", default=str(REPO_ROOT),
                         help="where runs/ and figures/ are written (default: the repository)")
+    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                        help="if another run holds this run folder, wait up to SECONDS for it "
+                             "(-1: wait indefinitely; default 0: stop at once with a message)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stdout)
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
-                                  output_root=Path(args.output_root))
+                                  output_root=Path(args.output_root),
+                                  wait_for_lock=args.wait_for_lock)
+    except RunFolderLocked as error:
+        print(f"run_all: {error}", file=sys.stderr)
+        return 2
     except StageFailed as error:
         print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
         return 1

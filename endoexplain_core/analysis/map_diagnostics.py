@@ -1,0 +1,261 @@
+"""Map-prior diagnostics and practical identity of CAM methods (tables over a checkpoint).
+
+Three questions asked of every audited checkpoint, before its failure rates are read:
+
+1. **Position prior.** Where does each method peak on held-out negatives (no lesion at all)?
+   The *prior map* of a method is the mean of its normalised maps over those negatives; the
+   case table then records, per audited image and method, whether the peak is in the border
+   ring or a corner cell of the feature grid and the IoU of the map's top-20% set with the
+   prior map's top-20% set (``prior_top_iou``). A method whose peaks sit in the border ring on
+   negatives and positives alike, and whose top sets match its prior, is showing the grid,
+   not the image.
+2. **Use of the lesion.** The audit deletes the lesion itself (``lesion_logit_drop``) beside
+   each CAM's top 20% (``logit_drop``): a large lesion drop with a small CAM drop says "the
+   model uses the lesion, the map does not show it".
+3. **Practical identity.** Two methods are *identical in practice* on a checkpoint when their
+   maps agree on the audited images: median per-image Pearson correlation >= 0.99 **or** median
+   top-20% IoU >= 0.90 (``IDENTITY_PEARSON``, ``IDENTITY_TOP_IOU``). Pearson 0.99 leaves about
+   2% of the pixel variance unexplained; top-20% IoU 0.90 means the deleted / scored areas
+   differ by about 5% of their pixels -- less than bilinear resizing alone moves between
+   neighbouring grid cells. Such pairs are one piece of evidence, not two, like the pairs
+   identical by construction (``networks.identical_methods``). The Grad-CAM++ epsilon share
+   (``kernels.map_priors.gradcampp_epsilon_share``) says why Grad-CAM++ often joins them.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from endoexplain_core.kernels import cams, map_priors, metrics
+from endoexplain_core.methods import CAM_METHODS, method_label
+from endoexplain_core.data.datasets import resize_rgb, to_normalised_tensor
+from endoexplain_core.data.imageio import read_rgb
+
+IDENTITY_PEARSON = 0.99
+IDENTITY_TOP_IOU = 0.90
+IDENTITY_RULE = (f"identical in practice: median per-image Pearson >= {IDENTITY_PEARSON} or "
+                 f"median top-20% IoU >= {IDENTITY_TOP_IOU} between the two methods' maps")
+
+
+def feature_grid(model: torch.nn.Module, layer: torch.nn.Module, image_size: int,
+                 device: torch.device | str = "cpu") -> tuple[int, int]:
+    """(h, w) of the target layer's output for an S x S input (one no-grad forward of zeros)."""
+    shapes = []
+    handle = layer.register_forward_hook(lambda module, inputs, output: shapes.append(output.shape))
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, 3, image_size, image_size, device=device))
+    finally:
+        handle.remove()
+    if len(shapes) != 1 or len(shapes[0]) != 4:
+        raise ValueError(f"target layer produced {shapes}; expected one (B, C, h, w) output")
+    return int(shapes[0][2]), int(shapes[0][3])
+
+
+def held_out_negatives(manifest: pd.DataFrame, max_images: int) -> pd.DataFrame:
+    """Up to ``max_images`` test-split negatives (target 0), sorted by sample_id.
+
+    Test negatives are never used for training, calibration or selection, and carry no lesion,
+    so where a method peaks on them is a property of the method and the model, not of lesions.
+    """
+    rows = manifest[(manifest["role"] == "test") & (manifest["target"] == 0)]
+    return rows.sort_values("sample_id").head(max_images).reset_index(drop=True)
+
+
+def negative_images(rows: pd.DataFrame, data_root: str | Path, image_size: int) -> torch.Tensor:
+    """Normalised float32 (N, 3, S, S) images of manifest ``rows`` (read from ``data_root``)."""
+    data_root = Path(data_root)
+    return torch.stack([to_normalised_tensor(resize_rgb(read_rgb(data_root / path), image_size))
+                        for path in rows["path"]])
+
+
+def prior_maps(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
+               sample_ids, *, grid: tuple[int, int], fraction: float = 0.20,
+               batch_size: int = 16) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
+    """Prior map per CAM method over negatives, and where each negative's map peaks.
+
+    ``images``: normalised (N, 3, S, S) negatives on the model's device. Returns (method ->
+    float32 (S, S) mean normalised map on the CPU; a DataFrame with one row per negative and
+    method: sample_id, method, constant_map, peak_row, peak_col, peak_border_ring,
+    peak_corner_cell, prior_top_iou). Constant maps (all zeros) add nothing to the mean; their
+    peak columns are kept but they are flagged and left out of every share.
+    """
+    sample_ids = list(sample_ids)
+    size = images.shape[-1]
+    collected = {method: [] for method in CAM_METHODS}
+    for start in range(0, len(images), batch_size):
+        maps = cams.compute_cams(model, layer, images[start:start + batch_size], target_class=1,
+                                 methods=CAM_METHODS)
+        for method in CAM_METHODS:
+            collected[method].append(maps[method].cpu())
+    rows = []
+    priors = {}
+    for method in CAM_METHODS:
+        maps = torch.cat(collected[method])
+        prior = maps.mean(dim=0)
+        priors[method] = prior
+        peak_row, peak_col = metrics.peak_location(maps)
+        constant = maps.flatten(1).amax(dim=1) <= 0
+        rows.append(pd.DataFrame({
+            "sample_id": sample_ids, "method": method, "constant_map": constant.numpy(),
+            "peak_row": peak_row.numpy(), "peak_col": peak_col.numpy(),
+            "peak_border_ring": map_priors.border_ring(peak_row, peak_col, size, grid).numpy(),
+            "peak_corner_cell": map_priors.corner_cell(peak_row, peak_col, size, grid).numpy(),
+            "prior_top_iou": map_priors.top_set_iou(maps, prior, fraction).numpy()}))
+    return priors, pd.concat(rows, ignore_index=True)
+
+
+def _share(values: pd.Series, defined: pd.Series) -> float:
+    values = values[defined]
+    return float(values.mean()) if len(values) else np.nan
+
+
+def prior_table(cases: pd.DataFrame, negatives: pd.DataFrame, grid: tuple[int, int]) -> pd.DataFrame:
+    """Supplementary map-prior table of one checkpoint: one row per CAM method.
+
+    ``cases``: the checkpoint's audit rows (with the diagnostic columns); ``negatives``:
+    ``prior_maps`` rows. Columns: method, label, grid, border_ring_chance, n_positive,
+    n_constant_positive, border_ring_positive, corner_positive, n_negative,
+    n_constant_negative, border_ring_negative, corner_negative, prior_top_iou_positive_median,
+    prior_top_iou_negative_median, lesion_logit_drop_mean, cam_top_logit_drop_mean. Shares are
+    over maps with a defined peak (non-constant maps).
+    """
+    rows = []
+    for method in CAM_METHODS:
+        positive = cases[cases["method"] == method]
+        negative = negatives[negatives["method"] == method]
+        defined_positive, defined_negative = ~positive["constant_map"], ~negative["constant_map"]
+        rows.append({
+            "method": method, "label": method_label(method), "grid": f"{grid[0]}x{grid[1]}",
+            "border_ring_chance": map_priors.border_ring_share(grid),
+            "n_positive": len(positive), "n_constant_positive": int((~defined_positive).sum()),
+            "border_ring_positive": _share(positive["peak_border_ring"], defined_positive),
+            "corner_positive": _share(positive["peak_corner_cell"], defined_positive),
+            "n_negative": len(negative), "n_constant_negative": int((~defined_negative).sum()),
+            "border_ring_negative": _share(negative["peak_border_ring"], defined_negative),
+            "corner_negative": _share(negative["peak_corner_cell"], defined_negative),
+            "prior_top_iou_positive_median": float(positive.loc[defined_positive, "prior_top_iou"].median()),
+            "prior_top_iou_negative_median": float(negative.loc[defined_negative, "prior_top_iou"].median()),
+            "lesion_logit_drop_mean": float(positive["lesion_logit_drop"].mean()),
+            "cam_top_logit_drop_mean": float(positive.loc[defined_positive, "logit_drop"].mean()),
+        })
+    return pd.DataFrame(rows)
+
+
+def map_agreement(maps: dict[str, torch.Tensor], sample_ids, fraction: float = 0.20,
+                  methods=CAM_METHODS) -> pd.DataFrame:
+    """Per image and method pair: Pearson correlation, top-set IoU and same peak pixel.
+
+    ``maps``: method -> float (B, S, S) maps of the same images. Rows: sample_id, first,
+    second, pearson (NaN when either map is constant), top_iou, same_peak.
+    """
+    sample_ids = list(sample_ids)
+    peaks = {m: metrics.peak_location(maps[m]) for m in methods}
+    frames = []
+    for first, second in combinations(methods, 2):
+        same_peak = (peaks[first][0] == peaks[second][0]) & (peaks[first][1] == peaks[second][1])
+        frames.append(pd.DataFrame({
+            "sample_id": sample_ids, "first": first, "second": second,
+            "pearson": map_priors.pearson_per_map(maps[first], maps[second]).cpu().numpy(),
+            "top_iou": map_priors.top_set_iou(maps[first], maps[second], fraction).cpu().numpy(),
+            "same_peak": same_peak.cpu().numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def practical_identity(agreement: pd.DataFrame, identical_groups=(),
+                       pearson: float = IDENTITY_PEARSON, top_iou: float = IDENTITY_TOP_IOU
+                       ) -> pd.DataFrame:
+    """Per method pair: median Pearson, median top-set IoU, same-peak share and the flags.
+
+    Columns: first, second, pair, n, median_pearson, median_top_iou, same_peak_share,
+    identical_by_construction, identical_in_practice, independent_evidence (False when either
+    identity holds).
+    """
+    rows = []
+    for (first, second), group in agreement.groupby(["first", "second"], sort=False):
+        median_pearson = float(group["pearson"].median())   # NaN (constant maps) skipped
+        median_iou = float(group["top_iou"].median())
+        by_construction = any(first in g and second in g for g in identical_groups)
+        in_practice = bool(median_pearson >= pearson or median_iou >= top_iou)
+        rows.append({"first": first, "second": second,
+                     "pair": f"{method_label(first)} vs {method_label(second)}", "n": len(group),
+                     "median_pearson": median_pearson, "median_top_iou": median_iou,
+                     "same_peak_share": float(group["same_peak"].mean()),
+                     "identical_by_construction": by_construction,
+                     "identical_in_practice": in_practice,
+                     "independent_evidence": not (by_construction or in_practice)})
+    return pd.DataFrame(rows)
+
+
+def identity_statement(identity: pd.DataFrame) -> str:
+    """One sentence naming the practically identical pairs (or saying there are none)."""
+    flagged = identity[identity["identical_in_practice"]]
+    if flagged.empty:
+        return f"No two CAM methods are identical in practice on this checkpoint ({IDENTITY_RULE})."
+    pairs = "; ".join(f"{row.pair} (Pearson {row.median_pearson:.3f}, top-20% IoU {row.median_top_iou:.2f})"
+                      for row in flagged.itertuples())
+    return (f"Identical in practice on this checkpoint ({IDENTITY_RULE}): {pairs}. "
+            "Each such pair is not independent evidence.")
+
+
+def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
+                               sample_ids, *, fraction: float = 0.20, batch_size: int = 16,
+                               identical_groups=()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Practical identity and the Grad-CAM++ epsilon share of one checkpoint on ``images``.
+
+    ``images``: normalised (N, 3, S, S) on the model's device. Returns (``practical_identity``
+    table, per-image DataFrame sample_id, gradcampp_epsilon_share).
+    """
+    sample_ids = list(sample_ids)
+    collected = {m: [] for m in CAM_METHODS}
+    shares = []
+    for start in range(0, len(images), batch_size):
+        batch = images[start:start + batch_size]
+        maps = cams.compute_cams(model, layer, batch, target_class=1, methods=CAM_METHODS)
+        for method in CAM_METHODS:
+            collected[method].append(maps[method].cpu())
+        activation, gradient = cams.activation_and_gradient(model, layer, batch, target_class=1)
+        shares.append(map_priors.gradcampp_epsilon_share(activation, gradient).cpu())
+    maps = {m: torch.cat(v) for m, v in collected.items()}
+    identity = practical_identity(map_agreement(maps, sample_ids, fraction), identical_groups)
+    epsilon = pd.DataFrame({"sample_id": sample_ids,
+                            "gradcampp_epsilon_share": torch.cat(shares).numpy()})
+    return identity, epsilon
+
+
+def not_independent_pairs(identity: pd.DataFrame) -> list[tuple[str, str]]:
+    """Method pairs that are not independent evidence (by construction or in practice)."""
+    flagged = identity[~identity["independent_evidence"]]
+    return list(zip(flagged["first"], flagged["second"]))
+
+
+
+def pool_images(pool: pd.DataFrame, data_root: str | Path, image_size: int) -> tuple[list[str], torch.Tensor]:
+    """(sample ids, normalised float32 (N, 3, S, S) images) of a masked pool, as the audit
+    prepares them; cases whose mask is empty at this size are left out, as in the audit."""
+    from endoexplain_core.analysis import audit  # local: audit imports this module
+
+    ids, images = [], []
+    for sample_id, image, mask in audit.manifest_cases(pool, data_root):
+        tensor, resized_mask = audit.prepare_case(sample_id, image, mask, image_size)
+        if resized_mask.any():
+            ids.append(sample_id)
+            images.append(tensor)
+    return ids, torch.stack(images)
+
+
+def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
+    """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice`` and
+    ``independent_evidence`` added from ``practical_identity`` (matched on first, second)."""
+    flags = identity[["first", "second", "identical_in_practice"]]
+    merged = paired.merge(flags, on=["first", "second"], how="left")
+    merged["identical_in_practice"] = merged["identical_in_practice"].fillna(False).astype(bool)
+    merged["independent_evidence"] = ~(merged["identical_in_practice"]
+                                       | merged["identical_by_construction"].astype(bool))
+    return merged

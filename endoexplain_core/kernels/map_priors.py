@@ -1,0 +1,110 @@
+"""Map-prior and map-agreement kernels: is a CAM's peak evidence, or a property of the grid?
+
+A CAM is computed on the target layer's h x w feature grid and then resized to the input size
+S x S. Two failure modes look like "the map misses the lesion" without saying anything about
+the lesion:
+
+- a *position prior*: the same grid cells win on every image (zero padding and position bias
+  make border and corner cells stand out), so the peak sits in the border ring of the grid
+  whatever the image shows. Measured here by the peak's grid cell and by the overlap of each
+  map's top set with the top set of the method's *prior map* (the mean normalised map over
+  held-out negatives, i.e. images with no lesion at all);
+- *practically identical methods*: two formulas that differ on paper give the same map on this
+  checkpoint (e.g. Grad-CAM++ when its epsilon dominates every weight), so they are one piece
+  of evidence, not two.
+
+Conventions: maps float (B, S, S) in [0, 1] as returned by ``cams.compute_cams`` (a constant
+map is all zeros); the grid cell of pixel (r, c) is (floor(r * h / S), floor(c * w / S)) --
+exactly the cell whose value dominates that pixel after the half-pixel bilinear resize.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from endoexplain_core.kernels.threshold import top_fraction_mask
+
+GRADCAMPP_EPS = 1e-6  # the epsilon of the Grad-CAM++ denominator (pytorch-grad-cam)
+
+
+def grid_cells(rows: torch.Tensor, cols: torch.Tensor, image_size: int, grid: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feature-grid cell (int64 (B,) row, col) of pixel positions on an S x S map."""
+    height, width = grid
+    return (rows.long() * height) // image_size, (cols.long() * width) // image_size
+
+
+def border_ring(rows: torch.Tensor, cols: torch.Tensor, image_size: int, grid: tuple[int, int]
+                ) -> torch.Tensor:
+    """bool (B,): the pixel's grid cell is in the outer ring of the h x w grid.
+
+    On a 4x4 grid 12 of 16 cells are border cells (chance 0.75 for a uniform peak); on 8x8,
+    28 of 64 (0.44). ``border_ring_share(grid)`` gives that chance level.
+    """
+    cell_row, cell_col = grid_cells(rows, cols, image_size, grid)
+    height, width = grid
+    return (cell_row == 0) | (cell_row == height - 1) | (cell_col == 0) | (cell_col == width - 1)
+
+
+def corner_cell(rows: torch.Tensor, cols: torch.Tensor, image_size: int, grid: tuple[int, int]
+                ) -> torch.Tensor:
+    """bool (B,): the pixel's grid cell is one of the grid's four corner cells."""
+    cell_row, cell_col = grid_cells(rows, cols, image_size, grid)
+    height, width = grid
+    return (((cell_row == 0) | (cell_row == height - 1))
+            & ((cell_col == 0) | (cell_col == width - 1)))
+
+
+def border_ring_share(grid: tuple[int, int]) -> float:
+    """Share of the grid's cells in its outer ring (the chance level of ``border_ring``)."""
+    height, width = grid
+    inner = max(height - 2, 0) * max(width - 2, 0)
+    return 1.0 - inner / (height * width)
+
+
+def top_set_iou(first: torch.Tensor, second: torch.Tensor, fraction: float = 0.20) -> torch.Tensor:
+    """float32 (B,): IoU of the top-``fraction`` pixel sets of two map batches (B, S, S).
+
+    ``second`` may be a single map (S, S), e.g. a prior map, compared with every map of
+    ``first``. Top sets follow ``threshold.top_fraction_mask`` (exact count, fixed tie-break).
+    """
+    if second.dim() == 2:
+        second = second.expand_as(first)
+    keep_first = top_fraction_mask(first, fraction)
+    keep_second = top_fraction_mask(second.contiguous(), fraction)
+    intersection = (keep_first & keep_second).sum(dim=(1, 2)).float()
+    union = (keep_first | keep_second).sum(dim=(1, 2)).float()
+    return intersection / union
+
+
+def pearson_per_map(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """float64 (B,): Pearson correlation of two map batches over pixels; NaN when either map
+    is constant (no variance, no correlation)."""
+    a = first.double().flatten(1)
+    b = second.double().flatten(1)
+    a = a - a.mean(dim=1, keepdim=True)
+    b = b - b.mean(dim=1, keepdim=True)
+    denominator = a.norm(dim=1) * b.norm(dim=1)
+    correlation = (a * b).sum(dim=1) / denominator
+    return torch.where(denominator > 0, correlation, torch.full_like(correlation, float("nan")))
+
+
+def gradcampp_epsilon_share(activation: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """float64 (B,): share of Grad-CAM++ denominators in which the epsilon dominates.
+
+    The Grad-CAM++ coefficient is a = g^2 / (2 g^2 + S_c g^3 + eps), eps = 1e-6, computed per
+    element where g != 0 (S_c: the channel's spatial sum of activations). When |2 g^2 + S_c g^3|
+    < eps the denominator is mostly epsilon, so a ~ g^2 / eps: the weights scale with the
+    squared gradient instead of following the method's formula. Counted over elements with
+    g != 0; NaN for an image whose gradient is zero everywhere. ``activation`` and ``gradient``:
+    (B, C, h, w) at the target layer.
+    """
+    gradient = gradient.double()
+    channel_sum = activation.double().sum(dim=(2, 3), keepdim=True)
+    squared = gradient.pow(2)
+    rest = (2 * squared + channel_sum * squared * gradient).abs()
+    considered = gradient != 0
+    dominated = (rest < GRADCAMPP_EPS) & considered
+    counted = considered.flatten(1).sum(dim=1).double()
+    share = dominated.flatten(1).sum(dim=1).double() / counted
+    return torch.where(counted > 0, share, torch.full_like(share, float("nan")))

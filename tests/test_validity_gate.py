@@ -1,0 +1,278 @@
+"""The validity gate, map-prior diagnostics, constant-map handling and the learning rule.
+
+Hand-made cases with known answers: a map that reads the planted lesion / cue must pass, an
+untrained-looking model and a fixed corner prior must fail; constant maps never count as a hit
+or a miss; prior-map and identity diagnostics on maps whose overlaps are known by hand.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from endoexplain_core.analysis import map_diagnostics, summaries, validity_gate
+from endoexplain_core.kernels import map_priors
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
+
+SIZE = 32
+
+
+def _masks(n):
+    """Lesion in the top-left quadrant's centre, cue in the bottom-right quadrant, per image."""
+    lesion = np.zeros((SIZE, SIZE), bool)
+    lesion[4:12, 4:12] = True      # area share 64 / 1024
+    cue = np.zeros((SIZE, SIZE), bool)
+    cue[20:28, 20:28] = True
+    return {f"s{i}": lesion for i in range(n)}, {f"s{i}": cue for i in range(n)}
+
+
+def _case_rows(peaks_by_model, n=40, constant=None):
+    """Audit-like rows: every method of a model peaks where ``peaks_by_model[model](i)`` says.
+
+    A peak is (row, col) or None for a constant map.
+    """
+    lesion, cue = _masks(n)
+    rows = []
+    for model, where in peaks_by_model.items():
+        for i in range(n):
+            sample = f"s{i}"
+            for method in MAP_METHODS:
+                peak = where(i, method)
+                is_constant = peak is None
+                r, c = (0, 0) if is_constant else peak
+                rows.append({"model": model, "sample_id": sample, "method": method,
+                             "peak_row": r, "peak_col": c, "constant_map": is_constant,
+                             "peak_outside_mask": not lesion[sample][r, c],
+                             "lesion_area_fraction": lesion[sample].mean()})
+    return validity_gate.add_cue_columns(pd.DataFrame(rows), cue)
+
+
+def _facts(ok=True):
+    return pd.DataFrame({"model": list(validity_gate.GATE_MODELS),
+                         "accuracy_ok": [ok, ok, True, True]})
+
+
+def _scattered(i, method):
+    """A peak that wanders over the frame, hitting neither lesion nor cue."""
+    return (14 + i % 4, 2 + (7 * i) % 28)
+
+
+READER = {"lesion": lambda i, m: (8, 8), "shortcut": lambda i, m: (24, 24),
+          "untrained": _scattered, "shuffled": _scattered}
+
+
+def test_gate_passes_a_map_that_reads_the_planted_evidence():
+    gate = validity_gate.gate_table(_case_rows(READER), _facts())
+    verdict = gate.set_index("method")
+    assert verdict.loc["gradcam", "passes"] and verdict.loc["gradcam", "reason"] == "passes"
+    assert verdict.loc["gradcam", "lesion_rate"] == 1.0 and verdict.loc["gradcam", "cue_rate"] == 1.0
+    assert verdict.loc["gradcam", "lesion_chance"] == pytest.approx(64 / 1024)
+    assert validity_gate.failing_methods(gate) == []
+
+
+def test_gate_fails_when_the_models_did_not_learn():
+    gate = validity_gate.gate_table(_case_rows(READER), _facts(ok=False))
+    assert not gate["passes"].any()
+    assert gate["reason"].str.contains("accuracy rule").all()
+
+
+def test_gate_fails_an_untrained_looking_model_and_a_fixed_corner_prior():
+    untrained = {m: _scattered for m in validity_gate.GATE_MODELS}
+    assert not validity_gate.gate_table(_case_rows(untrained), _facts())["passes"].any()
+    corner = {m: (lambda i, method: (31, 31)) for m in validity_gate.GATE_MODELS}
+    gate = validity_gate.gate_table(_case_rows(corner), _facts())
+    assert not gate["passes"].any()
+    assert (gate["lesion_rate"] == 0).all() and (gate["cue_rate"] == 0).all()
+
+
+def test_gate_fails_when_a_control_finds_the_lesion_too():
+    # An edge detector: the untrained control peaks on the lesion as often as the trained one.
+    models = dict(READER, untrained=lambda i, m: (8, 8))
+    gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
+    assert not gate.loc["gradcam", "passes"]
+    assert "untrained control peak-inside" in gate.loc["gradcam", "reason"]
+
+
+def test_constant_maps_are_neither_hits_nor_misses():
+    # Half the lesion model's maps are constant: the rate is over the other half only.
+    models = dict(READER, lesion=lambda i, m: None if i % 2 else (8, 8))
+    gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
+    assert gate.loc["gradcam", "lesion_rate"] == 1.0
+    assert gate.loc["gradcam", "n_constant_lesion"] == 20
+    all_constant = dict(READER, shortcut=lambda i, m: None)
+    gate = validity_gate.gate_table(_case_rows(all_constant), _facts()).set_index("method")
+    assert np.isnan(gate.loc["gradcam", "cue_rate"]) and not gate.loc["gradcam", "passes"]
+
+
+def test_planted_frames_keep_cue_and_lesion_apart():
+    pool = validity_gate.gate_pool(6, 64, seed=3)
+    for case in pool:
+        assert case["lesion_mask"].any() and case["cue_mask"].any()
+        assert not (case["lesion_mask"] & case["cue_mask"]).any()
+        blue = case["image"][case["cue_mask"]].astype(float).mean(axis=0)
+        assert blue[2] > blue[0]   # the cue is blue dye on red mucosa
+    images, labels = validity_gate.task_frames("shortcut", 4, 32, seed=0)
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
+    assert labels.tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="unknown planted task"):
+        validity_gate.task_frames("colour", 4, 32, seed=0)
+
+
+def test_mark_table_adds_daggers_and_verdicts():
+    gate = pd.DataFrame({"method": list(CAM_METHODS) + ["random"],
+                         "passes": [True, False, False, True, True, False]})
+    table = pd.DataFrame({"method": ["gradcam", "xgradcam", "random"],
+                          "label": ["Grad-CAM", "XGrad-CAM", "Random heatmap"]})
+    marked = validity_gate.mark_table(table, gate)
+    assert marked["label"].tolist() == ["Grad-CAM", "XGrad-CAM\u2020", "Random heatmap"]
+    assert marked["validity_gate"].tolist() == ["passes", "fails", "reference"]
+    assert validity_gate.mark_table(table, None)["validity_gate"].tolist() == ["not run", "not run", "reference"]
+
+
+def test_learning_rule_is_halfway_from_prevalence_to_one():
+    learned = validity_gate.learning_status([0.25, 0.62, 0.63, 1.0], prevalence=0.25)
+    assert learned.tolist() == [False, False, True, True]   # threshold 0.625
+    with pytest.raises(ValueError):
+        validity_gate.learning_status([0.5], prevalence=0.0)
+
+
+# --- map priors -------------------------------------------------------------------------------
+
+def test_border_ring_and_corner_cells_on_a_4x4_grid():
+    rows = torch.tensor([0, 40, 40, 127, 100])
+    cols = torch.tensor([0, 40, 127, 127, 50])
+    # cells (0,0) corner, (1,1) inner, (1,3) edge, (3,3) corner, (3,1) edge at 128 px / 4x4
+    assert map_priors.border_ring(rows, cols, 128, (4, 4)).tolist() == [True, False, True, True, True]
+    assert map_priors.corner_cell(rows, cols, 128, (4, 4)).tolist() == [True, False, False, True, False]
+    assert map_priors.border_ring_share((4, 4)) == 0.75
+    assert map_priors.border_ring_share((8, 8)) == pytest.approx(28 / 64)
+
+
+def test_prior_top_iou_and_prior_table_on_hand_made_maps():
+    size = 10
+    prior = torch.zeros(size, size)
+    prior[:2, :] = 1.0                      # top-20% set = the first two rows
+    same = prior.clone()[None]
+    other = torch.zeros(1, size, size)
+    other[:, -2:, :] = 1.0                     # the last two rows: disjoint
+    half = torch.zeros(1, size, size)
+    half[:, 1:3, :] = 1.0                      # rows 1-2: 10 shared of 30 in the union
+    iou = map_priors.top_set_iou(torch.cat([same, other, half]), prior, 0.2)
+    assert iou.tolist() == pytest.approx([1.0, 0.0, 10 / 30])
+
+    cases = pd.DataFrame({"method": ["gradcam"] * 2, "constant_map": [False, True],
+                          "peak_border_ring": [True, True], "peak_corner_cell": [True, False],
+                          "prior_top_iou": [0.8, np.nan], "lesion_logit_drop": [2.0, 4.0],
+                          "logit_drop": [0.1, 0.5]})
+    negatives = pd.DataFrame({"method": ["gradcam"] * 3, "constant_map": [False, False, False],
+                              "peak_border_ring": [True, True, False],
+                              "peak_corner_cell": [True, False, False], "prior_top_iou": [1.0, 0.5, 0.0]})
+    table = map_diagnostics.prior_table(cases, negatives, (4, 4)).set_index("method")
+    row = table.loc["gradcam"]
+    assert row["border_ring_positive"] == 1.0 and row["n_constant_positive"] == 1
+    assert row["border_ring_negative"] == pytest.approx(2 / 3) and row["corner_negative"] == pytest.approx(1 / 3)
+    assert row["prior_top_iou_negative_median"] == 0.5
+    assert row["lesion_logit_drop_mean"] == 3.0 and row["cam_top_logit_drop_mean"] == 0.1
+
+
+def test_prior_maps_average_negatives_and_find_the_corner_prior():
+    class CornerModel(torch.nn.Module):
+        """Activation peaks in the top-left cell whatever the image (a pure position prior)."""
+
+        def __init__(self):
+            super().__init__()
+            self.features = torch.nn.Conv2d(3, 2, 8, stride=8)
+
+        def forward(self, x):
+            bias = torch.zeros(1, 2, 4, 4)
+            bias[..., 0, 0] = 5.0
+            activation = self.features(x) * 0 + bias + 0.01 * x[:, :2, ::8, ::8]
+            return activation.mean(dim=(2, 3))
+
+    model = CornerModel()
+    images = torch.randn(3, 3, 32, 32)
+    priors, rows = map_diagnostics.prior_maps(model, model.features, images, ["a", "b", "c"], grid=(4, 4))
+    gradcam = rows[rows["method"] == "gradcam"]
+    assert gradcam["peak_corner_cell"].all() and gradcam["peak_border_ring"].all()
+    assert priors["gradcam"].shape == (32, 32)
+    assert tuple(map(int, divmod(int(priors["gradcam"].argmax()), 32))) < (8, 8)
+
+
+def test_practical_identity_flags_pairs_over_the_thresholds():
+    agreement = pd.DataFrame({"sample_id": ["a", "b"] * 2, "first": ["gradcam"] * 4,
+                              "second": ["gradcampp"] * 2 + ["hirescam"] * 2,
+                              "pearson": [0.995, 0.999, 0.2, 0.3], "top_iou": [0.5, 0.6, 0.1, 0.2],
+                              "same_peak": [True, True, False, True]})
+    identity = map_diagnostics.practical_identity(agreement, identical_groups=[("gradcam", "hirescam")])
+    flags = identity.set_index("second")
+    assert flags.loc["gradcampp", "identical_in_practice"] and not flags.loc["gradcampp", "independent_evidence"]
+    assert not flags.loc["hirescam", "identical_in_practice"]
+    assert flags.loc["hirescam", "identical_by_construction"] and not flags.loc["hirescam", "independent_evidence"]
+    assert flags.loc["hirescam", "same_peak_share"] == 0.5
+
+
+def test_pearson_per_map_is_nan_for_constant_maps():
+    maps = torch.rand(2, 5, 5)
+    result = map_priors.pearson_per_map(maps, torch.stack([2 * maps[0] + 1, torch.zeros(5, 5)]))
+    assert result[0].item() == pytest.approx(1.0) and np.isnan(result[1].item())
+
+
+def test_gradcampp_epsilon_share_by_hand():
+    activation = torch.ones(1, 1, 2, 2)          # S_c = 4
+    gradient = torch.tensor([[[[1e-5, 1.0], [0.0, -1e-4]]]])
+    # 2g^2 + 4 g^3: 2e-10 (< 1e-6, dominated), 6 (not), g = 0 (not counted), 2e-8 - 4e-12 (dominated)
+    share = map_priors.gradcampp_epsilon_share(activation, gradient)
+    assert share.item() == pytest.approx(2 / 3)
+
+
+# --- constant maps in the summaries -------------------------------------------------------------
+
+def _audit_rows(constant_for=("xgradcam",), n=4):
+    rows = []
+    for i in range(n):
+        for method in MAP_METHODS:
+            constant = method in constant_for and i < 2
+            rows.append({"dataset": "d", "checkpoint_id": "c", "sample_id": f"s{i}", "method": method,
+                         "scaled_score": 0.95, "constant_map": constant,
+                         "peak_outside_mask": True if constant else i % 2 == 0,
+                         "iou": 0.0 if constant else 0.5, "energy_in_mask": 0.1,
+                         "logit_drop": 1.0 if method in CAM_METHODS else np.nan})
+    return pd.DataFrame(rows)
+
+
+def test_constant_maps_are_left_out_of_table4_rates_and_counted():
+    table = _audit_rows()
+    random_deletion = pd.DataFrame({"sample_id": [f"s{i}" for i in range(4)], "logit_drop_mean": 0.2})
+    panel = summaries.panel_summary(table, random_deletion, [f"s{i}" for i in range(4)], replicates=200)
+    row = panel.set_index("method").loc["xgradcam"]
+    # Images s2, s3 have a peak: failures at s2 only -> 0.5; counting the constant ones: 3 / 4.
+    assert row["n_constant"] == 2 and row["n_defined"] == 2
+    assert row["peak_failure"] == 0.5 and row["peak_failure_constant_as_failure"] == 0.75
+    assert row["iou"] == 0.5
+    grad = panel.set_index("method").loc["gradcam"]
+    assert grad["n_constant"] == 0 and grad["peak_failure"] == 0.5
+    shown = summaries.format_table4(panel.assign(panel="A"))
+    assert "Constant maps" in shown.columns
+
+
+def test_failure_by_threshold_and_paired_tests_skip_constant_maps():
+    table = _audit_rows()
+    sensitivity = summaries.failure_by_threshold(table, thresholds=(0.9,), replicates=200)
+    row = sensitivity.set_index("method").loc["xgradcam"]
+    assert row["n_constant"] == 2 and row["failure_rate"] == 0.5
+    paired = summaries.paired_tests(table, [f"s{i}" for i in range(4)], replicates=200)
+    pair = paired[(paired["first"] == "gradcam") & (paired["second"] == "xgradcam")].iloc[0]
+    assert pair["n"] == 2 and pair["n_constant_excluded"] == 2
+
+
+def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
+    """The whole gate on a tiny budget: 2 steps cannot train EfficientNet-B0, so nothing passes."""
+    settings = validity_gate.GateSettings(image_size=64, train_images=8, val_images=8, pool_images=4,
+                                          steps=2, batch_size=4, random_deletion_repetitions=1)
+    result = validity_gate.run_gate(tmp_path, arch="efficientnet_b0", settings=settings, batch_size=4)
+    assert result["layer"] == "features.8.0"
+    assert not result["gate"]["passes"].any()
+    assert set(result["cases"]["model"]) == set(validity_gate.GATE_MODELS)
+    cases = result["cases"]
+    assert (cases["feature_grid_height"] == 2).all()          # 64 px / 32
+    assert cases["lesion_logit_drop"].notna().all()
