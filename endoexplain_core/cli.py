@@ -1,0 +1,477 @@
+"""The ``endoexplain`` command (also ``python -m endoexplain_core``).
+
+``endoexplain audit`` runs the paper's spatial audit on a user's own classifier and folder of
+masked frames, with the same code the notebooks use: ``analysis.audit.audit_checkpoint`` (fused
+CAMs, top-area rule, metrics, deletion and its random control, streamed to a validated
+Parquet case table), ``analysis.summaries.table4`` (Table 4 with image-bootstrap CIs,
+``tie_counts``, ``identical_statement``), ``figures.case_figures`` (the rule-selected case
+figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure``.
+
+Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
+arguments, unpaired folders, an unreadable or unsafe weights file, an unknown architecture, an
+unreadable image or mask); 1 an unexpected error (traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import hashlib
+import html
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+UNPAIRED_SHOWN = 5
+DEFAULT_DATASET = "own"
+
+
+class CommandError(Exception):
+    """A refusal with a one-line reason; the command exits with code 2."""
+
+
+# ----------------------------------------------------------------------------- pairing
+
+
+@dataclass(frozen=True)
+class Case:
+    """One image and its mask, paired by file stem."""
+
+    sample_id: str
+    image_path: Path
+    mask_path: Path
+
+
+def _image_files(folder: Path, what: str) -> dict[str, Path]:
+    """stem -> file for the image files in ``folder`` (refuses two files with one stem)."""
+    if not folder.is_dir():
+        raise CommandError(f"{what} folder {folder} does not exist or is not a folder")
+    files: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith("."):
+            if path.stem in files:
+                raise CommandError(f"{what} folder {folder} has two files with the stem "
+                                   f"{path.stem!r}: {files[path.stem].name} and {path.name}")
+            files[path.stem] = path
+    if not files:
+        raise CommandError(f"{what} folder {folder} holds no image files "
+                           f"({', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+def pair_by_stem(images_dir: str | Path, masks_dir: str | Path, mask_suffix: str = "") -> list[Case]:
+    """Pair every image ``<stem>.<ext>`` with the mask ``<stem><mask_suffix>.<ext>``.
+
+    Extensions may differ between image and mask (e.g. ``a.jpg`` with ``a_mask.png``); JPEG,
+    PNG, TIFF and BMP are read. Every image needs a mask and every mask an image: otherwise
+    ``CommandError`` lists the first unpaired files of each side. Cases are sorted by stem.
+    """
+    images = _image_files(Path(images_dir), "images")
+    masks = _image_files(Path(masks_dir), "masks")
+    by_image_stem: dict[str, Path] = {}
+    lonely_masks: list[str] = []
+    for stem, path in masks.items():
+        if mask_suffix and not stem.endswith(mask_suffix):
+            lonely_masks.append(path.name)
+            continue
+        image_stem = stem[:len(stem) - len(mask_suffix)]
+        if image_stem in images:
+            by_image_stem[image_stem] = path
+        else:
+            lonely_masks.append(path.name)
+    lonely_images = sorted(set(images) - set(by_image_stem))
+    if lonely_images or lonely_masks:
+        parts = []
+        if lonely_images:
+            shown = ", ".join(images[s].name for s in lonely_images[:UNPAIRED_SHOWN])
+            parts.append(f"{len(lonely_images)} image(s) without a mask '<stem>{mask_suffix}.*' "
+                         f"(first: {shown})")
+        if lonely_masks:
+            parts.append(f"{len(lonely_masks)} mask(s) without an image "
+                         f"(first: {', '.join(lonely_masks[:UNPAIRED_SHOWN])})")
+        raise CommandError(f"unpaired files in {images_dir} / {masks_dir}: " + "; ".join(parts)
+                           + (". Pass --mask-suffix if mask names carry one" if not mask_suffix else ""))
+    return [Case(stem, images[stem], by_image_stem[stem]) for stem in sorted(images)]
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False,
+                    positive_class: int = 1):
+    """(model in eval mode, its CAM-layer owner, weights SHA-256) for a 2-class ``arch``.
+
+    ``weights``: safetensors, a torch state dict (read with ``weights_only=True``) or, with
+    ``torchscript``, a TorchScript archive whose parameters are loaded into ``arch`` (CAMs need
+    the eager modules' hooks, which a scripted graph does not run). ``positive_class`` 0 swaps
+    the two outputs so that column 1 is the positive class, as the audit expects.
+    Raises ``CommandError`` with the reason for any refusal.
+    """
+    import torch
+
+    from endoexplain_core.models import checkpoint, networks
+
+    if arch not in networks.AUDITABLE_ARCHITECTURES:
+        raise CommandError(f"unknown architecture {arch!r}; known: "
+                           f"{', '.join(networks.AUDITABLE_ARCHITECTURES)}")
+    if positive_class not in (0, 1):
+        raise CommandError(f"--positive-class must be 0 or 1 (a 2-class head), got {positive_class}")
+    weights = Path(weights)
+    try:
+        if torchscript:
+            if not weights.is_file():
+                raise FileNotFoundError(f"weights file {weights} does not exist")
+            try:
+                state = dict(torch.jit.load(str(weights), map_location="cpu").state_dict())
+            except RuntimeError as error:
+                raise CommandError(f"{weights}: not a TorchScript archive "
+                                   f"({checkpoint._first_line(error)})") from error
+        else:
+            state = checkpoint.load_state_dict(weights)
+    except (checkpoint.CheckpointError, FileNotFoundError) as error:
+        raise CommandError(str(error)) from error
+    model = networks.build_model(arch, num_classes=2)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        details = " ".join(str(error).split())[:300]
+        raise CommandError(f"{weights}: the weights do not fit a 2-class {arch} ({details})") from error
+    if positive_class == 0:
+        head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+        with torch.no_grad():  # swap the rows: output 1 becomes the positive class
+            head.weight.copy_(head.weight.flip(0))
+            head.bias.copy_(head.bias.flip(0))
+    return model.eval(), hashlib.sha256(weights.read_bytes()).hexdigest()
+
+
+def resolve_temperature(temperature: float | None, calibration_logits: str | None) -> tuple[float, str]:
+    """(T, how it was obtained). ``--temperature`` as given; ``--calibration-logits`` CSV with
+    columns logit_neg, logit_pos, target (0/1) fitted by ``analysis.calibration``; else T = 1."""
+    if temperature is not None and calibration_logits:
+        raise CommandError("give either --temperature or --calibration-logits, not both")
+    if temperature is not None:
+        if not temperature > 0:
+            raise CommandError(f"--temperature must be > 0, got {temperature}")
+        return float(temperature), "given (--temperature)"
+    if calibration_logits:
+        import pandas as pd
+
+        from endoexplain_core.analysis import calibration
+
+        path = Path(calibration_logits)
+        if not path.is_file():
+            raise CommandError(f"calibration logits file {path} does not exist")
+        table = pd.read_csv(path)
+        missing = sorted({"logit_neg", "logit_pos", "target"} - set(table.columns))
+        if missing:
+            raise CommandError(f"{path}: missing columns {missing} (need logit_neg, logit_pos, target)")
+        try:
+            z = calibration.logit_difference(table["logit_neg"].to_numpy(float),
+                                             table["logit_pos"].to_numpy(float))
+            fitted = calibration.fit_temperature(z, table["target"].to_numpy())
+        except (ValueError, RuntimeError) as error:
+            raise CommandError(f"{path}: cannot fit a temperature: {error}") from error
+        return fitted, f"fitted on {len(table)} validation logits ({path.name})"
+    return 1.0, "none (T = 1: the score is the uncalibrated sigmoid of the logit difference)"
+
+
+# ----------------------------------------------------------------------------- the audit
+
+
+def run_audit(args: argparse.Namespace) -> dict:
+    """``endoexplain audit``: every output under ``args.out``; returns the run summary."""
+    from endoexplain_core.methods import CAM_METHODS
+    from endoexplain_core.models import networks
+
+    methods = _check_methods(args.methods, CAM_METHODS)
+    temperature, calibration_note = resolve_temperature(args.temperature, args.calibration_logits)
+    cases = pair_by_stem(args.images, args.masks, args.mask_suffix)
+    model, weights_sha = load_user_model(args.arch, args.weights, torchscript=args.torchscript,
+                                         positive_class=args.positive_class)
+    try:
+        layer_name, layer = networks.resolve_target_layer(model, args.arch, args.target_layer)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+
+    import pandas as pd
+
+    from endoexplain_core import artefacts
+    from endoexplain_core.analysis import audit, summaries
+    from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
+    from endoexplain_core.figures import case_figures, style
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or Path(args.weights).stem
+    metadata = {"checkpoint_id": name, "arch": args.arch, "seed": -1, "control": "none",
+                "target_layer": layer_name}
+    table_path, deletion_path = out / "case_table.parquet", out / "random_deletion.parquet"
+
+    def read_cases():
+        for case in cases:
+            image, mask = read_image_and_mask(case.image_path, case.mask_path)
+            yield case.sample_id, image, mask
+
+    device = audit.resolve_device(args.device)
+    try:
+        summary = audit.audit_checkpoint(
+            model, metadata, temperature, read_cases(), dataset=args.dataset,
+            image_size=args.image_size, table_path=table_path, random_deletion_path=deletion_path,
+            top_fraction=args.top_fraction, repetitions=args.repetitions,
+            batch_size=args.batch_size, device=args.device, target_layer=(layer_name, layer),
+            total=len(cases))
+    except (ImageReadError, MaskSizeError) as error:
+        raise CommandError(str(error)) from error
+    except ValueError as error:
+        if "no case with a non-empty mask" in str(error) or "mask size" in str(error):
+            raise CommandError(str(error)) from error
+        raise
+
+    table = audit.read_audit_table(table_path)
+    random_deletion = pd.read_parquet(deletion_path)
+    table4 = summaries.table4(table, random_deletion, args.score_threshold,
+                              replicates=args.bootstrap_replicates, seed=args.seed)
+    shown_rows = [m for m in table4["method"].unique() if m not in CAM_METHODS or m in methods]
+    table4 = table4[table4["method"].isin(shown_rows)].reset_index(drop=True)
+    written = [table_path, deletion_path]
+    written += artefacts.save_table(table4, "table4_summary", out)
+    formatted = summaries.format_table4(table4)
+    written += artefacts.save_table(formatted, "table4_summary_formatted", out)
+    ties = summaries.tie_counts(table)
+    written += artefacts.save_table(ties, "map_ties", out)
+    identical = networks.identical_methods(model, layer_name)
+    statement = summaries.identical_statement(identical, args.arch, layer_name)
+
+    style.apply()
+    selection = case_figures.select_figure3_cases(table, args.score_threshold)
+    chosen = {s for s in selection.values() if s}
+    by_id = {case.sample_id: case for case in cases}
+    selected_cases = {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path)
+                      for sid in sorted(chosen)}
+    figure, iou_check = case_figures.render_figure3(table, selection, model.to(device), layer,
+                                                    selected_cases, args.image_size,
+                                                    args.top_fraction, device=device)
+    written += artefacts.save_figure(figure, "case_figure", out)
+    written += artefacts.save_table(iou_check, "case_figure_iou_check", out, float_format="{:.4f}")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+    n_high = int(table4.loc[table4["panel"] == "A", "n"].iloc[0])
+    record = {
+        "command": "endoexplain audit", "arch": args.arch, "weights": str(args.weights),
+        "weights_sha256": weights_sha, "torchscript": args.torchscript,
+        "checkpoint_id": name, "dataset": args.dataset, "target_layer": layer_name,
+        "positive_class": args.positive_class, "image_size": args.image_size,
+        "temperature": temperature, "calibration": calibration_note,
+        "score_threshold": args.score_threshold, "top_fraction": args.top_fraction,
+        "random_deletion_repetitions": args.repetitions,
+        "bootstrap_replicates": args.bootstrap_replicates, "seed": args.seed,
+        "methods_reported": list(methods), "n_pairs": len(cases),
+        "n_audited": summary["n_audited"],
+        "n_empty_masks_excluded": summary["n_empty_masks_excluded"],
+        "excluded_sample_ids": summary["excluded_sample_ids"],
+        "n_high_score": n_high, "selected_cases": selection,
+        "identical_by_construction": [list(g) for g in identical], "statement": statement,
+        "audit_seconds": summary["seconds"],
+    }
+    record_path = out / "audit.json"
+    temporary = record_path.with_name(record_path.name + ".tmp")
+    temporary.write_text(json.dumps(record, indent=1))
+    temporary.replace(record_path)
+    written.append(record_path)
+    if args.report == "html":
+        report = write_html_report(out, record, formatted, ties, iou_check,
+                                   out / "case_figure.png", [Path(p) for p in written])
+        written.append(report)
+    record["written"] = [str(p) for p in written]
+    return record
+
+
+def _check_methods(requested: Sequence[str] | None, known: Sequence[str]) -> tuple[str, ...]:
+    if not requested:
+        return tuple(known)
+    unknown = [m for m in requested if m not in known]
+    if unknown:
+        raise CommandError(f"unknown --methods {unknown}; known: {', '.join(known)}")
+    return tuple(m for m in known if m in requested)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+REPORT_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:70em;color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:0.8em 0;font-size:0.9em}
+th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:left}
+th{background:#f2f2f2} img{max-width:100%} .note{color:#555;font-size:0.9em}
+code{background:#f5f5f5;padding:0 0.2em}
+"""
+
+
+def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figure_png: Path,
+                      files: list[Path]) -> Path:
+    """``<out>/report.html``: one self-contained page (inline CSS, the figure as a data URI,
+    no scripts and no links outside the page except to the files written beside it)."""
+    def table_html(frame) -> str:
+        return frame.to_html(index=False, escape=True, border=0, na_rep="\u2013")
+
+    figure = base64.b64encode(figure_png.read_bytes()).decode("ascii")
+    settings = {key: record[key] for key in (
+        "arch", "weights", "weights_sha256", "target_layer", "positive_class", "image_size",
+        "temperature", "calibration", "score_threshold", "top_fraction",
+        "random_deletion_repetitions", "bootstrap_replicates", "seed", "dataset")}
+    settings_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                            for k, v in settings.items())
+    file_rows = "".join(f'<li><a href="{html.escape(p.name)}">{html.escape(p.name)}</a></li>'
+                        for p in files if p.parent == out)
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>endoExplain audit: {html.escape(record['checkpoint_id'])}</title>
+<style>{REPORT_CSS}</style></head><body>
+<h1>endoExplain audit of <code>{html.escape(record['checkpoint_id'])}</code></h1>
+<p>{record['n_audited']} of {record['n_pairs']} image-mask pairs audited;
+{record['n_empty_masks_excluded']} excluded because the mask is empty after thresholding at 128
+and resizing. {record['n_high_score']} images reach a score of at least
+{record['score_threshold']:.2f} (panel A).</p>
+<p class="note">The score is sigmoid(z / T) with z = logit(positive) &minus; logit(negative);
+calibration: {html.escape(record['calibration'])}. It is a score, not a probability.
+CIs are image-bootstrap percentile 95% intervals.</p>
+<h2>Settings</h2><table>{settings_rows}</table>
+<h2>Summary (Table 4 layout)</h2>{table_html(formatted)}
+<p class="note">Panel A: images with score &ge; threshold; panel B: all audited images.
+Eigen-CAM* is class-agnostic.</p>
+<h2>Map diagnostics</h2><p>{html.escape(record['statement'])}</p>{table_html(ties)}
+<h2>Rule-selected cases</h2>
+<p>Selected: {html.escape(json.dumps(record['selected_cases']))}</p>
+<img alt="rule-selected case figure" src="data:image/png;base64,{figure}">
+<h3>Rendered-IoU check</h3>{table_html(iou_check)}
+<h2>Files</h2><ul>{file_rows}</ul>
+<p class="note">Written {datetime.date.today().isoformat()} by <code>endoexplain audit</code>.</p>
+</body></html>
+"""
+    path = out / "report.html"
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(page, encoding="utf-8")
+    temporary.replace(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``endoexplain`` argument parser (subcommand ``audit``)."""
+    from endoexplain_core.models.networks import AUDITABLE_ARCHITECTURES
+
+    parser = argparse.ArgumentParser(
+        prog="endoexplain",
+        description="endoExplain: audit where CAM explanations of a polyp classifier point.",
+        epilog="Run 'endoexplain audit --help' for the audit of your own model.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    audit = commands.add_parser(
+        "audit", help="audit your own classifier on a folder of masked frames",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Audit a 2-class polyp classifier's CAMs (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM,\n"
+            "Eigen-CAM*) against lesion masks, beside a random heatmap and a centre baseline.\n"
+            "Images and masks are paired by file stem; masks are thresholded at 128 (white =\n"
+            "lesion) and empty masks are excluded and counted."),
+        epilog=(
+            "outputs in --out: case_table.parquet (one row per image and map),\n"
+            "random_deletion.parquet, table4_summary.{csv,md,tex} (+ _formatted),\n"
+            "map_ties.*, case_figure.{png,pdf}, case_figure_iou_check.*, audit.json, report.html\n\n"
+            "example:\n"
+            "  endoexplain audit --arch resnet18 --weights model.safetensors \\\n"
+            "      --images frames/ --masks masks/ --mask-suffix _mask --out audit_out/\n\n"
+            "exit codes: 0 done, 2 refused with a one-line reason, 1 unexpected error"))
+    model = audit.add_argument_group("model")
+    model.add_argument("--arch", required=True, metavar="ARCH",
+                       help=f"torchvision architecture: {', '.join(AUDITABLE_ARCHITECTURES)}")
+    model.add_argument("--weights", required=True, metavar="FILE",
+                       help="2-class weights: .safetensors, or a torch state dict (.pt/.pth, "
+                            "read with weights_only=True; pickled code is refused)")
+    model.add_argument("--torchscript", action="store_true",
+                       help="--weights is a TorchScript archive; its parameters are loaded into ARCH")
+    model.add_argument("--target-layer", metavar="NAME", default=None,
+                       help="CAM target layer as a module path (default: the protocol's layer "
+                            "for ARCH, e.g. layer4.1 for resnet18)")
+    model.add_argument("--positive-class", type=int, default=1, metavar="{0,1}",
+                       help="output index of the polyp class (default 1)")
+    model.add_argument("--image-size", type=int, default=256, metavar="PX",
+                       help="square model input size in pixels (default 256)")
+    calibration = model.add_mutually_exclusive_group()
+    calibration.add_argument("--temperature", type=float, default=None, metavar="T",
+                             help="temperature T of the score sigmoid(z / T) (default 1)")
+    calibration.add_argument("--calibration-logits", metavar="CSV", default=None,
+                             help="fit T on validation logits: CSV with logit_neg, logit_pos, target")
+    data = audit.add_argument_group("data")
+    data.add_argument("--images", required=True, metavar="DIR",
+                      help="folder of frames (JPEG, PNG, TIFF, BMP)")
+    data.add_argument("--masks", required=True, metavar="DIR",
+                      help="folder of masks named <image stem><suffix>.<ext>")
+    data.add_argument("--mask-suffix", default="", metavar="SUFFIX",
+                      help="mask name suffix after the image stem, e.g. _mask (default none)")
+    data.add_argument("--dataset", default=DEFAULT_DATASET, metavar="NAME",
+                      help=f"dataset name written in the case table (default {DEFAULT_DATASET})")
+    protocol = audit.add_argument_group("protocol")
+    protocol.add_argument("--methods", nargs="+", metavar="METHOD", default=None,
+                          help="CAM methods shown in the summary (default all five; the case "
+                               "table always holds all of them)")
+    protocol.add_argument("--score-threshold", type=float, default=0.90, metavar="S",
+                          help="panel A: images with score >= S (default 0.90)")
+    protocol.add_argument("--top-fraction", type=float, default=0.20, metavar="F",
+                          help="fraction of pixels in a map's top area (default 0.20)")
+    protocol.add_argument("--repetitions", type=int, default=20, metavar="N",
+                          help="random deletions per image (default 20)")
+    protocol.add_argument("--bootstrap-replicates", type=int, default=2000, metavar="N",
+                          help="image-bootstrap replicates for the CIs (default 2000)")
+    protocol.add_argument("--seed", type=int, default=20260721, help="bootstrap seed")
+    run = audit.add_argument_group("run")
+    run.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    run.add_argument("--name", default=None, help="model name in the tables (default: weights file stem)")
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                     help="where to run (default auto: CUDA when available)")
+    run.add_argument("--batch-size", type=int, default=16, metavar="N",
+                     help="images per CAM/deletion batch (memory only; default 16)")
+    run.add_argument("--report", default="html", choices=("html", "none"),
+                     help="write the self-contained report.html (default html)")
+    audit.set_defaults(handler=run_audit)
+    return parser
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if not 0 < args.score_threshold < 1:
+        raise CommandError(f"--score-threshold must be in (0, 1), got {args.score_threshold}")
+    if not 0 < args.top_fraction < 1:
+        raise CommandError(f"--top-fraction must be in (0, 1), got {args.top_fraction}")
+    for name in ("image_size", "repetitions", "bootstrap_replicates", "batch_size"):
+        if getattr(args, name) < 1:
+            raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``endoexplain`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        _check_numbers(args)
+        record = args.handler(args)
+    except CommandError as error:
+        print(f"endoexplain {args.command}: {error}", file=sys.stderr)
+        return 2
+    print(f"endoexplain {args.command}: {record['n_audited']} images audited "
+          f"({record['n_empty_masks_excluded']} empty masks excluded); outputs in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
