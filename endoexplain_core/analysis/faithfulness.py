@@ -1,0 +1,372 @@
+"""Faithfulness and sanity controls of the CAMs of one checkpoint on one masked cohort.
+
+What the notebook ``08_faithfulness`` reports, computed here from prepared cases (images
+resized to the model's input and ImageNet-normalised, masks resized nearest-neighbour, as in
+the audit; cases whose mask is empty after resizing are excluded and counted):
+
+- ROAD / SRG (``kernels.road``): drops of z/T when the most- or least-salient 1..20% of the
+  field of view are filled by noisy linear imputation; SRG per image and map. The random
+  heatmap is the reference map (SRG about 0 expected).
+- LSR (``kernels.reliance``): reliance on the lesion's tolerance zone D_r beyond same-shaped
+  regions elsewhere in the field of view.
+- Shape-preserving random deletion (``kernels.reliance``): each CAM's top-area region moved to
+  seeded places; CAM deletion minus that control, beside the pixel-wise random control.
+- Cascading randomisation (``kernels.randomisation``): similarity of every CAM to the trained
+  model's after each block is randomised, and the spatial metrics of the randomised maps.
+- Case-level localisation outcomes and covariates for the subgroup analysis
+  (``analysis.subgroups``): energy lift, pointing hit, DoG conspicuity, lesion area,
+  centrality, field-of-view area, calibrated margin and correctness.
+
+Field of view, tolerance zone, energy lift, pointing and DoG conspicuity come from
+``kernels.localisation``. Every seed derives from the sample id (``deletion.sample_key``), so
+results do not depend on batch size or order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from endoexplain_core.analysis import audit, stats
+from endoexplain_core.kernels import (baselines, cams, deletion, imputation, localisation, metrics,
+                                      randomisation, reliance, road, threshold)
+from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.models import networks
+from endoexplain_core.models.training import resolve_device  # the audit's device rule
+
+
+@dataclass(frozen=True)
+class FaithfulnessSettings:
+    """Protocol parameters of the faithfulness controls (profile keys of the same names)."""
+
+    road_fractions: tuple[float, ...] = road.ROAD_FRACTIONS
+    road_methods: tuple[str, ...] = (*CAM_METHODS, "random")
+    imputation_noise_std: float = imputation.DEFAULT_NOISE_STD
+    tolerance_radius_px: float = 4.0
+    lsr_regions: int = reliance.DEFAULT_COMPARISON_REGIONS
+    shape_repetitions: int = reliance.DEFAULT_SHAPE_REPETITIONS
+    top_fraction: float = 0.20
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.road_methods if m not in (*CAM_METHODS, "random", "centre")]
+        if unknown:
+            raise ValueError(f"road_methods: unknown maps {unknown}")
+        if self.lsr_regions < 1 or self.shape_repetitions < 1:
+            raise ValueError("lsr_regions and shape_repetitions must be positive")
+
+
+@dataclass
+class PreparedCases:
+    """Cases at the model's input size: ids, float32 (N, 3, S, S) normalised images, bool
+    (N, S, S) masks, and the ids excluded because their mask vanished when resized."""
+
+    sample_ids: list[str]
+    images: torch.Tensor
+    masks: torch.Tensor
+    excluded: list[str] = field(default_factory=list)
+
+
+def prepare_cases(cases: Iterable, image_size: int) -> PreparedCases:
+    """Resize (sample_id, uint8 RGB, bool mask) cases with ``audit.prepare_case``."""
+    ids, images, masks, excluded = [], [], [], []
+    for sample_id, image, mask in cases:
+        image_tensor, mask_tensor = audit.prepare_case(sample_id, image, mask, image_size)
+        if not mask_tensor.any():
+            excluded.append(sample_id)
+            continue
+        ids.append(sample_id)
+        images.append(image_tensor)
+        masks.append(mask_tensor)
+    if not ids:
+        raise ValueError("no case with a non-empty mask at the model's input size")
+    return PreparedCases(ids, torch.stack(images), torch.stack(masks), excluded)
+
+
+def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torch.Tensor]:
+    """CAMs (and the random / centre baselines) of a batch, plus its logits."""
+    maps, logits = cams.compute_cams(model, layer, images, target_class=1, methods=CAM_METHODS,
+                                     return_logits=True)
+    height, width = images.shape[-2:]
+    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
+    maps["centre"] = baselines.centre_gaussian(images.shape[0], height, width,
+                                               audit.CENTRE_SIGMA_FRACTION, images.device)
+    return {m: maps[m] for m in methods}, logits.detach()
+
+
+def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids,
+                       *, temperature: float, settings: FaithfulnessSettings,
+                       timings: dict | None = None) -> dict[str, pd.DataFrame]:
+    """ROAD, LSR and shape-preserving deletion of one batch. Returns three tables:
+
+    ``road``  per (sample_id, method, order, fraction): ``drop`` in z/T
+    ``srg``   per (sample_id, method): ``srg`` and the mean MoRF and LeRF drops
+    ``lsr``   per sample_id: ``zone_drop``, ``region_drop_mean``, ``n_regions``, ``lsr``,
+              ``zone_area_fraction`` (|D_r| / |B|)
+    ``shape`` per (sample_id, CAM method): ``cam_drop``, ``shifted_drop_mean``, ``n_shifts``,
+              ``cam_minus_shifted`` (positive logit, as the deletion test), and the z drops
+    """
+    keys = [deletion.sample_key(s) for s in sample_ids]
+    methods = tuple(dict.fromkeys([*settings.road_methods, *CAM_METHODS]))
+    maps, logits = _maps(model, layer, images, keys, methods)
+    reference_z = road.scaled_logit_difference(logits, temperature)
+    fov = localisation.field_of_view(images, masks)
+    road_maps = {m: maps[m] for m in settings.road_methods}
+    drops = road.road_drops(model, images, road_maps, fov, keys, temperature=temperature,
+                            fractions=settings.road_fractions,
+                            noise_std=settings.imputation_noise_std, reference_z=reference_z,
+                            timings=timings)
+    ids = np.asarray(sample_ids, dtype=object)
+    road_rows, srg_rows = [], []
+    for method, by_order in drops.items():
+        for order, values in by_order.items():
+            for index, fraction in enumerate(settings.road_fractions):
+                road_rows.append(pd.DataFrame({"sample_id": ids, "method": method, "order": order,
+                                               "fraction": fraction,
+                                               "drop": values[index].cpu().numpy()}))
+        srg_rows.append(pd.DataFrame({
+            "sample_id": ids, "method": method,
+            "srg": road.symmetric_relevance_gain(by_order["morf"], by_order["lerf"]).cpu().numpy(),
+            "morf_drop_mean": by_order["morf"].mean(dim=0).cpu().numpy(),
+            "lerf_drop_mean": by_order["lerf"].mean(dim=0).cpu().numpy()}))
+
+    zones = localisation.tolerance_zone(masks, fov, settings.tolerance_radius_px)
+    lsr = reliance.lesion_specific_reliance(model, images, zones, fov, keys, temperature=temperature,
+                                            n_regions=settings.lsr_regions,
+                                            noise_std=settings.imputation_noise_std,
+                                            reference_z=reference_z, timings=timings)
+    lsr_table = pd.DataFrame({
+        "sample_id": ids, "zone_drop": lsr["zone_drop"].numpy(),
+        "region_drop_mean": lsr["region_drop_mean"].numpy(), "n_regions": lsr["n_regions"].numpy(),
+        "lsr": lsr["lsr"].numpy(),
+        "zone_area_fraction": (zones.flatten(1).sum(1) / fov.flatten(1).sum(1)).double().cpu().numpy()})
+
+    shape_rows = []
+    for method in CAM_METHODS:
+        top = threshold.top_fraction_mask(maps[method], settings.top_fraction)
+        shape = reliance.shape_preserving_deletion(model, images, top, fov, keys, method=method,
+                                                   repetitions=settings.shape_repetitions,
+                                                   reference_logits=logits)
+        shape_rows.append(pd.DataFrame({
+            "sample_id": ids, "method": method, "cam_drop": shape["cam_drop"].numpy(),
+            "shifted_drop_mean": shape["shifted_drop_mean"].numpy(),
+            "n_shifts": shape["n_shifts"].numpy(),
+            "cam_minus_shifted": (shape["cam_drop"] - shape["shifted_drop_mean"]).numpy(),
+            "cam_z_drop": shape["cam_z_drop"].numpy(),
+            "shifted_z_drop_mean": shape["shifted_z_drop_mean"].numpy()}))
+    return {"road": pd.concat(road_rows, ignore_index=True),
+            "srg": pd.concat(srg_rows, ignore_index=True), "lsr": lsr_table,
+            "shape": pd.concat(shape_rows, ignore_index=True)}
+
+
+def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
+                            dataset: str, settings: FaithfulnessSettings, batch_size: int,
+                            device: str = "cpu") -> dict:
+    """Run ``faithfulness_batch`` over all prepared cases of one checkpoint.
+
+    Returns ``{"road", "srg", "lsr", "shape"}`` DataFrames (with ``dataset`` and
+    ``checkpoint_id`` columns) and ``timings`` (seconds of imputation and of the forwards it
+    feeds, the number of those forwards, and the total).
+    """
+    started = time.perf_counter()
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    timings: dict = {}
+    parts: dict[str, list[pd.DataFrame]] = {"road": [], "srg": [], "lsr": [], "shape": []}
+    for start in range(0, len(prepared.sample_ids), batch_size):
+        stop = start + batch_size
+        tables = faithfulness_batch(model, layer, prepared.images[start:stop].to(torch_device),
+                                    prepared.masks[start:stop].to(torch_device),
+                                    prepared.sample_ids[start:stop], temperature=temperature,
+                                    settings=settings, timings=timings)
+        for name, table in tables.items():
+            parts[name].append(table)
+    result = {name: pd.concat(tables, ignore_index=True).assign(
+        dataset=dataset, checkpoint_id=str(metadata["checkpoint_id"])) for name, tables in parts.items()}
+    timings["total_s"] = time.perf_counter() - started
+    result["timings"] = timings
+    return result
+
+
+# --- summaries ------------------------------------------------------------------------------
+
+def _mean_ci_rows(table: pd.DataFrame, by: list[str], value: str, replicates: int, seed: int
+                  ) -> pd.DataFrame:
+    rows = []
+    for key, part in table.groupby(by, sort=False):
+        values = part[value].dropna().to_numpy()
+        summary = stats.bootstrap_mean_ci(values, replicates=replicates, seed=seed)
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(by, key)), value: summary["estimate"], "ci_low": summary["ci_low"],
+                     "ci_high": summary["ci_high"], "n": int(summary["n"]),
+                     "share_positive": float((values > 0).mean()) if len(values) else np.nan})
+    return pd.DataFrame(rows)
+
+
+def srg_table(srg: pd.DataFrame, *, replicates: int, seed: int) -> pd.DataFrame:
+    """Per checkpoint and method: mean ``srg`` with image-bootstrap 95% CI, n, share > 0."""
+    return _mean_ci_rows(srg, ["checkpoint_id", "method"], "srg", replicates, seed)
+
+
+def road_curves(road_table: pd.DataFrame, *, replicates: int, seed: int) -> pd.DataFrame:
+    """Per checkpoint, method, order and fraction: mean ``drop`` (z/T) with its 95% CI."""
+    return _mean_ci_rows(road_table, ["checkpoint_id", "method", "order", "fraction"], "drop",
+                         replicates, seed)
+
+
+def lsr_table(lsr: pd.DataFrame, *, replicates: int, seed: int) -> pd.DataFrame:
+    """Per checkpoint: mean ``lsr`` over images with a comparison region (95% CI), the mean
+    zone and region drops, and how many images had no comparison region."""
+    rows = _mean_ci_rows(lsr, ["checkpoint_id"], "lsr", replicates, seed)
+    extra = lsr.groupby("checkpoint_id", sort=False).agg(
+        zone_drop=("zone_drop", "mean"), region_drop=("region_drop_mean", "mean"),
+        images=("sample_id", "size"), no_region=("n_regions", lambda n: int((n == 0).sum())),
+        mean_regions=("n_regions", "mean"))
+    return rows.merge(extra.reset_index(), on="checkpoint_id")
+
+
+def shape_deletion_table(shape: pd.DataFrame, pixel_random: pd.DataFrame | None, *,
+                         replicates: int, seed: int) -> pd.DataFrame:
+    """Per checkpoint and CAM: CAM deletion minus the shape-preserving random deletion (mean,
+    95% CI, positive logit drop) and, when the audit's pixel-wise random-deletion table
+    (``logit_drop_mean`` per sample) is given, CAM deletion minus that control too."""
+    table = _mean_ci_rows(shape, ["checkpoint_id", "method"], "cam_minus_shifted", replicates, seed)
+    means = shape.groupby(["checkpoint_id", "method"], sort=False).agg(
+        cam_drop=("cam_drop", "mean"), shifted_drop=("shifted_drop_mean", "mean"),
+        no_shift=("n_shifts", lambda n: int((n == 0).sum()))).reset_index()
+    table = table.merge(means, on=["checkpoint_id", "method"])
+    if pixel_random is not None:
+        joined = shape.merge(pixel_random[["checkpoint_id", "sample_id", "logit_drop_mean"]],
+                             on=["checkpoint_id", "sample_id"], how="inner")
+        joined["cam_minus_pixel_random"] = joined["cam_drop"] - joined["logit_drop_mean"]
+        pixel = _mean_ci_rows(joined, ["checkpoint_id", "method"], "cam_minus_pixel_random",
+                              replicates, seed).rename(columns={"ci_low": "pixel_ci_low",
+                                                                "ci_high": "pixel_ci_high",
+                                                                "n": "pixel_n",
+                                                                "share_positive": "pixel_share_positive"})
+        table = table.merge(pixel, on=["checkpoint_id", "method"], how="left")
+    return table
+
+
+# --- cascading randomisation -----------------------------------------------------------------
+
+def randomisation_similarity(model, metadata: dict, prepared: PreparedCases, *, seed: int,
+                             top_fraction: float, batch_size: int, device: str = "cpu"
+                             ) -> pd.DataFrame:
+    """Per (step, block, sample_id, method): similarity of the CAM after cumulative
+    randomisation up to ``block`` with the trained CAM (``spearman``, ``top_iou``) and the
+    randomised map's spatial metrics against the lesion (``iou``, ``energy_in_mask``,
+    ``peak_outside_mask``); step 0 (``block`` = "trained") holds the trained maps' metrics."""
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    layer_name, _ = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+
+    def maps_of(net) -> dict[str, torch.Tensor]:
+        layer = net.get_submodule(layer_name)
+        parts = [cams.compute_cams(net, layer, prepared.images[s:s + batch_size].to(torch_device),
+                                   target_class=1, methods=CAM_METHODS)
+                 for s in range(0, len(prepared.sample_ids), batch_size)]
+        return {m: torch.cat([p[m] for p in parts]).cpu() for m in CAM_METHODS}
+
+    trained = maps_of(model)
+    rows = []
+    steps = [("trained", model), *randomisation.cascade(model, seed=seed)]
+    for step, (block, net) in enumerate(steps):
+        current = trained if step == 0 else maps_of(net)
+        for method in CAM_METHODS:
+            spatial = metrics.spatial_metrics(current[method], prepared.masks, top_fraction)
+            rows.append(pd.DataFrame({
+                "step": step, "block": block, "sample_id": prepared.sample_ids, "method": method,
+                "spearman": randomisation.spearman_per_image(current[method], trained[method]),
+                "top_iou": randomisation.top_area_iou(current[method], trained[method], top_fraction),
+                "iou": spatial["iou"].double().numpy(),
+                "energy_in_mask": spatial["energy_in_mask"].double().numpy(),
+                "peak_outside_mask": spatial["peak_outside_mask"].numpy(),
+                "constant_map": spatial["constant_map"].numpy()}))
+    return pd.concat(rows, ignore_index=True).assign(checkpoint_id=str(metadata["checkpoint_id"]))
+
+
+def randomisation_table(similarity: pd.DataFrame) -> pd.DataFrame:
+    """Per (step, block, method): mean ``spearman`` (over non-constant map pairs), mean
+    ``top_iou``, and the Table 4 quantities of the (randomised) maps: mean IoU with the lesion,
+    mean energy in the mask, share of peaks outside the mask; plus constant-map counts."""
+    return similarity.groupby(["step", "block", "method"], sort=False).agg(
+        spearman=("spearman", "mean"), top_iou=("top_iou", "mean"), mean_iou=("iou", "mean"),
+        energy_in_mask=("energy_in_mask", "mean"), peak_outside_rate=("peak_outside_mask", "mean"),
+        constant_maps=("constant_map", "sum"), images=("sample_id", "size")).reset_index()
+
+
+# --- case-level outcomes for the subgroup analysis -------------------------------------------
+
+@dataclass(frozen=True)
+class LocalisationSettings:
+    """Parameters of the localisation outcomes (profile keys of the same names)."""
+
+    tolerance_radius_px: float = 4.0
+    pointing_smooth_sigma_px: float = 1.0
+    dog_sigma_small_px: float = 1.0
+    dog_sigma_large_px: float = 8.0
+    energy_lift_alpha: float = localisation.ENERGY_LIFT_ALPHA
+    decision_threshold: float = 0.5
+
+
+def localisation_outcomes(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
+                          settings: LocalisationSettings, batch_size: int, device: str = "cpu",
+                          methods=CAM_METHODS) -> pd.DataFrame:
+    """Per (sample_id, method): ``energy_lift`` (bits), ``pointing_hit`` (0/1),
+    ``pointing_chance``, and the image's covariates: ``log_lesion_area`` (natural log of the
+    lesion's share of the field of view), ``centrality`` (lesion centroid distance from the
+    frame centre / half-diagonal, ``metrics.lesion_centre_distance``), ``fov_area`` (field of
+    view share of the frame), ``z``, ``margin`` = |z - t| / T with t = T logit(decision
+    threshold), ``correct`` (z > t, every case being a polyp) and ``dog_lift`` (energy lift of
+    the DoG conspicuity map)."""
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    p = settings.decision_threshold
+    threshold_z = temperature * math.log(p / (1 - p))
+    parts = []
+    for start in range(0, len(prepared.sample_ids), batch_size):
+        ids = prepared.sample_ids[start:start + batch_size]
+        images = prepared.images[start:start + batch_size].to(torch_device)
+        masks = prepared.masks[start:start + batch_size].to(torch_device)
+        maps, logits = _maps(model, layer, images, [deletion.sample_key(s) for s in ids], methods)
+        z = deletion.logit_difference(logits.double()).cpu().numpy()
+        fov = localisation.field_of_view(images, masks)
+        lesion_share = ((masks & fov).flatten(1).sum(1) / fov.flatten(1).sum(1)).double().cpu().numpy()
+        dog = localisation.dog_conspicuity(images, settings.dog_sigma_small_px,
+                                           settings.dog_sigma_large_px, fov)
+        image_columns = {
+            "sample_id": np.asarray(ids, dtype=object),
+            "log_lesion_area": np.log(lesion_share),
+            "centrality": metrics.lesion_centre_distance(masks).double().cpu().numpy(),
+            "fov_area": fov.flatten(1).double().mean(1).cpu().numpy(),
+            "z": z, "margin": np.abs(z - threshold_z) / temperature,
+            "correct": (z > threshold_z).astype(float),
+            "dog_lift": localisation.energy_lift_bits(dog, masks, fov,
+                                                      settings.energy_lift_alpha).double().cpu().numpy()}
+        for method in methods:
+            hits, chance = localisation.pointing_hits(maps[method], masks, fov,
+                                                      radius_px=settings.tolerance_radius_px,
+                                                      smooth_sigma_px=settings.pointing_smooth_sigma_px)
+            parts.append(pd.DataFrame({
+                **image_columns, "method": method,
+                "energy_lift": localisation.energy_lift_bits(maps[method], masks, fov,
+                                                             settings.energy_lift_alpha).double().cpu().numpy(),
+                "pointing_hit": hits.double().cpu().numpy(),
+                "pointing_chance": chance.double().cpu().numpy()}))
+    return pd.concat(parts, ignore_index=True).assign(checkpoint_id=str(metadata["checkpoint_id"]))
+
+
+def settings_record(*settings) -> dict:
+    """The settings dataclasses as one flat dict (for the notebook and the run record)."""
+    record: dict = {}
+    for item in settings:
+        record.update(asdict(item))
+    return record

@@ -1,0 +1,330 @@
+"""Subgroup gaps in map quality that do not mistake case mix for a gap.
+
+A *contrast* splits cases into a subgroup (``subgroup = 1``, e.g. image-enhanced endoscopy)
+and its reference (``0``, e.g. white light). A gap is subgroup minus reference, per CAM
+method; negative = worse maps in the subgroup. Outcomes:
+
+  energy_lift   lambda_E in bits (linear model); gap in bits
+  pointing_hit  peak inside the tolerance zone (logistic model); gap in percentage points
+
+The data are long: one row per (image, method). One GEE per contrast, outcome and model
+(statsmodels, exchangeable working correlation, bias-reduced "Mancl-DeRouen" sandwich
+standard errors; clusters = images, since the methods of one image are correlated) holds one
+intercept and one subgroup coefficient per method and covariate slopes shared by all methods,
+so every method gets the same case-mix adjustment and their gaps are directly comparable.
+Method-specific slopes are the sensitivity analysis (``method_specific_slopes=True``).
+
+Nested models, each adding one block of factors:
+  M0  subgroup only (the crude gap as the model estimates it)
+  M1  + case mix: log lesion area (share of the field of view), lesion centrality (distance of
+        the lesion centroid from the frame centre), field-of-view area, and the fixed effects
+        a contrast needs (e.g. centre indicators when a contrast pools centres)   [main model]
+  M2  + classifier state: calibrated margin |z - t| / T and correctness
+  M3  + lesion visibility: the difference-of-Gaussians conspicuity map's lambda_E
+A covariate that defines the contrast itself (log lesion area for lesion-size strata) is left
+out of every model of that contrast.
+
+Gaps are read off by g-computation: the model's predictions for every row of a method with
+the subgroup set to 1 and then to 0, averaged, differenced (for the linear model this is the
+coefficient itself; for the logistic model the gap in hits per 100 cases). Standard errors
+by the delta method from the robust covariance; 95% and 90% Wald intervals; two-sided
+p-values; Holm within each family = (outcome, model, slopes) over every contrast and method;
+TOST equivalence (two one-sided tests at 5%): equivalent when the 90% interval lies inside
++-0.5 bit (energy lift) or +-10 pp (pointing).
+
+Clusters: images. A contrast that pools centres adjusts for centre by fixed effects rather
+than clustering on centre, because the cohorts have too few centres (3 to 6) for a cluster-
+robust variance.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from patsy import build_design_matrices, dmatrices
+from scipy import stats as scipy_stats
+from statsmodels.genmod import families
+from statsmodels.genmod.cov_struct import Exchangeable
+from statsmodels.genmod.generalized_estimating_equations import GEE
+
+from endoexplain_core.analysis.stats import holm_adjust
+
+OUTCOMES = {"energy_lift": "linear", "pointing_hit": "logistic"}
+OUTCOME_UNITS = {"energy_lift": "bit", "pointing_hit": "pp"}
+EQUIVALENCE_MARGINS = {"energy_lift": 0.5, "pointing_hit": 10.0}
+CASE_MIX = ("log_lesion_area", "centrality", "fov_area")
+CLASSIFIER_STATE = ("margin", "correct")
+VISIBILITY = ("dog_lift",)
+MODELS = ("M0", "M1", "M2", "M3")
+MODEL_LABELS = {"M0": "subgroup only", "M1": "+ case mix", "M2": "+ classifier margin, correctness",
+                "M3": "+ DoG conspicuity"}
+TOST_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One subgroup comparison: its name, the label of each side, the covariates it must not
+    adjust for (they define it) and the fixed-effect terms it adds from M1 on."""
+
+    name: str
+    subgroup_label: str
+    reference_label: str
+    exclude: tuple[str, ...] = ()
+    fixed_effects: tuple[str, ...] = ()
+
+
+def model_terms(model: str, contrast: Contrast) -> list[str]:
+    """Covariate terms of ``model`` (M0..M3) for ``contrast``, in formula syntax."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+    level = MODELS.index(model)
+    terms: list[str] = []
+    if level >= 1:
+        terms += [t for t in CASE_MIX if t not in contrast.exclude] + list(contrast.fixed_effects)
+    if level >= 2:
+        terms += [t for t in CLASSIFIER_STATE if t not in contrast.exclude]
+    if level >= 3:
+        terms += [t for t in VISIBILITY if t not in contrast.exclude]
+    return terms
+
+
+def informative_terms(frame: pd.DataFrame, terms) -> tuple[list[str], list[str]]:
+    """(terms that vary in ``frame``, terms left out because they are constant there, e.g.
+    correctness when every case is classified correctly). ``C(x)`` terms are judged by x."""
+    kept, dropped = [], []
+    for term in terms:
+        column = term[2:-1] if term.startswith("C(") and term.endswith(")") else term
+        (kept if frame[column].nunique(dropna=False) > 1 else dropped).append(term)
+    return kept, dropped
+
+
+def gee_formula(outcome: str, terms, *, method_specific_slopes: bool) -> str:
+    """One intercept and one subgroup coefficient per method; shared (or per-method) slopes."""
+    if method_specific_slopes:
+        covariates = [f"C(method):{term}" for term in terms]
+    else:
+        covariates = list(terms)
+    return " + ".join([f"{outcome} ~ 0 + C(method)", "C(method):subgroup", *covariates])
+
+
+def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes: bool = False):
+    """Fit the GEE of ``outcome`` (``OUTCOMES`` says linear or logistic) on long ``frame``
+    (columns ``cluster``, ``method``, ``subgroup`` 0/1, the outcome and the terms).
+    Returns (statsmodels results with the bias-reduced covariance, patsy design info)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}; known: {list(OUTCOMES)}")
+    family = families.Gaussian() if OUTCOMES[outcome] == "linear" else families.Binomial()
+    data = frame.sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
+    endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
+                            data, return_type="dataframe", NA_action="raise")
+    model = GEE(endog, exog, groups=data["cluster"].to_numpy(), family=family,
+                cov_struct=Exchangeable())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = model.fit(cov_type="bias_reduced", maxiter=100)
+    return result, exog.design_info
+
+
+def g_computation_gaps(result, design_info, frame: pd.DataFrame, outcome: str, methods
+                       ) -> pd.DataFrame:
+    """Per method: gap (subgroup 1 minus 0, predictions averaged over that method's rows;
+    x100 for the logistic outcome, i.e. percentage points) and its delta-method SE."""
+    scale = 100.0 if OUTCOMES[outcome] == "logistic" else 1.0
+    params = np.asarray(result.params)
+    covariance = np.asarray(result.cov_params())
+    rows = []
+    for method in methods:
+        subset = frame[frame["method"] == method]
+        designs = [np.asarray(build_design_matrices([design_info], subset.assign(subgroup=value))[0])
+                   for value in (1, 0)]
+        means, gradients = [], []
+        for design in designs:
+            linear = design @ params
+            if OUTCOMES[outcome] == "logistic":
+                probability = 1 / (1 + np.exp(-linear))
+                means.append(probability.mean())
+                gradients.append((probability * (1 - probability)) @ design / len(design))
+            else:
+                means.append(linear.mean())
+                gradients.append(design.mean(axis=0))
+        gradient = gradients[0] - gradients[1]
+        gap = (means[0] - means[1]) * scale
+        se = float(np.sqrt(max(gradient @ covariance @ gradient, 0.0))) * scale
+        rows.append({"method": method, "gap": gap, "se": se})
+    return pd.DataFrame(rows)
+
+
+def tost(estimate, se, margin: float, alpha: float = TOST_ALPHA) -> dict:
+    """Two one-sided z-tests of |theta| < margin. ``tost_p`` = the larger one-sided p-value;
+    ``tost_equivalent`` = tost_p < alpha, the same as the (1 - 2 alpha) interval lying inside
+    (-margin, margin). Works element-wise on arrays."""
+    estimate, se = np.asarray(estimate, dtype=float), np.asarray(se, dtype=float)
+    if margin <= 0:
+        raise ValueError(f"margin must be positive; got {margin}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_lower = scipy_stats.norm.sf((estimate + margin) / se)    # H0: theta <= -margin
+        p_upper = scipy_stats.norm.cdf((estimate - margin) / se)   # H0: theta >= +margin
+    p = np.maximum(p_lower, p_upper)
+    return {"tost_p": p, "tost_equivalent": p < alpha}
+
+
+def wald_columns(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Add ``ci_low``/``ci_high`` (95%), ``ci90_low``/``ci90_high`` and two-sided ``p``."""
+    z95, z90 = scipy_stats.norm.ppf(0.975), scipy_stats.norm.ppf(0.95)
+    out = gaps.copy()
+    out["ci_low"], out["ci_high"] = out["gap"] - z95 * out["se"], out["gap"] + z95 * out["se"]
+    out["ci90_low"], out["ci90_high"] = out["gap"] - z90 * out["se"], out["gap"] + z90 * out["se"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["p"] = 2 * scipy_stats.norm.sf(np.abs(out["gap"] / out["se"]))
+    return out
+
+
+def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUTCOMES),
+                  models=MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
+    """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
+    slopes fit of ``sensitivity_model``. A fit that fails (e.g. a method whose hits are all 0
+    in one group) gives NaN rows with the error in ``note``. Columns: contrast, outcome, unit,
+    model, slopes, method, gap, se, ci_low, ci_high, ci90_low, ci90_high, p, n_images,
+    n_subgroup, n_reference, note."""
+    methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
+    per_image = frame.drop_duplicates("cluster")
+    counts = {"n_images": len(per_image), "n_subgroup": int((per_image["subgroup"] == 1).sum()),
+              "n_reference": int((per_image["subgroup"] == 0).sum())}
+    fits = [(model, "shared", False) for model in models]
+    if sensitivity_model:
+        fits.append((sensitivity_model, "method-specific", True))
+    parts = []
+    for outcome in outcomes:
+        for model, slopes, specific in fits:
+            terms, dropped = informative_terms(frame, model_terms(model, contrast))
+            note = f"constant, left out: {', '.join(dropped)}" if dropped else ""
+            try:
+                result, design_info = fit_gee(frame, outcome, terms, method_specific_slopes=specific)
+                gaps = g_computation_gaps(result, design_info, frame, outcome, methods)
+                if not np.isfinite(gaps[["gap", "se"]].to_numpy()).all() or (gaps["se"] <= 0).any():
+                    note = "; ".join(filter(None, [note, "not estimable (non-finite estimate or SE)"]))
+                    gaps[["gap", "se"]] = np.nan
+            except Exception as error:  # singular design, separation: report, do not stop
+                note = f"fit failed: {type(error).__name__}: {str(error)[:120]}"
+                gaps = pd.DataFrame({"method": methods, "gap": np.nan, "se": np.nan})
+            gaps = wald_columns(gaps)
+            gaps.insert(0, "slopes", slopes)
+            gaps.insert(0, "model", model)
+            gaps.insert(0, "unit", OUTCOME_UNITS[outcome])
+            gaps.insert(0, "outcome", outcome)
+            gaps.insert(0, "contrast", contrast.name)
+            gaps = gaps.assign(**counts, note=note)
+            parts.append(gaps)
+    return pd.concat(parts, ignore_index=True)
+
+
+def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Holm-adjusted ``p_holm`` within each (outcome, model, slopes) family over every contrast
+    and method with a finite p; TOST against ``EQUIVALENCE_MARGINS`` (``tost_p``,
+    ``tost_equivalent``; NaN/False where not estimable)."""
+    out = gaps.copy()
+    out["p_holm"] = np.nan
+    for _, family in out.groupby(["outcome", "model", "slopes"], sort=False):
+        finite = family["p"].notna()
+        if finite.any():
+            out.loc[family.index[finite], "p_holm"] = holm_adjust(family.loc[finite, "p"].to_numpy())
+    out["margin"] = out["outcome"].map(EQUIVALENCE_MARGINS)
+    out["tost_p"], out["tost_equivalent"] = np.nan, False
+    for outcome, margin in EQUIVALENCE_MARGINS.items():
+        rows = out["outcome"] == outcome
+        if rows.any():
+            test = tost(out.loc[rows, "gap"], out.loc[rows, "se"], margin)
+            out.loc[rows, "tost_p"] = test["tost_p"]
+            out.loc[rows, "tost_equivalent"] = test["tost_equivalent"]
+    out["tost_equivalent"] = out["tost_equivalent"].astype(bool) & out["tost_p"].notna()
+    return out
+
+
+def crude_gaps(frame: pd.DataFrame, outcomes=tuple(OUTCOMES)) -> pd.DataFrame:
+    """Plain group means per method and outcome (subgroup mean minus reference mean; pointing
+    in pp): what the two groups of cases actually received, before any model."""
+    rows = []
+    for outcome in outcomes:
+        scale = 100.0 if OUTCOMES[outcome] == "logistic" else 1.0
+        for method, part in frame.groupby("method", sort=False):
+            means = part.groupby("subgroup")[outcome].mean()
+            rows.append({"outcome": outcome, "method": method,
+                         "subgroup_mean": means.get(1, np.nan) * scale,
+                         "reference_mean": means.get(0, np.nan) * scale,
+                         "crude_gap": (means.get(1, np.nan) - means.get(0, np.nan)) * scale})
+    return pd.DataFrame(rows)
+
+
+# --- the contrasts of this audit -------------------------------------------------------------
+
+WHITE_LIGHT = {"WLI", "WL", "WHITE LIGHT", "WHITE-LIGHT"}
+
+
+def _labelled(frame: pd.DataFrame, subgroup: pd.Series) -> pd.DataFrame:
+    out = frame.assign(subgroup=subgroup.astype(int).to_numpy())
+    return out.assign(cluster=out["dataset"].astype(str) + "/" + out["sample_id"].astype(str))
+
+
+def audit_contrasts(cases: pd.DataFrame, *, min_images: int = 3
+                    ) -> tuple[list[tuple[Contrast, pd.DataFrame]], pd.DataFrame]:
+    """The subgroup contrasts of the transfer cohorts and the audit pool.
+
+    ``cases``: long table of ``analysis.faithfulness.localisation_outcomes`` rows with
+    ``dataset``, ``centre`` and ``modality`` added (``""`` where a cohort has no such label).
+    Contrasts:
+      * PolypDB, image-enhanced endoscopy (NBI, BLI, FICE, LCI, ...) vs white light; centre
+        fixed effects from M1 on (the modality mix differs between centres);
+      * PolypGen, each centre vs the other PolypGen centres;
+      * lesion size, lesions below vs at or above the median lesion share of the field of view,
+        over every cohort; dataset fixed effects from M1 on; log lesion area left out (it
+        defines the contrast).
+    A contrast with fewer than ``min_images`` images on either side is skipped and listed in
+    the second return value (contrast, n_subgroup, n_reference, reason).
+    """
+    contrasts: list[tuple[Contrast, pd.DataFrame]] = []
+    skipped = []
+
+    def add(contrast: Contrast, frame: pd.DataFrame) -> None:
+        images = frame.drop_duplicates("cluster")
+        n_sub, n_ref = int(images["subgroup"].sum()), int((1 - images["subgroup"]).sum())
+        if min(n_sub, n_ref) < min_images:
+            skipped.append({"contrast": contrast.name, "n_subgroup": n_sub, "n_reference": n_ref,
+                            "reason": f"fewer than {min_images} images on one side"})
+        else:
+            contrasts.append((contrast, frame))
+
+    polypdb = cases[cases["dataset"] == "polypdb"]
+    if len(polypdb):
+        enhanced = ~polypdb["modality"].str.upper().isin(WHITE_LIGHT)
+        add(Contrast("PolypDB: image-enhanced vs white light", "image-enhanced", "white light",
+                     fixed_effects=("C(centre)",)), _labelled(polypdb, enhanced))
+    polypgen = cases[cases["dataset"] == "polypgen"]
+    for centre in sorted(c for c in polypgen["centre"].unique() if c):
+        add(Contrast(f"PolypGen: {centre} vs other centres", centre, "other centres"),
+            _labelled(polypgen, polypgen["centre"] == centre))
+    per_image = cases.drop_duplicates(["dataset", "sample_id"])
+    median = float(per_image["log_lesion_area"].median())
+    add(Contrast("Lesion size: small vs large", "below the median lesion share",
+                 "at or above the median", exclude=("log_lesion_area",),
+                 fixed_effects=("C(dataset)",) if cases["dataset"].nunique() > 1 else ()),
+        _labelled(cases, cases["log_lesion_area"] < median))
+    return contrasts, pd.DataFrame(skipped, columns=["contrast", "n_subgroup", "n_reference", "reason"])
+
+
+def subgroup_table(cases: pd.DataFrame, *, min_images: int = 3, models=MODELS
+                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """All contrasts' gaps with Holm and TOST (``add_holm_and_tost``), their crude gaps, and
+    the skipped contrasts."""
+    contrasts, skipped = audit_contrasts(cases, min_images=min_images)
+    if not contrasts:
+        empty = pd.DataFrame(columns=["contrast", "outcome", "model", "slopes", "method", "gap",
+                                      "tost_equivalent", "tost_p"])
+        return empty, pd.DataFrame(), skipped
+    gaps = add_holm_and_tost(pd.concat([contrast_gaps(frame, contrast, models=models)
+                                        for contrast, frame in contrasts], ignore_index=True))
+    crude = pd.concat([crude_gaps(frame).assign(contrast=contrast.name)
+                       for contrast, frame in contrasts], ignore_index=True)
+    return gaps, crude, skipped

@@ -1,0 +1,268 @@
+"""Faithfulness and sanity controls: imputation, ROAD/SRG, LSR, placement, shape-preserving
+deletion and cascading randomisation, each against an independent reference or a toy model
+whose answer is known by construction."""
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from endoexplain_core.kernels import imputation, placement, randomisation, reliance, road
+from endoexplain_core.kernels.cams import compute_cams
+
+
+# --- imputation -------------------------------------------------------------------------------
+
+def dense_imputation(image: np.ndarray, removed: np.ndarray) -> np.ndarray:
+    """Reference: build the neighbour-mean system entry by entry and solve it densely."""
+    channels, height, width = image.shape
+    index = {pixel: i for i, pixel in enumerate(zip(*np.nonzero(removed)))}
+    matrix = np.zeros((len(index), len(index)))
+    rhs = np.zeros((len(index), channels))
+    weights = {(-1, -1): 1 / 12, (-1, 0): 1 / 6, (-1, 1): 1 / 12, (0, -1): 1 / 6, (0, 1): 1 / 6,
+               (1, -1): 1 / 12, (1, 0): 1 / 6, (1, 1): 1 / 12}
+    for (r, c), i in index.items():
+        for (dr, dc), w in weights.items():
+            rr, cc = r + dr, c + dc
+            if 0 <= rr < height and 0 <= cc < width:
+                matrix[i, i] += w
+                if removed[rr, cc]:
+                    matrix[i, index[(rr, cc)]] -= w
+                else:
+                    rhs[i] += w * image[:, rr, cc]
+    solution = np.linalg.solve(matrix, rhs)
+    out = image.copy()
+    for (r, c), i in index.items():
+        out[:, r, c] = solution[i]
+    return out
+
+
+def test_imputation_equals_a_dense_solve_on_small_images():
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(3, 3, 11, 9))
+    removed = rng.random((3, 11, 9)) < 0.45
+    removed[2, 3:8, 2:7] = True  # one solid block: interior pixels see only unknowns
+    filled, info = imputation.solve_linear_imputation(torch.tensor(images), torch.tensor(removed),
+                                                      tolerance=1e-12)
+    for b in range(3):
+        np.testing.assert_allclose(filled[b].numpy(), dense_imputation(images[b], removed[b]),
+                                   atol=1e-9)
+    assert info.max_relative_residual <= 1e-12
+
+
+def test_imputation_keeps_kept_pixels_and_fills_a_smooth_ramp_exactly():
+    rows = torch.arange(16, dtype=torch.float64)
+    ramp = (rows[:, None] + 2 * rows[None, :]).expand(2, 16, 16)[None].repeat(2, 1, 1, 1)
+    removed = torch.zeros(2, 16, 16, dtype=torch.bool)
+    removed[:, 4:12, 5:10] = True
+    filled, _ = imputation.solve_linear_imputation(ramp, removed, tolerance=1e-12)
+    # A linear ramp is its own neighbour mean (symmetric weights), so it is reproduced.
+    torch.testing.assert_close(filled, ramp)
+    noisy, _ = imputation.noisy_linear_imputation(ramp, removed, noise_keys=[1, 2], noise_std=0.1)
+    assert torch.equal(noisy[:, :, ~removed[0]], ramp[:, :, ~removed[0]])
+    assert (noisy - ramp)[:, :, removed[0]].abs().max() > 0
+
+
+def test_imputation_noise_is_seeded_per_image_not_per_batch():
+    images = torch.randn(3, 3, 12, 12)
+    removed = torch.rand(3, 12, 12) < 0.3
+    together, _ = imputation.noisy_linear_imputation(images, removed, noise_keys=[5, 6, 7])
+    alone, _ = imputation.noisy_linear_imputation(images[1:2], removed[1:2], noise_keys=[6])
+    torch.testing.assert_close(together[1:2], alone)
+
+
+def test_a_fully_removed_frame_keeps_zero():
+    filled, _ = imputation.solve_linear_imputation(torch.randn(1, 3, 5, 5),
+                                                   torch.ones(1, 5, 5, dtype=torch.bool))
+    assert torch.equal(filled, torch.zeros_like(filled))
+
+
+# --- ROAD and SRG ------------------------------------------------------------------------------
+
+class PixelLinear(nn.Module):
+    """Fixed-weight linear classifier: z = sum_p w_p * mean_c x_cp; logits (0, z)."""
+
+    def __init__(self, weights: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weights", weights)
+
+    def forward(self, x):
+        z = (x.mean(dim=1) * self.weights).flatten(1).sum(dim=1)
+        return torch.stack([torch.zeros_like(z), z], dim=1)
+
+
+def dotted_images(n: int, size: int, seed: int):
+    """Dark frames with bright isolated dots; the model reads exactly the dot pixels."""
+    generator = torch.Generator().manual_seed(seed)
+    dots = torch.zeros(size, size)
+    dots[2::4, 2::4] = 1.0
+    images = 0.05 * torch.randn(n, 3, size, size, generator=generator) + 2.0 * dots
+    return images, dots
+
+
+def test_removal_masks_are_nested_exact_and_inside_the_field_of_view():
+    maps = torch.rand(2, 20, 20)
+    fov = torch.zeros(2, 20, 20, dtype=torch.bool)
+    fov[:, 2:18, 3:19] = True
+    masks = road.road_removal_masks(maps, fov, "morf")
+    counts = road.removal_counts(fov)
+    assert torch.equal(masks.flatten(2).sum(2), counts)
+    assert not (masks & ~fov).any()
+    assert (masks[:-1] <= masks[1:]).all()
+    lerf = road.road_removal_masks(maps, fov, "lerf")
+    top = maps[0][masks[0, 0]].min()
+    assert top >= maps[0][fov[0]].quantile(0.98)
+    assert maps[0][lerf[0, 0]].max() <= maps[0][fov[0]].quantile(0.02)
+
+
+def test_srg_positive_for_the_models_own_pixels_and_about_zero_for_a_random_map():
+    images, dots = dotted_images(12, 24, seed=3)
+    model = PixelLinear(dots)
+    fov = torch.ones(12, 24, 24, dtype=torch.bool)
+    keys = list(range(12))
+    maps = {"truth": dots.expand(12, -1, -1) + 1e-3 * torch.rand(12, 24, 24),
+            "random": torch.rand(12, 24, 24, generator=torch.Generator().manual_seed(9))}
+    drops = road.road_drops(model, images, maps, fov, keys, temperature=2.0)
+    srg = {m: road.symmetric_relevance_gain(d["morf"], d["lerf"]) for m, d in drops.items()}
+    assert (srg["truth"] > 0.5).all()
+    # MoRF at 1% removes round(5.76) = 6 dots of grey level 2 -> z/T drops by 6 * 2 / T = 6.
+    assert drops["truth"]["morf"][0].mean() == pytest.approx(6.0, rel=0.05)
+    assert drops["truth"]["lerf"].abs().max() < 0.05
+    assert abs(float(srg["random"].mean())) < 0.25 * float(srg["truth"].mean())
+
+
+def test_road_timings_count_the_forwards():
+    images, dots = dotted_images(4, 16, seed=1)
+    timings = {}
+    road.road_drops(PixelLinear(dots), images, {"m": torch.rand(4, 16, 16)},
+                    torch.ones(4, 16, 16, dtype=torch.bool), [1, 2, 3, 4], temperature=1.0,
+                    timings=timings)
+    assert timings["forwards"] == 4 * 10  # 5 fractions x 2 orders per image and map
+    assert timings["imputation_s"] > 0 and timings["forward_s"] > 0
+
+
+# --- placement, LSR and shape-preserving deletion ------------------------------------------------
+
+def disc(size: int, centre, radius: float) -> torch.Tensor:
+    rows = torch.arange(size, dtype=torch.float32)[:, None]
+    cols = torch.arange(size, dtype=torch.float32)[None, :]
+    return (rows - centre[0]) ** 2 + (cols - centre[1]) ** 2 <= radius ** 2
+
+
+def test_valid_translations_match_brute_force():
+    size = 12
+    region = torch.zeros(1, size, size, dtype=torch.bool)
+    region[0, 3:6, 4:6] = True
+    fov = disc(size, (5.5, 5.5), 5.5)[None]
+    fov |= region
+    found = {tuple(s) for s in placement.valid_translations(region, fov, avoid=region)[0].tolist()}
+    expected = set()
+    ys, xs = region[0].nonzero(as_tuple=True)
+    for dy in range(-size + 1, size):
+        for dx in range(-size + 1, size):
+            r, c = ys + dy, xs + dx
+            if ((r < 0) | (r >= size) | (c < 0) | (c >= size)).any():
+                continue
+            if fov[0, r, c].all() and not region[0, r, c].any():
+                expected.add((dy, dx))
+    assert found == expected and len(found) > 0
+
+
+def test_seeded_translations_keep_shape_stay_in_view_and_avoid():
+    size = 32
+    fov = disc(size, (16, 16), 15)[None].expand(2, -1, -1).clone()
+    zone = torch.stack([disc(size, (16, 16), 4), disc(size, (12, 18), 3)])
+    moved, placed = placement.seeded_translations(zone, fov, [11, 12], count=5, purpose="t", avoid=zone)
+    assert placed.all()
+    for slot in range(5):
+        for b in range(2):
+            assert moved[slot, b].sum() == zone[b].sum()
+            assert not (moved[slot, b] & ~fov[b]).any()
+            assert not (moved[slot, b] & zone[b]).any()
+    again, _ = placement.seeded_translations(zone[1:], fov[1:], [12], count=5, purpose="t", avoid=zone[1:])
+    assert torch.equal(again[:, 0], moved[:, 1])
+
+
+class RegionReader(nn.Module):
+    """z = sum of the grey level over a fixed region (lesion or corner)."""
+
+    def __init__(self, region: torch.Tensor):
+        super().__init__()
+        self.register_buffer("region", region.float())
+
+    def forward(self, x):
+        z = (x.mean(dim=1) * self.region).flatten(1).sum(dim=1)
+        return torch.stack([torch.zeros_like(z), z], dim=1)
+
+
+def lesion_scene(n: int, size: int = 40):
+    generator = torch.Generator().manual_seed(4)
+    lesion = disc(size, (18, 20), 4)
+    fov = disc(size, (size / 2 - 0.5, size / 2 - 0.5), size / 2 - 1)  # corners out of view
+    images = 0.1 * torch.randn(n, 3, size, size, generator=generator) + 1.5 * lesion
+    return images, lesion.expand(n, -1, -1), fov.expand(n, -1, -1).clone()
+
+
+def test_lsr_positive_for_a_lesion_reader_and_zero_for_a_corner_reader():
+    images, zones, fov = lesion_scene(4)
+    lesion_reader = RegionReader(zones[0])
+    corner = torch.zeros(40, 40, dtype=torch.bool)
+    corner[:3, :3] = True
+    corner_reader = RegionReader(corner)
+    keys = [1, 2, 3, 4]
+    lesion_lsr = reliance.lesion_specific_reliance(lesion_reader, images, zones, fov, keys,
+                                                   temperature=1.0)
+    corner_lsr = reliance.lesion_specific_reliance(corner_reader, images, zones, fov, keys,
+                                                   temperature=1.0)
+    assert (lesion_lsr["n_regions"] == 5).all()
+    assert (lesion_lsr["lsr"] > 50).all()  # about 50 lesion pixels lose 1.5 each
+    torch.testing.assert_close(corner_lsr["lsr"], torch.zeros(4, dtype=torch.float64), atol=1e-9, rtol=0)
+
+
+def test_shape_preserving_deletion_separates_the_right_place_from_the_shape():
+    images, zones, fov = lesion_scene(3)
+    model = RegionReader(zones[0])
+    result = reliance.shape_preserving_deletion(model, images, zones, fov, [7, 8, 9],
+                                                method="gradcam", repetitions=6)
+    assert (result["n_shifts"] == 6).all()
+    assert (result["cam_drop"] > result["shifted_drop_mean"]).all()
+    # A translated copy overlaps the lesion at most partly, so its mean drop is smaller.
+    assert (result["shifted_drop_mean"] < 0.8 * result["cam_drop"]).all()
+
+
+# --- cascading randomisation -------------------------------------------------------------------
+
+def test_randomisation_changes_gradient_maps_and_head_step_keeps_eigencam():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=2).eval()
+    images = torch.randn(3, 3, 64, 64)
+    layer = "layer4.1"
+    trained = compute_cams(model, model.get_submodule(layer), images)
+    steps = {}
+    for name, net in randomisation.cascade(model, seed=1):
+        steps[name] = compute_cams(net, net.get_submodule(layer), images)
+    blocks = [name for name, _ in randomisation.randomisation_blocks(model)]
+    assert blocks == ["fc", "layer4", "layer3", "layer2", "layer1", "stem"]
+    assert list(steps) == blocks
+    # The head leaves the activations alone: Eigen-CAM (class-agnostic) is unchanged ...
+    torch.testing.assert_close(steps["fc"]["eigencam"], trained["eigencam"])
+    # ... while the gradient methods change once the weights they explain are random.
+    last = steps["stem"]
+    for method in ("gradcam", "gradcampp", "xgradcam", "hirescam"):
+        rho = randomisation.spearman_per_image(last[method], trained[method])
+        assert np.nanmean(rho) < 0.9, method
+    # The trained model itself was not modified.
+    torch.testing.assert_close(compute_cams(model, model.get_submodule(layer), images)["gradcam"],
+                               trained["gradcam"])
+
+
+def test_spearman_and_top_iou_against_scipy_and_by_hand():
+    from scipy.stats import spearmanr
+    a, b = torch.rand(2, 6, 7), torch.rand(2, 6, 7)
+    a[0, :3] = 0.0  # ties
+    rho = randomisation.spearman_per_image(a, b)
+    for i in range(2):
+        assert rho[i] == pytest.approx(spearmanr(a[i].flatten(), b[i].flatten()).statistic)
+    assert np.isnan(randomisation.spearman_per_image(torch.zeros(1, 4, 4), torch.rand(1, 4, 4))[0])
+    assert randomisation.top_area_iou(a, a, 0.2) == pytest.approx([1.0, 1.0])

@@ -1,0 +1,101 @@
+"""Confounder-aware subgroup gaps: GEE on simulated data with a known effect, g-computation,
+TOST and Holm on hand-checkable cases."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from endoexplain_core.analysis import subgroups
+
+
+def simulated(n: int = 300, effect: float = 0.4, seed: int = 1) -> pd.DataFrame:
+    """Two methods per image; the subgroup is more common among large lesions, and lesion
+    size raises the outcome, so the crude gap overstates the true subgroup effect."""
+    rng = np.random.default_rng(seed)
+    confounder = rng.normal(size=n)
+    subgroup = (confounder + 0.7 * rng.normal(size=n) > 0).astype(int)
+    image_effect = 0.3 * rng.normal(size=n)  # shared by the two methods of an image
+    rows = []
+    for method, offset in (("gradcam", 0.0), ("eigencam", -0.5)):
+        energy = offset + effect * subgroup + 1.5 * confounder + image_effect + 0.4 * rng.normal(size=n)
+        hit_probability = 1 / (1 + np.exp(-(0.2 + 1.0 * confounder)))
+        rows.append(pd.DataFrame({
+            "cluster": np.arange(n), "method": method, "subgroup": subgroup,
+            "energy_lift": energy, "pointing_hit": (rng.random(n) < hit_probability).astype(float),
+            "log_lesion_area": confounder, "centrality": rng.random(n), "fov_area": rng.random(n),
+            "margin": rng.random(n), "correct": 1.0, "dog_lift": rng.normal(size=n)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_gee_recovers_the_effect_in_m1_and_not_in_m0():
+    frame = simulated()
+    gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("sim", "a", "b"),
+                                   outcomes=("energy_lift",), models=("M0", "M1"))
+    m0 = gaps[(gaps["model"] == "M0") & (gaps["slopes"] == "shared")]
+    m1 = gaps[(gaps["model"] == "M1") & (gaps["slopes"] == "shared")]
+    for _, row in m1.iterrows():
+        assert row["ci_low"] < 0.4 < row["ci_high"]
+    for _, row in m0.iterrows():
+        assert row["ci_low"] > 0.8  # confounded: far above the true 0.4
+    sensitivity = gaps[gaps["slopes"] == "method-specific"]
+    assert len(sensitivity) == 2 and sensitivity["ci_low"].lt(0.4).all() and sensitivity["ci_high"].gt(0.4).all()
+
+
+def test_linear_g_computation_equals_the_coefficient_and_ols_without_clustering_effects():
+    frame = simulated(n=200, seed=3)
+    result, design = subgroups.fit_gee(frame, "energy_lift", ["log_lesion_area"])
+    gaps = subgroups.g_computation_gaps(result, design, frame, "energy_lift", ["gradcam", "eigencam"])
+    names = list(design.column_names)
+    for _, row in gaps.iterrows():
+        index = names.index(f"C(method)[{row['method']}]:subgroup")
+        assert row["gap"] == pytest.approx(result.params.iloc[index])
+        assert row["se"] == pytest.approx(np.sqrt(result.cov_params().iloc[index, index]))
+
+
+def test_logistic_gap_in_percentage_points_matches_the_group_difference_without_covariates():
+    rng = np.random.default_rng(5)
+    n = 400
+    subgroup = np.repeat([0, 1], n // 2)
+    hits = (rng.random(n) < np.where(subgroup == 1, 0.3, 0.6)).astype(float)
+    frame = pd.DataFrame({"cluster": np.arange(n), "method": "gradcam", "subgroup": subgroup,
+                          "pointing_hit": hits})
+    result, design = subgroups.fit_gee(frame, "pointing_hit", [])
+    gap = subgroups.g_computation_gaps(result, design, frame, "pointing_hit", ["gradcam"]).iloc[0]
+    expected = 100 * (hits[subgroup == 1].mean() - hits[subgroup == 0].mean())
+    assert gap["gap"] == pytest.approx(expected, abs=1e-6)
+    # Unclustered binary data: the SE is close to the two-proportion standard error.
+    p1, p0 = hits[subgroup == 1].mean(), hits[subgroup == 0].mean()
+    se = 100 * np.sqrt(p1 * (1 - p1) / (n // 2) + p0 * (1 - p0) / (n // 2))
+    assert gap["se"] == pytest.approx(se, rel=0.05)
+
+
+def test_tost_on_known_cases():
+    # 90% CI = 0.1 +- 1.645 * 0.1 = (-0.064, 0.264), inside +-0.5: equivalent.
+    inside = subgroups.tost(0.1, 0.1, 0.5)
+    assert inside["tost_equivalent"]
+    assert inside["tost_p"] == pytest.approx(scipy_stats.norm.cdf((0.1 - 0.5) / 0.1))
+    # Upper 90% limit 0.4 + 1.645 * 0.1 = 0.56 > 0.5: not equivalent.
+    assert not subgroups.tost(0.4, 0.1, 0.5)["tost_equivalent"]
+    # Boundary: the 90% limit exactly at the margin gives p = 0.05.
+    edge = subgroups.tost(0.5 - scipy_stats.norm.ppf(0.95) * 0.2, 0.2, 0.5)
+    assert edge["tost_p"] == pytest.approx(0.05)
+
+
+def test_holm_and_tost_columns_and_constant_terms_are_left_out():
+    frame = simulated(n=150, seed=7)
+    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(frame, subgroups.Contrast("sim", "a", "b")))
+    assert {"tost_equivalent", "tost_p", "p_holm"} <= set(gaps.columns)
+    assert (gaps["p_holm"] >= gaps["p"] - 1e-12).all()
+    assert gaps.loc[gaps["model"] == "M2", "note"].str.contains("correct").all()
+    assert set(gaps["margin"]) == {0.5, 10.0}
+
+
+def test_model_terms_nest_and_exclude_the_defining_covariate():
+    contrast = subgroups.Contrast("size", "small", "large", exclude=("log_lesion_area",),
+                                  fixed_effects=("C(dataset)",))
+    terms = [subgroups.model_terms(m, contrast) for m in subgroups.MODELS]
+    assert terms[0] == []
+    for smaller, larger in zip(terms, terms[1:]):
+        assert set(smaller) < set(larger)
+    assert "log_lesion_area" not in terms[-1] and "C(dataset)" in terms[1]
