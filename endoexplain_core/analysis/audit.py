@@ -365,7 +365,12 @@ def read_audit_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"audit table {path} does not exist")
-    return validate_audit_table(pd.read_parquet(path), source=str(path))
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError, pa.ArrowException) as error:  # e.g. truncated by a crash
+        raise AuditTableError(f"{path}: not a readable Parquet file ({path.stat().st_size} bytes; "
+                              f"truncated or damaged?): {error}") from error
+    return validate_audit_table(table, source=str(path))
 
 
 # --- one registered checkpoint of a run ---------------------------------------------------------

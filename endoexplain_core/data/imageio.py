@@ -19,6 +19,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 MASK_THRESHOLD = 128
+# Pillow modes of more than 8 bits per channel: converting them to 8 bits clips (65535 -> 255),
+# so they are refused rather than silently changed.
+HIGH_BIT_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 
 class ImageReadError(OSError):
@@ -36,7 +39,12 @@ def _open_decoded(path: Path, mode: str) -> np.ndarray:
     try:
         with Image.open(path) as image:
             image.load()  # decode now so that truncated files fail here, not later
+            if image.mode in HIGH_BIT_DEPTH_MODES:
+                raise ImageReadError(f"{path}: {image.mode} image with more than 8 bits per "
+                                     f"channel; convert it to 8-bit first (values would be clipped)")
             return np.asarray(image.convert(mode), dtype=np.uint8).copy()
+    except ImageReadError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise ImageReadError(f"{path}: cannot decode image file ({error})") from error
 
