@@ -258,8 +258,10 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
         else:
             ax.set_ylim(-0.03, 1.03)
         ax.set_xlim(-0.5, len(CAM_METHODS) - 0.5)
-        ax.set_xticks(np.arange(len(CAM_METHODS)), [method_label(m) for m in CAM_METHODS],
-                      rotation=30, ha="right")
+        # Two-line horizontal labels: rotated labels would run into each other.
+        ax.set_xticks(np.arange(len(CAM_METHODS)),
+                      [method_label(m).replace("-", "-\n", 1) if "-" in method_label(m)
+                       else method_label(m).replace("Res", "Res-\n") for m in CAM_METHODS])
         ax.set_ylabel(ylabel)
         ax.set_title(f"{letter}  {title}\n{n_text}", loc="left")
     entries = {}
