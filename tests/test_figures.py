@@ -30,6 +30,9 @@ def _figures():
         "figure3": case_figures.draw_figure3(inputs.figure3_rows()),
         "figure3_nothing": case_figures.draw_figure3([]),
         "figure4": case_figures.figure4(inputs.robustness_table(), 0.562, n_images=150),
+        "figure4_no_eligible": case_figures.figure4(
+            inputs.robustness_table().assign(failure_own=float("nan"), failure_fixed=float("nan"), n_own=0),
+            0.0, n_images=20),
         "figure5": transfer_figures.figure5_transfer(inputs.transfer_summary(), score_threshold=0.90),
         "figure_s1": training_figures.plot_training_curves(inputs.training_curves(), "efficientnet_b0_s2089"),
     }
@@ -75,7 +78,7 @@ def _text_boxes(fig):
 
 @pytest.mark.parametrize("name", [
     "figure1", "figure2", "figure2_no_eligible", "figure_s2", "figure3", "figure3_nothing",
-    "figure4", "figure5", "figure_s1"])
+    "figure4", "figure4_no_eligible", "figure5", "figure_s1"])
 def test_no_two_text_boxes_overlap(figures, name):
     boxes = _text_boxes(figures[name])
     overlaps = []
@@ -93,7 +96,8 @@ def _has_data(ax) -> bool:
 
 
 @pytest.mark.parametrize("name", ["figure1", "figure2", "figure2_no_eligible", "figure_s2", "figure3",
-                                  "figure3_nothing", "figure4", "figure5", "figure_s1"])
+                                  "figure3_nothing", "figure4", "figure4_no_eligible", "figure5",
+                                  "figure_s1"])
 def test_every_axes_has_data_or_a_note(figures, name):
     for ax in figures[name].axes:
         if ax.get_label() == "<colorbar>":

@@ -142,3 +142,113 @@ def test_ridge_logistic_is_finite_when_every_outcome_is_one():
     design = np.column_stack([np.ones(5), np.arange(5.0)])
     beta = stats.fit_ridge_logistic(design, np.ones(5))
     assert np.all(np.isfinite(beta)) and beta[0] > 5
+
+
+# --------------------------------------------------------------------------- issue 10: what the data support
+
+def test_exact_and_wilson_intervals_match_statsmodels():
+    from statsmodels.stats.proportion import proportion_confint
+
+    for k, n in [(59, 59), (0, 59), (3, 46), (1, 6), (18, 147), (5, 5)]:
+        low, high = stats.clopper_pearson_interval(k, n)
+        ref_low, ref_high = proportion_confint(k, n, alpha=0.05, method="beta")
+        assert (low, high) == pytest.approx((ref_low, ref_high), abs=1e-10)
+        w_low, w_high = stats.wilson_interval(k, n)
+        assert (w_low, w_high) == pytest.approx(proportion_confint(k, n, alpha=0.05, method="wilson"), abs=1e-10)
+    assert stats.clopper_pearson_interval(59, 59)[0] == pytest.approx(0.9394, abs=1e-4)   # the issue's case
+    assert np.isnan(stats.clopper_pearson_interval(0, 0)[0])
+
+
+def test_degenerate_bootstrap_of_a_proportion_gets_the_exact_interval():
+    all_fail = stats.bootstrap_mean_ci(np.ones(59), replicates=200)
+    assert all_fail["interval"] == stats.EXACT_WHEN_DEGENERATE
+    assert (all_fail["ci_low"], all_fail["ci_high"]) == pytest.approx(stats.clopper_pearson_interval(59, 59))
+    mixed = np.r_[np.ones(10), np.zeros(10)]
+    matrix = stats.bootstrap_mean_ci(np.column_stack([np.zeros(20), mixed]), replicates=200)
+    assert list(matrix["interval"]) == [stats.EXACT_WHEN_DEGENERATE, stats.PERCENTILE_BOOTSTRAP]
+    assert matrix["ci_high"][0] == pytest.approx(stats.clopper_pearson_interval(0, 20)[1])
+    # A constant non-binary outcome and a constant paired difference stay point intervals.
+    assert stats.bootstrap_mean_ci(np.full(9, 0.3), replicates=50)["ci_high"] == pytest.approx(0.3)
+    same = stats.paired_difference_ci(np.ones(9), np.ones(9), replicates=50)
+    assert same["ci_low"] == same["ci_high"] == 0.0
+
+
+def test_separation_directions_agree_with_firthmodels_detector():
+    from firthmodels import detect_separation
+
+    rng = np.random.default_rng(12)
+    for case in range(6):
+        x = rng.normal(size=(40, 2))
+        y = (rng.uniform(size=40) < 0.5).astype(float)
+        if case % 2:                                   # quasi-complete: indicator with all y = 1
+            indicator = (np.arange(40) < 8).astype(float)
+            y[indicator == 1] = 1.0
+            x = np.column_stack([x, indicator])
+        design = np.column_stack([np.ones(40), x])
+        ours = stats.separation_directions(design, y)
+        reference = detect_separation(x, y).directions        # intercept last there
+        np.testing.assert_array_equal(ours, np.r_[reference[-1], reference[:-1]])
+        assert (ours[-1] == 1) == bool(case % 2)
+
+
+def test_newton_raises_with_the_gradient_norm_when_it_cannot_converge():
+    design = np.column_stack([np.ones(6), [-3.0, -2.0, -1.0, 1.0, 2.0, 3.0]])
+    separated = np.array([0, 0, 0, 1, 1, 1.0])
+    with pytest.raises(stats.ConvergenceError, match=r"largest gradient norm \d"):
+        stats.fit_ridge_logistic(design, separated, penalty=0.0, intercept_penalty=0.0, max_iterations=30)
+    # With step halving the penalised log-likelihood never decreases, even from a bad start
+    # where a full Newton step overshoots (huge curvature change): the fit still converges.
+    x = np.column_stack([np.ones(200), np.linspace(-30, 30, 200)])
+    y = (np.random.default_rng(13).uniform(size=200) < 1 / (1 + np.exp(-0.4 * x[:, 1]))).astype(float)
+    beta = stats.fit_ridge_logistic(x, y, penalty=0.0, intercept_penalty=0.0)
+    assert beta == pytest.approx(sm.Logit(y, x).fit(disp=0).params, abs=1e-5)
+
+
+def test_cluster_bootstrap_is_wider_than_row_bootstrap_with_correlated_clusters():
+    # 150 images x 5 rows; the covariate and a random effect are shared by all rows of an
+    # image, so rows of one image are strongly correlated. Resampling rows ignores that and
+    # understates the uncertainty; resampling images (clusters) does not.
+    rng = np.random.default_rng(14)
+    n_images, rows_per_image = 150, 5
+    covariate = np.repeat(rng.normal(size=n_images), rows_per_image)
+    effect = np.repeat(rng.normal(scale=2.5, size=n_images), rows_per_image)
+    outcome = (rng.uniform(size=n_images * rows_per_image)
+               < 1 / (1 + np.exp(-(0.5 * covariate + effect)))).astype(float)
+    design = np.column_stack([np.ones_like(covariate), covariate])
+    clusters = np.repeat(np.arange(n_images), rows_per_image)
+    names = ["intercept", "x"]
+    by_image = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=300)
+    by_row = stats.cluster_bootstrap_odds_ratios(design, outcome, np.arange(len(outcome)), names,
+                                                 replicates=300)
+    assert by_image["odds_ratio"] == pytest.approx(by_row["odds_ratio"])     # same point estimate
+    width_image = np.log(by_image["ci_high"] / by_image["ci_low"])[0]
+    width_row = np.log(by_row["ci_high"] / by_row["ci_low"])[0]
+    assert width_image > 1.6 * width_row
+
+
+def test_cluster_bootstrap_counts_separated_replicates_as_infinite():
+    # A rare event in one group: some replicates draw none of its events (separated).
+    design = np.column_stack([np.ones(60), np.r_[np.ones(20), np.zeros(40)]])
+    outcome = np.r_[np.ones(1), np.zeros(19), (np.arange(40) % 2 == 0).astype(float)]
+    result = stats.cluster_bootstrap_odds_ratios(design, outcome, np.arange(60), ["intercept", "g"],
+                                                 replicates=300)
+    assert result["separated_replicates"][0] > 0.025 * 300   # about e^-1 of replicates
+    assert result["ci_low"][0] == 0.0 and np.isfinite(result["ci_high"][0])
+
+
+def test_classifier_intervals_weighted_ap_matches_sklearn_and_degenerate_rates_are_exact():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(15)
+    target = rng.integers(0, 2, 80)
+    z = np.round(rng.normal(size=80) + 1.5 * target, 1)                # ties on purpose
+    weights = rng.integers(0, 3, size=(4, 80)).astype(float)
+    np.testing.assert_allclose(stats.weighted_average_precision(z, target, weights),
+                               [average_precision_score(target, z, sample_weight=w) for w in weights])
+    result = stats.classifier_metric_intervals(np.abs(z) + 0.1, target, replicates=500)
+    assert result["sensitivity"]["estimate"] == 1.0                    # every z >= 0: all called positive
+    assert result["sensitivity"]["interval"] == stats.EXACT_WHEN_DEGENERATE
+    assert result["sensitivity"]["ci_low"] == pytest.approx(
+        stats.clopper_pearson_interval(int(target.sum()), int(target.sum()))[0])
+    auprc = result["auprc"]
+    assert auprc["ci_low"] <= auprc["estimate"] <= auprc["ci_high"]

@@ -1,10 +1,13 @@
 """Table 4 panels, paired tests, sensitivity summaries and Table 5 on crafted audit tables."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
+import statsmodels.api as sm
 
 from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.audit import CAM_METHODS, MAP_METHODS, REQUIRED_COLUMNS, validate_audit_table
@@ -191,3 +194,109 @@ def test_adjusted_model_table_always_returns_the_terms():
     assert table["odds_ratio"].isna().all() and "no image reached" in status
     constant = summaries.table5_model_frame(crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}), 0.90)
     assert "constant" in summaries.adjusted_model_table(constant)[1]
+
+
+# --------------------------------------------------------------------------- issue 10
+
+def _separated_frame(n_images=59, seed=16):
+    """High-score CAM rows where XGrad-CAM and HiResCAM fail on every image (the default run's case)."""
+    rng = np.random.default_rng(seed)
+    area = rng.uniform(0.02, 0.4, n_images)
+    distance = rng.uniform(0.0, 0.6, n_images)
+    rows = []
+    for i in range(n_images):
+        for method in CAM_METHODS:
+            failed = True if method in ("xgradcam", "hirescam") else rng.uniform() < (0.3 if method != "eigencam" else 0.6)
+            rows.append({"sample_id": f"s{i:03d}", "method": method, "peak_outside_mask": failed,
+                         "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
+                         "scaled_score": 0.9 + 0.1 * rng.uniform(), "dataset": "d", "checkpoint_id": "c"})
+    return summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
+
+
+def test_separated_term_is_reported_not_estimable_and_left_out_of_the_fit():
+    frame = _separated_frame()
+    found = summaries.detect_table5_separation(frame)
+    assert set(found["separated"]) == {"xgradcam", "hirescam"} and not found["unresolved"]
+    table, status = summaries.adjusted_model_table(frame, replicates=60)
+    by_term = table.set_index("term")
+    for term in ("XGrad-CAM versus Grad-CAM", "HiResCAM versus Grad-CAM"):
+        assert not by_term.loc[term, "estimable"] and np.isnan(by_term.loc[term, "odds_ratio"])
+        assert by_term.loc[term, "note"] == "not estimable (59/59 failed; quasi-complete separation)"
+    assert "not estimable" in status and "XGrad-CAM" in status
+    # The remaining estimates are the (near-unpenalised) MLE fitted without the separated rows.
+    kept = frame[~frame["method"].isin(["xgradcam", "hirescam"])]
+    columns = ["intercept", "gradcampp", "eigencam", "lesion_area_per_0_10",
+               "centre_distance_per_0_10", "score_per_0_10"]
+    reference = sm.Logit(kept["failure"].to_numpy(), kept[columns].to_numpy()).fit(disp=0).params
+    assert by_term.loc["Grad-CAM++ versus Grad-CAM", "odds_ratio"] == pytest.approx(np.exp(reference[1]), rel=1e-3)
+    shown = summaries.format_table5(table).set_index("Term")["Odds ratio (95% CI)"]
+    assert shown["XGrad-CAM versus Grad-CAM"].startswith("not estimable (59/59")
+    numbers = [float(x) for cell in shown for x in re.findall(r"(?<![<>\d.])\d[\d,]*\.\d+", cell.replace(",", ""))]
+    assert all(1e-3 <= x <= 1e3 for x in numbers)                     # no penalty-set number printed
+    assert "quasi-complete separation" in summaries.table5_footnote(table, 60)
+
+
+def test_odds_ratio_formatting_never_prints_extreme_values():
+    assert summaries.format_odds_ratio(26490.767) == ">1,000"
+    assert summaries.format_odds_ratio(np.inf) == ">1,000"
+    assert summaries.format_odds_ratio(0.0) == "<0.001"
+    assert summaries.format_odds_ratio(1.628) == "1.628"
+
+
+def test_firth_table_is_finite_for_separated_terms_and_matches_firthmodels():
+    from firthmodels import FirthLogisticRegression
+
+    frame = _separated_frame()
+    firth = summaries.table5_firth(frame).set_index("term")
+    assert firth.loc["XGrad-CAM versus Grad-CAM", "separated_in_mle"]
+    assert np.isfinite(firth["odds_ratio"]).all() and (firth["ci_low"] < firth["odds_ratio"]).all()
+    terms = list(summaries.TABLE5_TERMS)
+    reference = FirthLogisticRegression(backend="numpy", max_iter=200).fit(frame[terms].to_numpy(),
+                                                                          frame["failure"].astype(int))
+    np.testing.assert_allclose(firth["odds_ratio"].to_numpy(), np.exp(reference.coef_), rtol=1e-6)
+
+
+def test_lesion_strata_cut_the_high_score_subset_at_full_pool_cut_points():
+    areas = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]          # tertiles: {1,2}, {3,4}, {5,6}
+    scores = [0.95, 0.5, 0.97, 0.96, 0.2, 0.91]           # high score: images 0, 2, 3, 5
+    table = crafted_table(scores, FAILURES, areas=areas)
+    assert summaries.lesion_area_cut_points(table) == (0.02, 0.04)
+    strata = summaries.lesion_strata_high_score(table, 0.90, replicates=50)
+    n = strata.groupby("stratum", sort=False)["n"].first().to_dict()
+    assert n == {"small": 1, "medium": 2, "large": 1}
+    gradcam = strata[strata["method"] == "gradcam"].set_index("stratum")
+    # Grad-CAM fails on images 2 and 3 (medium) and on 0 (small), not on 5 (large).
+    assert gradcam["failure_rate"].to_dict() == {"small": 1.0, "medium": 1.0, "large": 0.0}
+    assert gradcam.loc["medium", "interval"] == "Clopper-Pearson (bootstrap degenerate)"
+    assert gradcam.loc["medium", "ci_low"] == pytest.approx(0.158, abs=1e-3)   # exact 2/2
+    assert (strata["population"] == "scaled score >= 0.90").all()
+
+
+def test_secondary_outcomes_and_checkpoint_ranges():
+    table = crafted_table(SCORES, FAILURES)
+    table["iou_below_0_10"] = table["iou"] < 0.10
+    table["centre_of_mass_distance"] = 0.2
+    table["score_drop"] = np.where(table["method"].isin(CAM_METHODS), 0.1, np.nan)
+    secondary = summaries.secondary_outcomes(table, 0.90, replicates=50)
+    rate = secondary[(secondary["panel"] == "B") & (secondary["outcome"] == "iou_below_0_10")
+                     & (secondary["method"] == "gradcam")].iloc[0]
+    expected = np.mean(0.5 - 0.4 * np.array(FAILURES["gradcam"]) + 0.01 * np.arange(6) < 0.10)
+    assert rate["estimate"] == pytest.approx(expected) and rate["n"] == 6
+    assert set(secondary.loc[secondary["outcome"] == "score_drop", "method"]) == set(CAM_METHODS)
+
+    other = crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}, checkpoint_id="resnet34_s1",
+                          arch="resnet34")
+    both = pd.concat([table.assign(temperature=1.0), other.assign(temperature=20.0)], ignore_index=True)
+    deletion = pd.concat([random_deletion_rows(6), random_deletion_rows(6, "resnet34_s1")])
+    identical = {"resnet34": [("gradcam", "hirescam", "xgradcam")], "efficientnet_b0": []}
+    robustness = summaries.checkpoint_robustness(both, deletion, "efficientnet_b0_s1", 0.90,
+                                                 identical_by_arch=identical)
+    assert robustness.loc[robustness["checkpoint_id"] == "resnet34_s1", "temperature_at_bound"].all()
+    assert (robustness.set_index(["checkpoint_id", "method"]).loc[("resnet34_s1", "gradcam"), "identical_with"]
+            == "HiResCAM = XGrad-CAM")
+    ranges = summaries.checkpoint_failure_ranges(robustness, identical, non_learning={"resnet34_s1"})
+    row = ranges[(ranges["subset"] == "own high-score subset") & (ranges["method"] == "gradcam")].iloc[0]
+    assert (row["min"], row["max"]) == (pytest.approx(1 / 3), 1.0)
+    assert row["max_checkpoint"] == "resnet34_s1" and row["identical_by_construction_in"] == "resnet34"
+    assert row["non_learning_checkpoints"] == "resnet34_s1"
+    assert row["temperature_at_bound_checkpoints"] == "resnet34_s1"

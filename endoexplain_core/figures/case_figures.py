@@ -12,6 +12,8 @@ rendered mask must equal the table's within ``IOU_TOLERANCE`` or rendering raise
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
@@ -246,8 +248,10 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
                             marker=ARCH_MARKERS.get(arch, "o"), ms=4.5, color=colour,
                             markerfacecolor=colour if filled else "white", clip_on=False,
                             label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seeds)" if filled else None)
-        if absent:
-            n_text = f"{n_text}; no eligible image: {', '.join(absent)}"
+        if archs and len(absent) == len(archs):
+            n_text = "n = 0: no eligible image"
+        elif absent:
+            n_text = textwrap.fill(f"{n_text}; no eligible image: {', '.join(absent)}", width=48)
         if archs and len(absent) == len(archs):
             ax.text(0.5, 0.5, "no eligible images in any checkpoint", transform=ax.transAxes,
                     ha="center", color="dimgrey", in_layout=False)

@@ -1,0 +1,129 @@
+"""Issue 10 reporting rules outside the statistics module: the paper profile's ImageNet
+weights, calibration flags and per-category intervals, and the paper-vs-run table."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from endoexplain_core.analysis import calibration, paper_comparison, stats
+from endoexplain_core.models import training
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_paper_profile_without_local_weights_fails_naming_the_expected_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))     # an empty hub cache
+    profile = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
+    setting = profile["stages"]["01_training"]["imagenet_weights"]
+    assert setting == "auto"                          # the paper profile asks for weights
+    for arch in profile["shared"]["architectures"]:
+        with pytest.raises(training.MissingImageNetWeights) as error:
+            training.imagenet_weights_path(arch, setting)
+        message = str(error.value)
+        assert str(tmp_path / "checkpoints") in message and ".pth" in message
+        assert "imagenet_weights: none" in message    # how to train from scratch on purpose
+    # From scratch only when the profile says so; a mapping must name every architecture.
+    assert training.imagenet_weights_path("resnet34", "none") is None
+    assert training.imagenet_weights_path("resnet34", {"resnet34": "none"}) is None
+    with pytest.raises(training.MissingImageNetWeights, match="names no file for convnext_tiny"):
+        training.imagenet_weights_path("convnext_tiny", {"resnet34": "none"})
+    (tmp_path / "checkpoints").mkdir()
+    cached = tmp_path / "checkpoints" / "resnet34-b627a593.pth"
+    cached.write_bytes(b"")
+    assert training.imagenet_weights_path("resnet34", "auto") == cached
+
+
+def _scores(temperature):
+    rng = np.random.default_rng(0)
+    rows = []
+    for role in ("val", "test"):
+        for i in range(40):
+            target = int(i < 16)
+            source = ("polyps" if i < 4 else "dyed-lifted-polyps") if target else ("cecum" if i % 2 else "bbps-2-3")
+            z = (2.0 if target else -2.0) + rng.normal()
+            rows.append({"checkpoint_id": "c", "role": role, "target": target, "source": source,
+                         "logit_neg": 0.0, "logit_pos": z})
+    logits = pd.DataFrame(rows)
+    return calibration.add_scores(logits, pd.DataFrame({"checkpoint_id": ["c"], "temperature": [temperature]}))
+
+
+def test_temperature_at_bound_is_flagged_in_table3_rows():
+    flagged = calibration.calibration_table(_scores(calibration.TEMPERATURE_BOUNDS[1]), "c")
+    assert flagged.loc[flagged["score"] == "Temperature-scaled", "temperature_at_bound"].all()
+    assert not flagged.loc[flagged["score"] == "Raw", "temperature_at_bound"].any()
+    assert not calibration.calibration_table(_scores(0.83), "c")["temperature_at_bound"].any()
+
+
+def test_source_category_audit_has_exact_intervals_per_category():
+    table = calibration.source_category_audit(_scores(1.0), "c").set_index("source")
+    standard = table.loc["polyps"]
+    k = round(standard["sensitivity"] * standard["n"])
+    assert (standard["sensitivity_ci_low"], standard["sensitivity_ci_high"]) == pytest.approx(
+        stats.clopper_pearson_interval(k, int(standard["n"])))
+    negative = table.loc["cecum"]
+    assert negative["false_positive_rate_ci_low"] <= negative["false_positive_rate"] <= negative["false_positive_rate_ci_high"]
+    assert np.isnan(negative["sensitivity_ci_low"])
+    assert standard["mean_scaled_score_ci_low"] <= standard["mean_scaled_score"] <= standard["mean_scaled_score_ci_high"]
+
+
+def test_paper_values_ship_with_the_manifest_facts_and_compare_to_a_run(tmp_path):
+    paper = paper_comparison.read_paper_values(REPO / "data_manifest" / "paper")
+    facts = paper.set_index("key")["paper_value"]
+    assert facts["manifest_rows"] == "7210" and facts["manifest_digest_prefix"] == "6b12b62f7c72"
+    assert [facts[f"role_{r}"] for r in ("train", "val", "test", "spatial_audit")] == ["4348", "930", "932", "1000"]
+    assert facts["or_hirescam"] == "0.058" and facts["test_scaled_ece"] == "0.0115"
+    values = {"manifest_rows": 7210, "manifest_digest_prefix": "6b12b62f7c72", "role_train": 4348,
+              "role_val": 930, "role_test": 932, "role_spatial_audit": 1000, "test_scaled_ece": 0.01154,
+              "primary_test_auprc": 0.9,
+              "or_xgradcam": "not estimable (59/59 failed; quasi-complete separation)"}
+    table = paper_comparison.comparison_table(paper, values).set_index("key")
+    assert table.loc["test_scaled_ece", "reproduced"] is True          # 0.0115 at 4 decimals
+    assert table.loc["primary_test_auprc", "reproduced"] is False
+    assert table.loc["or_xgradcam", "reproduced"] is False
+    assert table.loc["panel_a_failure_gradcam", "run_value"] == ""      # no counterpart: blank
+    assert "matches the paper's cohort" in paper_comparison.same_cohort_statement(table.reset_index())
+    values["manifest_rows"] = 136
+    other = paper_comparison.comparison_table(paper, values)
+    assert "does NOT use the paper's cohort" in paper_comparison.same_cohort_statement(other)
+    with pytest.raises(FileNotFoundError, match="paper_reported_values.csv"):
+        paper_comparison.read_paper_values(tmp_path)
+
+
+def test_run_record_keeps_producing_run_timings_shows_headline_tables_and_hides_resume_files(tmp_path):
+    import json
+
+    from endoexplain_core import artefacts
+    from endoexplain_core.analysis import summaries
+    from endoexplain_core.pipeline import record
+
+    run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
+    (run_dir / "stamps").mkdir(parents=True)
+    (run_dir / "notebooks").mkdir()
+    html_page = run_dir / "notebooks" / "05_robustness.html"
+    html_page.write_text("<html></html>")
+    (run_dir / "stamps" / "05_robustness.json").write_text(json.dumps(
+        {"digest": "d", "seconds": 248.4, "figure_files": [], "finished": "2026-11-30T23:10:02"}))
+    table5 = pd.DataFrame({"term": list(summaries.TABLE5_TERMS.values()), "odds_ratio": 1.5,
+                           "ci_low": 1.1, "ci_high": 2.0, "estimable": True, "note": "",
+                           "separated_replicates": 0})
+    table5.loc[1, ["odds_ratio", "ci_low", "ci_high", "estimable", "note"]] = [
+        np.nan, np.nan, np.nan, False, "not estimable (59/59 failed; quasi-complete separation)"]
+    artefacts.save_table(summaries.format_table5(table5), "table5_adjusted_model_formatted", figures_dir)
+    stage = {"stage": "05_robustness", "notebook": "notebooks/05_robustness.ipynb", "status": "skipped",
+             "seconds": 0.0, "last_run_seconds": 248.4, "parameters": {},
+             "executed_notebook": str(run_dir / "notebooks" / "05_robustness.ipynb"), "html": str(html_page),
+             "figure_files": ["table5_adjusted_model_formatted.csv"]}
+    assert record.stage_timing(stage) == ("skipped: unchanged since the run finished 2026-11-30T23:10:02", 248.4)
+    provenance = {"profile": "smoke", "stages": [stage],
+                  "checkpoints": {"efficientnet_b0_s1129": "ab", "efficientnet_b0_s1129.resume": "cd"}}
+    page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
+    assert "248.4" in page and "0.0</td>" not in page
+    assert "efficientnet_b0_s1129.resume" not in page and "efficientnet_b0_s1129" in page
+    assert "Table 5: adjusted failure model" in page and "not estimable (59/59 failed" in page
+    assert 'href="../notebooks/05_robustness.html"' in page or "05_robustness.html" in page
+    final = record.collect_final_tables(figures_dir, names={"table5_adjusted_model_formatted": "05_robustness"})
+    assert list(final["table5_adjusted_model_formatted"].columns) == ["Term", "Odds ratio (95% CI)"]
