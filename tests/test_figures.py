@@ -122,7 +122,7 @@ def test_figure_specific_fixes(figures):
 
     figure4 = figures["figure4"]
     titles = [ax.get_title(loc="left") for ax in figure4.axes]
-    assert "no eligible image: ResNet-34" in titles[0] and "n = 59 images" in titles[1]
+    assert "no eligible image: ResNet-34" in titles[0].replace("\n", " ") and "n = 59 images" in titles[1]
     assert "n = 150 images" in titles[2] and "(logits)" in figure4.axes[2].get_ylabel()
     assert {t.get_color() for ax in figure4.axes for t in ax.get_xticklabels()} == {"black"}
     legend = " ".join(t.get_text() for t in figure4.legends[0].get_texts())
