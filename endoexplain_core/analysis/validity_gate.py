@@ -563,3 +563,17 @@ def resolution_table(tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]], sampl
         frame.insert(0, "input_size", size)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def mark_display_labels(table: pd.DataFrame, gate: pd.DataFrame | None) -> pd.DataFrame:
+    """Copy of a formatted table with ``DAGGER`` after every cell that is exactly the display
+    label of a CAM method failing the gate (e.g. "XGrad-CAM" -> "XGrad-CAM†"), in any text
+    column; for final tables whose method names are already display labels."""
+    table = table.copy()
+    if gate is None:
+        return table
+    labels = {method_label(m): f"{method_label(m)}{DAGGER}" for m in failing_methods(gate)}
+    for column in table.columns:
+        if table[column].dtype == object:
+            table[column] = table[column].map(lambda v: labels.get(v, v) if isinstance(v, str) else v)
+    return table
