@@ -218,7 +218,9 @@ def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return {}
-    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))}
+    # Resume states (<id>.resume.safetensors) are training state, not checkpoints of the study.
+    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))
+            if not p.name.endswith(".resume.safetensors")}
 
 
 def _manifest_digest(run_dir: Path) -> str | None:
