@@ -276,3 +276,11 @@ def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
     cases = result["cases"]
     assert (cases["feature_grid_height"] == 2).all()          # 64 px / 32
     assert cases["lesion_logit_drop"].notna().all()
+
+
+def test_constant_maps_never_make_two_methods_agree():
+    maps = {m: torch.zeros(2, 8, 8) for m in CAM_METHODS}
+    maps["eigencam"] = torch.rand(2, 8, 8)
+    identity = map_diagnostics.practical_identity(map_diagnostics.map_agreement(maps, ["a", "b"]))
+    assert not identity["identical_in_practice"].any()
+    assert identity.set_index(["first", "second"]).loc[("gradcam", "hirescam"), "n_constant_pairs"] == 2

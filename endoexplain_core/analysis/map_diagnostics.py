@@ -153,18 +153,22 @@ def map_agreement(maps: dict[str, torch.Tensor], sample_ids, fraction: float = 0
     """Per image and method pair: Pearson correlation, top-set IoU and same peak pixel.
 
     ``maps``: method -> float (B, S, S) maps of the same images. Rows: sample_id, first,
-    second, pearson (NaN when either map is constant), top_iou, same_peak.
+    second, pearson, top_iou and same_peak (1/0); all NaN when either map is constant (tie
+    order alone would make two constant maps "agree").
     """
     sample_ids = list(sample_ids)
     peaks = {m: metrics.peak_location(maps[m]) for m in methods}
+    constant = {m: (maps[m].flatten(1).amax(dim=1) <= 0).cpu().numpy() for m in methods}
     frames = []
     for first, second in combinations(methods, 2):
         same_peak = (peaks[first][0] == peaks[second][0]) & (peaks[first][1] == peaks[second][1])
+        undefined = constant[first] | constant[second]  # no peak / top set: no agreement either
+        top_iou = map_priors.top_set_iou(maps[first], maps[second], fraction).cpu().numpy()
         frames.append(pd.DataFrame({
             "sample_id": sample_ids, "first": first, "second": second,
             "pearson": map_priors.pearson_per_map(maps[first], maps[second]).cpu().numpy(),
-            "top_iou": map_priors.top_set_iou(maps[first], maps[second], fraction).cpu().numpy(),
-            "same_peak": same_peak.cpu().numpy()}))
+            "top_iou": np.where(undefined, np.nan, top_iou),
+            "same_peak": np.where(undefined, np.nan, same_peak.cpu().numpy().astype(float))}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -173,7 +177,8 @@ def practical_identity(agreement: pd.DataFrame, identical_groups=(),
                        ) -> pd.DataFrame:
     """Per method pair: median Pearson, median top-set IoU, same-peak share and the flags.
 
-    Columns: first, second, pair, n, median_pearson, median_top_iou, same_peak_share,
+    Columns: first, second, pair, n, median_pearson, median_top_iou, n_constant_pairs (images
+    where either map is constant, left out of the medians), same_peak_share,
     identical_by_construction, identical_in_practice, independent_evidence (False when either
     identity holds).
     """
@@ -186,6 +191,7 @@ def practical_identity(agreement: pd.DataFrame, identical_groups=(),
         rows.append({"first": first, "second": second,
                      "pair": f"{method_label(first)} vs {method_label(second)}", "n": len(group),
                      "median_pearson": median_pearson, "median_top_iou": median_iou,
+                     "n_constant_pairs": int(group["top_iou"].isna().sum()),
                      "same_peak_share": float(group["same_peak"].mean()),
                      "identical_by_construction": by_construction,
                      "identical_in_practice": in_practice,
