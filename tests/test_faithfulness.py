@@ -266,3 +266,34 @@ def test_spearman_and_top_iou_against_scipy_and_by_hand():
         assert rho[i] == pytest.approx(spearmanr(a[i].flatten(), b[i].flatten()).statistic)
     assert np.isnan(randomisation.spearman_per_image(torch.zeros(1, 4, 4), torch.rand(1, 4, 4))[0])
     assert randomisation.top_area_iou(a, a, 0.2) == pytest.approx([1.0, 1.0])
+
+
+# --- figures from fixed tables -------------------------------------------------------------------
+
+def test_faithfulness_figures_render_from_fixed_tables():
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    from endoexplain_core.figures import faithfulness_figures as figures
+
+    methods = ["gradcam", "eigencam", "random"]
+    curves = pd.DataFrame([{"checkpoint_id": "c", "method": m, "order": o, "fraction": f,
+                            "drop": f * (3 if o == "morf" else 1), "ci_low": 0.0, "ci_high": f * 4}
+                           for m in methods for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+    srg = pd.DataFrame({"method": methods, "srg": [0.5, 0.2, 0.0], "ci_low": [0.3, 0.0, -0.1],
+                        "ci_high": [0.7, 0.4, 0.1]})
+    shape = pd.DataFrame({"method": ["gradcam", "eigencam"], "cam_minus_shifted": [0.4, 0.1],
+                          "ci_low": [0.2, -0.1], "ci_high": [0.6, 0.3],
+                          "cam_minus_pixel_random": [0.8, 0.3], "pixel_ci_low": [0.6, 0.1],
+                          "pixel_ci_high": [1.0, 0.5]})
+    randomised = pd.DataFrame([{"step": s, "block": b, "method": m, "spearman": 1 - 0.3 * s,
+                                "top_iou": 1 - 0.2 * s}
+                               for s, b in enumerate(["trained", "fc", "layer4"]) for m in methods[:2]])
+    gaps = pd.DataFrame([{"contrast": "A vs B", "outcome": o, "model": "M1", "slopes": "shared",
+                          "method": m, "gap": g, "ci_low": g - 1, "ci_high": g + 1, "ci90_low": g - 0.8,
+                          "ci90_high": g + 0.8, "tost_equivalent": False}
+                         for o, g in (("energy_lift", 0.2), ("pointing_hit", 5.0)) for m in methods[:2]])
+    for figure in (figures.road_curves_figure(curves), figures.srg_shape_figure(srg, shape),
+                   figures.randomisation_figure(randomised), figures.subgroup_forest_figure(gaps)):
+        assert figure.axes and all(ax.has_data() for ax in figure.axes)
+        matplotlib.pyplot.close(figure)

@@ -36,7 +36,10 @@ import torch
 EDGE_WEIGHT = 1.0 / 6.0
 DIAGONAL_WEIGHT = 1.0 / 12.0
 DEFAULT_NOISE_STD = 0.01        # small next to a normalised pixel's spread (about 1)
-DEFAULT_TOLERANCE = 1e-6         # relative residual ||b - A x|| / ||b|| per image and channel
+# Relative residual ||b - A x|| / ||b|| per image and channel. At 1e-4 the largest pixel error
+# on 128-px lesion zones was 3e-4 in normalised units (1e-6: 7e-6, 25 more iterations), far
+# below the added noise (0.01), so a tighter solve would buy nothing but time.
+DEFAULT_TOLERANCE = 1e-4
 DEFAULT_MAX_ITERATIONS = 2000
 
 
@@ -127,7 +130,8 @@ def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
     images : float (B, C, H, W), any units (normalised model input in the audit).
     removed : bool (B, H, W), True = unknown pixel.
     tolerance : stop when every (image, channel) system's residual is at most ``tolerance``
-        times its right-hand side's norm (float32 reaches about 1e-6).
+        times its right-hand side's norm (float32 reaches about 1e-6; the default 1e-4 keeps
+        pixel errors far below ``DEFAULT_NOISE_STD``).
     Returns (filled images, same dtype and device; ``SolveInfo``). Raises ``ImputationError``
     when ``max_iterations`` pass before every system converged.
 

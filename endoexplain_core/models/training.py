@@ -559,19 +559,31 @@ def write_csv_atomic(table: pd.DataFrame, path: str | Path) -> Path:
     """Write a CSV via a temporary file + rename (LF line ends)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    table.to_csv(temporary, index=False, lineterminator="\n")
-    os.replace(temporary, path)
-    return path
+    return _replace_atomically(path, lambda temporary: table.to_csv(temporary, index=False,
+                                                                     lineterminator="\n"))
 
 
 def write_parquet_atomic(table: pd.DataFrame, path: str | Path) -> Path:
     """Write a Parquet file via a temporary file + rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    return _replace_atomically(path, lambda temporary: table.to_parquet(temporary, index=False))
+
+
+def _replace_atomically(path: Path, write) -> Path:
+    """``write(temporary)``, then rename over ``path``. On an OS error (full disk, quota) the
+    temporary file is removed, ``path`` keeps its previous content and the error names it."""
     temporary = path.with_name(path.name + ".tmp")
-    table.to_parquet(temporary, index=False)
-    os.replace(temporary, path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, f"could not write {path} ({error.strerror or error}); the "
+                                   f"previous file, if any, is unchanged") from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path
 
 

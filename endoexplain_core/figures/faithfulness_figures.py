@@ -1,0 +1,158 @@
+"""Figures of the faithfulness and sanity controls (notebook 08).
+
+Inputs are the tables of ``analysis.faithfulness`` and ``analysis.subgroups``:
+  road curves      checkpoint_id, method, order, fraction, drop, ci_low, ci_high
+  SRG              checkpoint_id, method, srg, ci_low, ci_high
+  shape deletion   checkpoint_id, method, cam_minus_shifted, ci_low, ci_high
+                   (+ cam_minus_pixel_random, pixel_ci_low, pixel_ci_high)
+  randomisation    step, block, method, spearman, top_iou
+  subgroup gaps    contrast, outcome, model, slopes, method, gap, ci_low, ci_high,
+                   ci90_low, ci90_high, tost_equivalent
+Each function returns a Matplotlib figure; saving is the notebook's job.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from endoexplain_core.figures import style
+
+REFERENCE_COLOUR = "black"
+
+
+def _colour(method: str) -> str:
+    return style.METHOD_COLOURS.get(method, "grey")
+
+
+def road_curves_figure(curves: pd.DataFrame):
+    """MoRF and LeRF curves of one checkpoint: mean drop of z/T against the share of the field
+    of view filled, per method with 95% bands; the random heatmap (reference) dashed black."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.0), sharey=True, layout="constrained")
+    for ax, order, title in zip(axes, ("morf", "lerf"),
+                                ("Most relevant first (MoRF)", "Least relevant first (LeRF)")):
+        part = curves[curves["order"] == order]
+        for method, rows in part.groupby("method", sort=False):
+            rows = rows.sort_values("fraction")
+            x = 100 * rows["fraction"].to_numpy()
+            reference = method == "random"
+            colour = REFERENCE_COLOUR if reference else _colour(method)
+            ax.plot(x, rows["drop"], marker="o", markersize=3, color=colour,
+                    linestyle="--" if reference else "-", label=style.method_label(method))
+            ax.fill_between(x, rows["ci_low"], rows["ci_high"], color=colour, alpha=0.12, linewidth=0)
+        ax.axhline(0, color="grey", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_xticks([1, 2, 5, 10, 20])
+        ax.set_xticklabels(["1", "2", "5", "10", "20"])
+        ax.set_xlabel("Field of view filled by imputation (%)")
+        ax.set_title(title)
+    axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
+    axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.supxlabel(style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map).",
+                  fontsize=7, x=0.01, ha="left")
+    return fig
+
+
+def _forest(ax, labels, estimates, lows, highs, colours, *, zero: float = 0.0) -> None:
+    y = np.arange(len(labels))[::-1]
+    for position, estimate, low, high, colour in zip(y, estimates, lows, highs, colours):
+        ax.plot([low, high], [position, position], color=colour, linewidth=1.2)
+        ax.plot([estimate], [position], marker="o", color=colour, markersize=4)
+    ax.axvline(zero, color="grey", linewidth=0.7, linestyle=":")
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels)
+
+
+def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame):
+    """Left: SRG per map (95% CI; > 0 = the map ranks the pixels the model uses). Right: CAM
+    deletion minus the shape-preserving random deletion (filled) and minus the pixel-wise
+    random deletion (open), positive logit."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.8), layout="constrained")
+    labels = [style.method_label(m) for m in srg["method"]]
+    _forest(axes[0], labels, srg["srg"], srg["ci_low"], srg["ci_high"],
+            [REFERENCE_COLOUR if m == "random" else _colour(m) for m in srg["method"]])
+    axes[0].set_xlabel("SRG: drop(MoRF) \u2212 drop(LeRF), z/T")
+    axes[0].set_title("Symmetric relevance gain")
+    y = np.arange(len(shape))[::-1]
+    for position, row in zip(y, shape.itertuples(index=False)):
+        colour = _colour(row.method)
+        axes[1].plot([row.ci_low, row.ci_high], [position + 0.12] * 2, color=colour, linewidth=1.2)
+        axes[1].plot([row.cam_minus_shifted], [position + 0.12], "o", color=colour, markersize=4)
+        if "cam_minus_pixel_random" in shape.columns and pd.notna(row.cam_minus_pixel_random):
+            axes[1].plot([row.pixel_ci_low, row.pixel_ci_high], [position - 0.12] * 2, color=colour,
+                         linewidth=0.8, linestyle="--")
+            axes[1].plot([row.cam_minus_pixel_random], [position - 0.12], "o", markersize=4,
+                         markerfacecolor="white", color=colour)
+    axes[1].axvline(0, color="grey", linewidth=0.7, linestyle=":")
+    axes[1].set_yticks(y)
+    axes[1].set_yticklabels([style.method_label(m) for m in shape["method"]])
+    axes[1].set_xlabel("CAM deletion \u2212 control deletion (logit)")
+    axes[1].set_title("Deletion beyond random controls")
+    fig.supxlabel("Filled: shape-preserving random control; open: pixel-wise random control. "
+                  "Bars: 95% image-bootstrap CIs. " + style.EIGEN_FOOTNOTE,
+                  fontsize=7, x=0.01, ha="left")
+    return fig
+
+
+def randomisation_figure(table: pd.DataFrame):
+    """Similarity of each CAM to the trained model's after cascading randomisation, block by
+    block from the head (left) to the stem (right): Spearman rank correlation and top-20% IoU."""
+    steps = table.drop_duplicates("step").sort_values("step")
+    fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.0), sharex=True, layout="constrained")
+    for ax, column, label in zip(axes, ("spearman", "top_iou"),
+                                 ("Spearman rank correlation", "Top-20% IoU")):
+        for method, rows in table.groupby("method", sort=False):
+            rows = rows.sort_values("step")
+            ax.plot(rows["step"], rows[column], marker="o", markersize=3, color=_colour(method),
+                    label=style.method_label(method))
+        ax.set_ylabel(f"{label} with the trained map")
+        ax.set_ylim(-0.1 if column == "spearman" else 0, 1.05)
+        ax.axhline(0, color="grey", linewidth=0.6)
+    for ax in axes:
+        ax.set_xticks(steps["step"])
+        ax.set_xticklabels(steps["block"], rotation=60, ha="right", fontsize=7)
+        ax.set_xlabel("Randomised down to block (cumulative, head first)")
+    axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str = "shared",
+                           margins: dict | None = None):
+    """Forest plot of the adjusted subgroup gaps of ``model``: energy lift (bits, grey band
+    +-0.5 bit) and pointing (pp, band +-10 pp); thick bar 90% CI (the TOST interval), thin bar
+    95% CI; an open marker where TOST rates the gap equivalent to 0."""
+    margins = margins or {"energy_lift": 0.5, "pointing_hit": 10.0}
+    part = gaps[(gaps["model"] == model) & (gaps["slopes"] == slopes)]
+    outcomes = [o for o in ("energy_lift", "pointing_hit") if o in set(part["outcome"])]
+    rows = part[part["outcome"] == outcomes[0]][["contrast", "method"]].drop_duplicates() if outcomes else part
+    height = 1.0 + 0.18 * max(1, len(rows))
+    fig, axes = plt.subplots(1, max(1, len(outcomes)), figsize=(7.4, height), sharey=True,
+                             layout="constrained", squeeze=False)
+    labels = [f"{c} \u2014 {style.method_label(m)}" for c, m in zip(rows["contrast"], rows["method"])]
+    y = np.arange(len(rows))[::-1]
+    for ax, outcome in zip(axes[0], outcomes):
+        data = part[part["outcome"] == outcome].set_index(["contrast", "method"]).reindex(
+            list(zip(rows["contrast"], rows["method"])))
+        margin = margins[outcome]
+        ax.axvspan(-margin, margin, color="0.9", zorder=0)
+        ax.axvline(0, color="grey", linewidth=0.7)
+        for position, ((_, method), row) in zip(y, data.iterrows()):
+            if not np.isfinite(row["gap"]):
+                ax.text(0, position, "not estimable", fontsize=6, va="center", ha="center", color="grey")
+                continue
+            colour = _colour(method)
+            ax.plot([row["ci_low"], row["ci_high"]], [position] * 2, color=colour, linewidth=0.7)
+            ax.plot([row["ci90_low"], row["ci90_high"]], [position] * 2, color=colour, linewidth=2.2)
+            ax.plot([row["gap"]], [position], "o", markersize=4, color=colour,
+                    markerfacecolor="white" if bool(row["tost_equivalent"]) else colour)
+        unit = "bit" if outcome == "energy_lift" else "pp"
+        ax.set_xlabel(("Energy-lift gap" if outcome == "energy_lift" else "Pointing-hit gap")
+                      + f" ({unit}), subgroup \u2212 reference")
+    axes[0][0].set_yticks(y)
+    axes[0][0].set_yticklabels(labels, fontsize=6.5)
+    fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes); grey band: equivalence margin",
+                 fontsize=8)
+    fig.supxlabel("Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
+                  + style.EIGEN_FOOTNOTE, fontsize=7, x=0.01, ha="left")
+    return fig
