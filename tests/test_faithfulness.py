@@ -300,3 +300,21 @@ def test_faithfulness_figures_render_from_fixed_tables():
                    figures.randomisation_figure(randomised), figures.subgroup_forest_figure(gaps)):
         assert figure.axes and all(ax.has_data() for ax in figure.axes)
         matplotlib.pyplot.close(figure)
+
+
+def test_randomisation_similarity_changes_step_by_step():
+    from endoexplain_core.analysis import faithfulness
+    from endoexplain_core.models import networks
+
+    torch.manual_seed(0)
+    model = networks.build_model("resnet34").eval()
+    images = torch.randn(2, 3, 64, 64)
+    masks = torch.zeros(2, 64, 64, dtype=torch.bool)
+    masks[:, 20:40, 20:40] = True
+    prepared = faithfulness.PreparedCases(["a", "b"], images, masks)
+    table = faithfulness.randomisation_similarity(model, {"arch": "resnet34", "checkpoint_id": "x"},
+                                                  prepared, seed=1, top_fraction=0.2, batch_size=2)
+    eigen = table[table["method"] == "eigencam"].groupby("step")["spearman"].mean()
+    assert eigen[0] == pytest.approx(1.0) and eigen[1] == pytest.approx(1.0)  # trained, fc only
+    assert eigen.iloc[-1] < 0.9  # the whole network random: the map has changed
+    assert eigen.nunique() > 2   # each step is its own model, not the last one repeated

@@ -24,6 +24,7 @@ results do not depend on batch size or order.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -276,7 +277,8 @@ def randomisation_similarity(model, metadata: dict, prepared: PreparedCases, *, 
 
     trained = maps_of(model)
     rows = []
-    steps = [("trained", model), *randomisation.cascade(model, seed=seed)]
+    # The cascade yields one model randomised further at each step: consume it lazily.
+    steps = itertools.chain([("trained", model)], randomisation.cascade(model, seed=seed))
     for step, (block, net) in enumerate(steps):
         current = trained if step == 0 else maps_of(net)
         for method in CAM_METHODS:
