@@ -19,8 +19,10 @@ so a kill or a full disk leaves the previous file intact.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import pickle
 import zipfile
 from pathlib import Path
@@ -118,14 +120,21 @@ def save_tree(tree: dict[str, Any], path: str | Path) -> Path:
         with open(temporary, "rb+") as handle:  # on disk before the rename makes it visible
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except OSError as error:
+    except (OSError, SafetensorError) as error:  # safetensors reports I/O errors as its own type
         temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, f"could not write checkpoint {path} ({error.strerror or error}); "
-                                   f"the previous file, if any, is unchanged") from error
+        raise OSError(getattr(error, "errno", None) or _errno_of(error),
+                      f"could not write checkpoint {path} ({getattr(error, 'strerror', None) or error}); "
+                      f"the previous file, if any, is unchanged") from error
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     return path
+
+
+def _errno_of(error: BaseException) -> int:
+    """The OS error number inside a safetensors message ("... (os error 28)"), else EIO."""
+    found = re.search(r"os error (\d+)", str(error))
+    return int(found.group(1)) if found else errno.EIO
 
 
 def load_tree(path: str | Path) -> dict[str, Any]:
