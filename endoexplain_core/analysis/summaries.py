@@ -318,7 +318,8 @@ def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
                          "logit_drop_all": defined_rate(rows_of_method, "logit_drop"),
                          "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan,
                          "temperature": float(first["temperature"]),
-                         "temperature_at_bound": calibration.at_bound(float(first["temperature"])),
+                         "temperature_at_bound": (float(first["temperature"]) > 0
+                                                  and calibration.at_bound(float(first["temperature"]))),
                          "identical_with": _identical_with(method, (identical_by_arch or {}).get(first["arch"], ()))})
     return pd.DataFrame(rows)
 
