@@ -99,3 +99,14 @@ def test_model_terms_nest_and_exclude_the_defining_covariate():
     for smaller, larger in zip(terms, terms[1:]):
         assert set(smaller) < set(larger)
     assert "log_lesion_area" not in terms[-1] and "C(dataset)" in terms[1]
+
+
+def test_a_method_with_a_constant_outcome_is_not_estimable_not_equivalent():
+    frame = simulated(n=120, seed=9)
+    frame.loc[frame["method"] == "eigencam", "pointing_hit"] = 0.0  # e.g. constant maps
+    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+        frame, subgroups.Contrast("sim", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
+    eigen = gaps[gaps["method"] == "eigencam"]
+    assert eigen["gap"].isna().all() and eigen["constant_outcome"].all()
+    assert not eigen["tost_equivalent"].any()
+    assert gaps.loc[gaps["method"] == "gradcam", "gap"].notna().all()

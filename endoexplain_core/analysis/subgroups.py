@@ -186,9 +186,10 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
                   models=MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
     slopes fit of ``sensitivity_model``. A fit that fails (e.g. a method whose hits are all 0
-    in one group) gives NaN rows with the error in ``note``. Columns: contrast, outcome, unit,
-    model, slopes, method, gap, se, ci_low, ci_high, ci90_low, ci90_high, p, n_images,
-    n_subgroup, n_reference, note."""
+    in one group) gives NaN rows with the error in ``note``; a method whose outcome is constant
+    in this contrast is not fitted (``constant_outcome`` True, gap NaN). Columns: contrast,
+    outcome, unit, model, slopes, method, gap, se, constant_outcome, ci_low, ci_high,
+    ci90_low, ci90_high, p, n_images, n_subgroup, n_reference, note."""
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
     per_image = frame.drop_duplicates("cluster")
     counts = {"n_images": len(per_image), "n_subgroup": int((per_image["subgroup"] == 1).sum()),
@@ -198,18 +199,32 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
         fits.append((sensitivity_model, "method-specific", True))
     parts = []
     for outcome in outcomes:
+        # A method whose outcome never varies (e.g. constant maps: every peak at the same pixel,
+        # every lift 0) carries no information on a gap; fitting it would report a spurious,
+        # falsely precise 0. It is left out of the fit and reported not estimable.
+        varying = frame.groupby("method", sort=False)[outcome].nunique() > 1
+        fitted = [m for m in methods if varying.get(m, False)]
+        constant = [m for m in methods if m not in fitted]
+        data = frame[frame["method"].isin(fitted)]
         for model, slopes, specific in fits:
-            terms, dropped = informative_terms(frame, model_terms(model, contrast))
+            terms, dropped = informative_terms(data, model_terms(model, contrast)) if fitted else ([], [])
             note = f"constant, left out: {', '.join(dropped)}" if dropped else ""
             try:
-                result, design_info = fit_gee(frame, outcome, terms, method_specific_slopes=specific)
-                gaps = g_computation_gaps(result, design_info, frame, outcome, methods)
+                if not fitted:
+                    raise ValueError("the outcome is constant for every method")
+                result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=specific)
+                gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
                 if not np.isfinite(gaps[["gap", "se"]].to_numpy()).all() or (gaps["se"] <= 0).any():
                     note = "; ".join(filter(None, [note, "not estimable (non-finite estimate or SE)"]))
                     gaps[["gap", "se"]] = np.nan
             except Exception as error:  # singular design, separation: report, do not stop
                 note = f"fit failed: {type(error).__name__}: {str(error)[:120]}"
-                gaps = pd.DataFrame({"method": methods, "gap": np.nan, "se": np.nan})
+                gaps = pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan})
+            if constant:
+                gaps = pd.concat([gaps, pd.DataFrame({"method": constant, "gap": np.nan, "se": np.nan,
+                                                      "constant_outcome": True})], ignore_index=True)
+            gaps["constant_outcome"] = gaps.get("constant_outcome", pd.Series(False, index=gaps.index)).fillna(False).astype(bool)
+            gaps = gaps.set_index("method").reindex(methods).reset_index()
             gaps = wald_columns(gaps)
             gaps.insert(0, "slopes", slopes)
             gaps.insert(0, "model", model)

@@ -139,7 +139,8 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
         ax.axvline(0, color="grey", linewidth=0.7)
         for position, ((_, method), row) in zip(y, data.iterrows()):
             if not np.isfinite(row["gap"]):
-                ax.text(0, position, "not estimable", fontsize=6, va="center", ha="center", color="grey")
+                ax.text(0, position, "not estimable", fontsize=6, va="center", ha="center",
+                        color="grey", bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
                 continue
             colour = _colour(method)
             ax.plot([row["ci_low"], row["ci_high"]], [position] * 2, color=colour, linewidth=0.7)
@@ -148,7 +149,7 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
                     markerfacecolor="white" if bool(row["tost_equivalent"]) else colour)
         unit = "bit" if outcome == "energy_lift" else "pp"
         ax.set_xlabel(("Energy-lift gap" if outcome == "energy_lift" else "Pointing-hit gap")
-                      + f" ({unit}), subgroup \u2212 reference")
+                      + f" ({unit})\nsubgroup \u2212 reference")
     axes[0][0].set_yticks(y)
     axes[0][0].set_yticklabels(labels, fontsize=6.5)
     fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes); grey band: equivalence margin",
