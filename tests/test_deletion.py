@@ -93,3 +93,61 @@ def test_bad_input_gives_clear_errors():
         deletion.random_deletion_masks([1, 2], [3, 17], 4, 4)
     with pytest.raises(ValueError, match="sample keys"):
         deletion.random_deletion_masks([1, 2], [3], 4, 4)
+
+
+# --- counter-based random masks: independent pure-Python reference, device parity ------------
+
+def _python_mix32(value: int) -> int:
+    """lowbias32 in plain Python integers (the reference for ``deletion.mix32``)."""
+    value ^= value >> 16
+    value = (value * 0x7FEB352D) & 0xFFFFFFFF
+    value ^= value >> 15
+    value = (value * 0x846CA68B) & 0xFFFFFFFF
+    return value ^ (value >> 16)
+
+
+def _python_deletion_mask(sample_id: str, repetition: int, n_pixels: int, n_total: int) -> set[int]:
+    """The documented rule written out with Python integers, pixel by pixel."""
+    stream = deletion.repetition_seed(deletion.sample_key(sample_id), repetition)
+    low, high = stream & 0xFFFFFFFF, stream >> 32
+    index_bits = n_total.bit_length()
+    random_bits = 62 - index_bits
+    keys = []
+    for i in range(n_total):
+        high_word = _python_mix32(_python_mix32(i ^ low) ^ high)
+        low_word = _python_mix32(_python_mix32(i ^ high) ^ low ^ 0x85EBCA6B)
+        draw = ((high_word << 31) | (low_word >> 1)) >> (63 - random_bits)
+        keys.append(((draw << index_bits) | i, i))
+    return {i for _, i in sorted(keys)[:n_pixels]}
+
+
+def test_mix32_matches_python_integers_on_edge_values():
+    values = [0, 1, 2, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF, 123456789]
+    ours = deletion.mix32(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert ours == [_python_mix32(v) for v in values]
+
+
+def test_random_masks_follow_the_counter_based_rule_exactly():
+    """CPU half of the device parity: the torch kernel equals the rule computed in Python."""
+    ids = ["case_001", "case_002"]
+    masks = deletion.random_deletion_masks([deletion.sample_key(s) for s in ids], [13, 40], 9, 11,
+                                           repetitions=3)
+    for b, sample_id in enumerate(ids):
+        for r in range(3):
+            expected = _python_deletion_mask(sample_id, r, [13, 40][b], 99)
+            assert set(masks[r, b].flatten().nonzero().flatten().tolist()) == expected
+
+
+def test_random_masks_are_roughly_uniform_over_pixels():
+    keys = [deletion.sample_key(f"s{i}") for i in range(200)]
+    masks = deletion.random_deletion_masks(keys, [16] * 200, 8, 8, repetitions=5)
+    frequency = masks.float().mean(dim=(0, 1)).flatten()          # expected 16/64 = 0.25
+    assert frequency.min() > 0.20 and frequency.max() < 0.30     # 1,000 draws: sd 0.014
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_random_masks_identical_on_cuda_and_cpu():
+    keys = [deletion.sample_key(f"img{i}") for i in range(16)]
+    cpu = deletion.random_deletion_masks(keys, [13107] * 16, 256, 256, repetitions=4)
+    gpu = deletion.random_deletion_masks(keys, [13107] * 16, 256, 256, repetitions=4, device="cuda")
+    assert gpu.device.type == "cuda" and torch.equal(cpu, gpu.cpu())

@@ -127,13 +127,25 @@ def eigen_projection(activation: torch.Tensor) -> torch.Tensor:
     matrix, centred per channel over space, and projected on its first right singular vector.
     The sign is chosen so that the projection's largest-magnitude value is positive (when the
     most negative value is larger in magnitude than the largest one, the map is negated).
-    Returns (B, h, w) float32, before ReLU. Batched SVD in torch, on the input's device.
+    Returns (B, h, w) float32, before ReLU, on the input's device.
+
+    Computed from the smaller Gram matrix in float64 instead of an SVD of the (h*w, C) matrix:
+    with X the centred matrix and (u1, s1, v1) its first singular triple, the projection
+    X v1 equals s1 u1, where u1 is the top eigenvector of X X^T (h*w x h*w), or X v1 with v1
+    the top eigenvector of X^T X (C x C) when that one is smaller. At 256 px (8 x 8 x 1280 on
+    EfficientNet-B0) this is a 64 x 64 eigenproblem per image: about 10x faster on the CPU than
+    the float32 SVD and closer to a float64 SVD (max error 3e-6 vs 3e-3 on a map of range 12).
     """
     batch, channels, height, width = activation.shape
     rows = activation.float().reshape(batch, channels, height * width).transpose(1, 2)
-    centred = rows - rows.mean(dim=1, keepdim=True)
-    _, _, right_vectors_t = torch.linalg.svd(centred, full_matrices=False)
-    projection = torch.einsum("bnc,bc->bn", centred, right_vectors_t[:, 0, :])
+    centred = (rows - rows.mean(dim=1, keepdim=True)).double()
+    if height * width <= channels:
+        values, vectors = torch.linalg.eigh(centred @ centred.transpose(1, 2))
+        projection = vectors[..., -1] * values[..., -1].clamp(min=0).sqrt()[:, None]
+    else:
+        _, vectors = torch.linalg.eigh(centred.transpose(1, 2) @ centred)
+        projection = (centred @ vectors[..., -1:])[..., 0]
+    projection = projection.float()
     flip = projection.amin(dim=1).abs() > projection.amax(dim=1).abs()
     projection = torch.where(flip[:, None], -projection, projection)
     return projection.reshape(batch, height, width)
@@ -141,10 +153,16 @@ def eigen_projection(activation: torch.Tensor) -> torch.Tensor:
 
 def minmax_per_map(maps: torch.Tensor) -> torch.Tensor:
     """Rescale every map of (..., H, W) to [0, 1]; maps with zero range become all zeros."""
-    low = maps.amin(dim=(-2, -1), keepdim=True)
-    span = maps.amax(dim=(-2, -1), keepdim=True) - low
-    scaled = (maps - low) / torch.where(span > 0, span, torch.ones_like(span))
-    return torch.where(span > 0, scaled, torch.zeros_like(scaled))
+    # One min/max pass and in-place arithmetic on one new buffer: at 256 px the five maps of
+    # a batch of 16 are 21 MB, and each extra full-size temporary costs a pass over memory.
+    flat = maps.flatten(-2)
+    low, high = torch.aminmax(flat, dim=-1, keepdim=True)
+    span = high - low
+    constant = span <= 0
+    scaled = (flat - low).div_(torch.where(constant, torch.ones_like(span), span))
+    if bool(constant.any()):
+        scaled.masked_fill_(constant, 0.0)
+    return scaled.reshape(maps.shape)
 
 
 def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.Tensor,

@@ -3,7 +3,8 @@
 "Removing" a pixel sets it to 0 in all channels of the normalised input, i.e. to the
 ImageNet mean colour. The CAM deletion removes each map's top-area pixels
 (``threshold.top_fraction_mask``); the control removes the same number of pixels chosen at
-random, 20 times per image, with a seed derived from (sample id, repetition).
+random, 20 times per image: a counter-based integer hash of (sample id, repetition, pixel)
+ranks the pixels, computed on the model's device (same masks on CPU and GPU).
 
 Drops are ``reference - deleted`` (positive = the evidence was in the removed pixels), for the
 positive logit and for the binary logit difference z = logit_pos - logit_neg.
@@ -115,16 +116,62 @@ def deletion_response(model: nn.Module, images: torch.Tensor, keep: torch.Tensor
     return logit_drops(reference_logits, deleted, target_class)
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(values: torch.Tensor, constant: int) -> torch.Tensor:
+    """(values * constant) mod 2^32 for int64 ``values`` in [0, 2^32), without int64 overflow
+    (the constant is split into 16-bit halves, so no product exceeds 2^48)."""
+    low = values * (constant & 0xFFFF)
+    high = ((values * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def mix32(values: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (the "lowbias32" finaliser: xor-shift, multiply, xor-shift,
+    multiply, xor-shift) of int64 ``values`` in [0, 2^32), elementwise, on their device.
+
+    Only integer shifts, xors, masks and overflow-free products: identical on every device."""
+    values = values ^ (values >> 16)
+    values = _mul32(values, 0x7FEB352D)
+    values = values ^ (values >> 15)
+    values = _mul32(values, 0x846CA68B)
+    return values ^ (values >> 16)
+
+
+def random_deletion_sort_keys(stream_key: torch.Tensor, n_total: int) -> torch.Tensor:
+    """Counter-based random sort keys: int64 (B, N) for B streams and N pixels, on
+    ``stream_key``'s device.
+
+    ``stream_key``: int64 (B,) 63-bit keys (``repetition_seed``). Pixel i of stream s gets two
+    32-bit words ``hi = mix32(mix32(i ^ s_lo) ^ s_hi)`` and ``lo = mix32(mix32(i ^ s_hi) ^ s_lo
+    ^ 0x85EBCA6B)`` (s_lo, s_hi: the key's low 32 and high 31 bits); the top
+    ``62 - index_bits`` bits of ``hi:lo`` are the random draw and the pixel index fills the low
+    ``index_bits`` bits, so all N keys of a stream are distinct and non-negative.
+    """
+    index_bits = n_total.bit_length()
+    random_bits = 62 - index_bits
+    if random_bits < 16:
+        raise ValueError(f"{n_total} pixels are too many for the 62-bit random sort keys")
+    stream_low = (stream_key & _MASK32)[:, None]
+    stream_high = (stream_key >> 32)[:, None]
+    index = torch.arange(n_total, dtype=torch.int64, device=stream_key.device)[None]
+    high_word = mix32(mix32(index ^ stream_low) ^ stream_high)
+    low_word = mix32(mix32(index ^ stream_high) ^ stream_low ^ 0x85EBCA6B)
+    draw = ((high_word << 31) | (low_word >> 1)) >> (63 - random_bits)
+    return (draw << index_bits) | index
+
+
 def random_deletion_masks(sample_keys, n_pixels, height: int, width: int,
                           repetitions: int = RANDOM_REPETITIONS, device=None) -> torch.Tensor:
     """bool (R, B, H, W): for each repetition r and sample b exactly ``n_pixels[b]`` pixels.
 
-    Each (sample, repetition) gets its own CPU generator seeded with
-    ``repetition_seed(key, r)``; it draws one uniform float64 per pixel and the ``n_pixels[b]``
-    lowest-drawn pixels are deleted. The draws are made unique by appending the pixel index in
-    the low bits of an integer sort key, so the selection is exact and identical on every
-    device. Reproducible per (sample, repetition), independent of batch composition and of the
-    number of repetitions.
+    Counter-based: the random value of pixel i in repetition r of sample b is a fixed integer
+    hash of (``repetition_seed(key_b, r)``, i) (``random_deletion_sort_keys``), computed on
+    ``device`` without any generator state; the ``n_pixels[b]`` pixels with the lowest values
+    are deleted (values are distinct, so the selection is exact). The masks therefore depend
+    only on (sample id, repetition): not on the batch composition, the number of
+    repetitions, or the device (integer arithmetic only, identical on CPU and GPU).
     """
     sample_keys = [int(key) for key in sample_keys]
     n_pixels = torch.as_tensor(n_pixels, dtype=torch.int64).reshape(-1).cpu()
@@ -135,19 +182,17 @@ def random_deletion_masks(sample_keys, n_pixels, height: int, width: int,
         raise ValueError(f"pixel counts must lie in [0, {n_total}]; got {n_pixels.tolist()}")
     if repetitions < 1:
         raise ValueError(f"repetitions must be positive; got {repetitions}")
-    draws = torch.stack([
-        torch.stack([torch.rand(n_total, dtype=torch.float64,
-                                generator=torch.Generator().manual_seed(repetition_seed(key, r)))
-                     for key in sample_keys])
-        for r in range(repetitions)
-    ])  # (R, B, N), drawn on the CPU for device independence
-    index_bits = n_total.bit_length()
-    sort_keys = ((draws * 2.0 ** (62 - index_bits)).long() << index_bits) | torch.arange(n_total)
-    sort_keys = sort_keys.to(device)
-    largest_count = int(n_pixels.max())
-    keep = torch.zeros(repetitions, len(sample_keys), n_total, dtype=torch.bool, device=sort_keys.device)
-    if largest_count > 0:
+    device = torch.device("cpu") if device is None else torch.device(device)
+    largest_count = int(n_pixels.max()) if len(sample_keys) else 0
+    counts = n_pixels.to(device)
+    keep = torch.zeros(repetitions, len(sample_keys), n_total, dtype=torch.bool, device=device)
+    if largest_count == 0:
+        return keep.reshape(repetitions, len(sample_keys), height, width)
+    wanted = torch.arange(largest_count, device=device)[None] < counts[:, None]   # (B, k)
+    for r in range(repetitions):  # one (B, N) key array at a time: memory independent of R
+        streams = torch.tensor([repetition_seed(key, r) for key in sample_keys],
+                               dtype=torch.int64).to(device)
+        sort_keys = random_deletion_sort_keys(streams, n_total)
         lowest = torch.topk(sort_keys, largest_count, dim=-1, largest=False, sorted=True).indices
-        wanted = torch.arange(largest_count, device=keep.device) < n_pixels.to(keep.device)[:, None]
-        keep.scatter_(-1, lowest, wanted.expand_as(lowest))
+        keep[r].scatter_(-1, lowest, wanted)
     return keep.reshape(repetitions, len(sample_keys), height, width)
