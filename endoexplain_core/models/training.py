@@ -265,16 +265,41 @@ def cosine_with_warmup(warmup_steps: int, total_steps: int):
     return factor
 
 
+def loader_options(device: torch.device, num_workers: int = 0) -> dict[str, Any]:
+    """DataLoader keyword arguments for ``device``: ``num_workers`` decoding processes, and on
+    CUDA pinned host memory (asynchronous host-to-device copies); the CPU path is unchanged."""
+    return {"num_workers": num_workers, "pin_memory": device.type == "cuda"}
+
+
+def to_device(images: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """Move a batch to ``device`` (non-blocking from pinned memory), optionally channels_last."""
+    images = images.to(device, non_blocking=device.type == "cuda")
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images
+
+
+def use_mixed_precision(device: torch.device, mixed_precision: bool) -> bool:
+    """Autocast (float16) only on CUDA and only when asked: CPU runs stay float32 (and exact)."""
+    return bool(mixed_precision) and device.type == "cuda"
+
+
 @torch.no_grad()
 def predict_logits(model: nn.Module, dataset: datasets.ManifestDataset, batch_size: int,
-                   device: torch.device) -> np.ndarray:
-    """float32 (n, 2) logits [negative, positive] of every item, in dataset order."""
+                   device: torch.device, mixed_precision: bool = True, channels_last: bool = False,
+                   num_workers: int = 0) -> np.ndarray:
+    """float32 (n, 2) logits [negative, positive] of every item, in dataset order.
+
+    ``mixed_precision``: float16 autocast on CUDA (ignored on the CPU); ``channels_last``:
+    NHWC inputs (the model must be converted by the caller); ``num_workers``: DataLoader
+    worker processes (pinned memory on CUDA).
+    """
     model.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                        **loader_options(device, num_workers))
     logits = np.zeros((len(dataset), 2), dtype=np.float32)
     for images, _, indices in loader:
-        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
-            output = model(images.to(device))
+        with torch.autocast(device.type, dtype=torch.float16,
+                            enabled=use_mixed_precision(device, mixed_precision)):
+            output = model(to_device(images, device, channels_last))
         logits[indices.numpy()] = output.float().cpu().numpy()
     return logits
 
@@ -300,19 +325,21 @@ def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progres
 
 
 def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optimizer, scheduler,
-                     scaler, loss_function, device: torch.device) -> list[float]:
+                     scaler, loss_function, device: torch.device, mixed_precision: bool = True,
+                     channels_last: bool = False) -> list[float]:
     """One epoch of optimiser steps (at most ``max_steps``); returns the per-step losses.
 
     Raises ``NonFiniteLossError`` before the step that would apply a NaN/inf loss.
     """
-    use_amp = device.type == "cuda"
+    use_amp = use_mixed_precision(device, mixed_precision)
     model.train()
     losses = []
     for step, (images, targets, _) in enumerate(loader):
         if step >= max_steps:
             break
         with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-            loss = loss_function(model(images.to(device)), targets.to(device))
+            loss = loss_function(model(to_device(images, device, channels_last)),
+                                 targets.to(device, non_blocking=device.type == "cuda"))
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"training loss became {loss.item()} at step {step + 1}")
         optimizer.zero_grad(set_to_none=True)
@@ -327,8 +354,12 @@ def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optim
 def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets.ManifestDataset,
                      val_set: datasets.ManifestDataset, settings: TrainingSettings,
                      checkpoint_dir: str | Path, device: str | torch.device = "cpu",
-                     show_progress: bool = True) -> dict[str, Any]:
+                     show_progress: bool = True, mixed_precision: bool = True,
+                     channels_last: bool = False) -> dict[str, Any]:
     """Train (or resume, or skip if finished) one checkpoint; return its summary.
+
+    ``mixed_precision`` (float16 autocast with a gradient scaler) and ``channels_last`` apply
+    on CUDA only; on the CPU training is float32 and contiguous, as always.
 
     ``model`` must be freshly built after ``seed_everything(spec.seed)``; it is ignored when
     a resume state exists (its weights are overwritten). ``train_set`` must have augmentation
@@ -345,12 +376,13 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
     if settings.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, settings.max_steps_per_epoch)
-    model = model.to(device)
+    channels_last = bool(channels_last) and device.type == "cuda"
+    model = model.to(device, memory_format=torch.channels_last) if channels_last else model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
                                   weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine_with_warmup(settings.warmup_steps, settings.epochs * steps_per_epoch))
-    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")  # AMP on CUDA only
+    scaler = torch.amp.GradScaler(device.type, enabled=use_mixed_precision(device, mixed_precision))
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
     progress = {"epoch": 0, "best_epoch": 0, "best_auprc": -1.0, "epochs_since_best": 0,
                 "finished": False, "history": []}
@@ -378,11 +410,12 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
             shuffle_generator = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
             loader = DataLoader(train_set, batch_size=settings.batch_size, shuffle=True,
                                 drop_last=len(train_set) > settings.batch_size,
-                                generator=shuffle_generator, num_workers=settings.num_workers,
-                                worker_init_fn=_worker_init)
+                                generator=shuffle_generator, worker_init_fn=_worker_init,
+                                **loader_options(device, settings.num_workers))
             try:
                 losses = _train_one_epoch(model, loader, steps_per_epoch, optimizer, scheduler,
-                                          scaler, loss_function, device)
+                                          scaler, loss_function, device, mixed_precision,
+                                          channels_last)
             except NonFiniteLossError as error:
                 kept = (f"the last good checkpoint (epoch {progress['best_epoch']}) is kept at {best_path}"
                         if best_path.is_file() else "no checkpoint had been written yet")
@@ -390,7 +423,9 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                     f"{spec.checkpoint_id}: {error} at epoch {epoch + 1}; {kept}. Lower the learning "
                     f"rate or raise warmup_steps in the profile's 01_training section.") from None
 
-            auprc = validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device),
+            auprc = validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device,
+                                                    mixed_precision, channels_last,
+                                                    settings.num_workers),
                                      val_set.targets)
             progress["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
                                         "val_auprc": auprc,
@@ -466,49 +501,89 @@ def check_architectures(architectures: list[str]) -> None:
                          f"known: {list(networks.ARCHITECTURES)}")
 
 
+def matrix_runs(architectures: list[str], training_seeds: list[int],
+                control_seed: int | None) -> list[tuple[str, int, str]]:
+    """(arch, seed, control) of every checkpoint of the matrix, the shuffled-label control last."""
+    runs = [(arch, seed, CONTROL_NONE) for arch in architectures for seed in training_seeds]
+    if control_seed is not None:
+        runs.append((PRIMARY_ARCH, control_seed, CONTROL_SHUFFLED))
+    return runs
+
+
+def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
+                      manifest_digest: str, image_size: int, arch: str, seed: int, control: str,
+                      settings: TrainingSettings, imagenet_weights: str | dict = "none",
+                      device: str = "cpu", show_progress: bool = True,
+                      acceleration: dict[str, Any] | None = None,
+                      cache: datasets.ImageCache | None = None,
+                      val_set: datasets.ManifestDataset | None = None) -> dict[str, Any]:
+    """Train (or resume, or reuse) one checkpoint of the matrix: one unit of work.
+
+    Everything the run depends on is in the arguments (its own seed drives initialisation,
+    shuffling, augmentation and the label permutation of the control), so it gives the same
+    checkpoint in any process and in any order. ``cache`` and ``val_set`` may be shared between
+    units of one process (``train_matrix``'s plain loop); a task builds its own.
+    ``acceleration``: optional ``{"mixed_precision": bool, "channels_last": bool}`` (CUDA only).
+    Returns the ``train_checkpoint`` summary.
+    """
+    device = resolve_device(device)
+    cache = datasets.ImageCache() if cache is None else cache
+    if val_set is None:
+        val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), data_root,
+                                           image_size, cache=cache)
+    train_rows = datasets.rows_of_roles(manifest, ["train"])
+    targets = train_rows["target"].to_numpy()
+    if control == CONTROL_SHUFFLED:
+        targets = shuffled_targets(targets, seed)
+    train_set = datasets.ManifestDataset(train_rows, data_root, image_size, targets=targets,
+                                         augment_seed=seed, cache=cache)
+    weights_path = imagenet_weights_path(arch, imagenet_weights)
+    seed_everything(seed)
+    model = networks.build_model(arch, num_classes=2, weights_path=weights_path)
+    zero_init_head(model)
+    spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
+                          manifest_digest=manifest_digest,
+                          target_layer=networks.TARGET_LAYERS[arch],
+                          pretrained=weights_path is not None)
+    return train_checkpoint(model, spec, train_set, val_set, settings,
+                            Path(run_dir) / "checkpoints", device, show_progress,
+                            **(acceleration or {}))
+
+
 def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
                  manifest_digest: str, image_size: int, architectures: list[str],
                  training_seeds: list[int], training_settings: dict[str, Any],
                  arch_overrides: dict[str, dict] | None = None, control_seed: int | None = None,
                  imagenet_weights: str | dict = "none", device: str = "cpu",
-                 show_progress: bool = True) -> list[dict[str, Any]]:
+                 show_progress: bool = True, acceleration: dict[str, Any] | None = None,
+                 task_map=None) -> list[dict[str, Any]]:
     """Train architectures x seeds and the shuffled-label EfficientNet-B0 control.
 
-    Decodes each image once (shared ``ImageCache``). Finished checkpoints are skipped and
-    interrupted ones resumed. Returns one summary dict per checkpoint (``train_checkpoint``),
-    the control last; ``control_seed=None`` skips the control.
+    Each checkpoint is one ``train_matrix_unit``. Default (``task_map=None``): one after the
+    other in this process, decoding each image once (shared ``ImageCache``). ``task_map``:
+    ``pipeline.tasks.TaskRunner.map`` (or any function ``(function, calls, labels) -> results
+    in order``) to run the units as tasks, e.g. on Dask workers. Finished checkpoints are
+    skipped and interrupted ones resumed. Returns one summary dict per checkpoint
+    (``train_checkpoint``), the control last; ``control_seed=None`` skips the control.
     """
     check_architectures(architectures)
     settings = {arch: settings_for(arch, training_settings, arch_overrides)
                 for arch in [*architectures, PRIMARY_ARCH]}
-    device = resolve_device(device)
-    checkpoint_dir = Path(run_dir) / "checkpoints"
+    resolve_device(device)  # a missing CUDA device is an error here, before any task starts
+    runs = matrix_runs(architectures, training_seeds, control_seed)
+    calls = [{"manifest": manifest, "data_root": data_root, "run_dir": run_dir,
+              "manifest_digest": manifest_digest, "image_size": image_size, "arch": arch,
+              "seed": seed, "control": control, "settings": settings[arch],
+              "imagenet_weights": imagenet_weights, "device": device,
+              "show_progress": show_progress, "acceleration": acceleration}
+             for arch, seed, control in runs]
+    if task_map is not None:
+        return task_map(train_matrix_unit, calls,
+                        labels=[checkpoint_id(arch, seed, control) for arch, seed, control in runs])
     cache = datasets.ImageCache()
-    train_rows = datasets.rows_of_roles(manifest, ["train"])
-    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), data_root, image_size,
-                                   cache=cache)
-    runs = [(arch, seed, CONTROL_NONE) for arch in architectures for seed in training_seeds]
-    if control_seed is not None:
-        runs.append((PRIMARY_ARCH, control_seed, CONTROL_SHUFFLED))
-    summaries = []
-    for arch, seed, control in runs:
-        targets = train_rows["target"].to_numpy()
-        if control == CONTROL_SHUFFLED:
-            targets = shuffled_targets(targets, seed)
-        train_set = datasets.ManifestDataset(train_rows, data_root, image_size, targets=targets,
-                                         augment_seed=seed, cache=cache)
-        weights_path = imagenet_weights_path(arch, imagenet_weights)
-        seed_everything(seed)
-        model = networks.build_model(arch, num_classes=2, weights_path=weights_path)
-        zero_init_head(model)
-        spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
-                              manifest_digest=manifest_digest,
-                              target_layer=networks.TARGET_LAYERS[arch],
-                              pretrained=weights_path is not None)
-        summaries.append(train_checkpoint(model, spec, train_set, val_set,
-                                          settings[arch],
-                                          checkpoint_dir, device, show_progress))
-    return summaries
+    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), data_root,
+                                       image_size, cache=cache)
+    return [train_matrix_unit(**call, cache=cache, val_set=val_set) for call in calls]
 
 
 def training_curves(summaries: list[dict[str, Any]]) -> pd.DataFrame:

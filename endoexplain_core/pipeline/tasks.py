@@ -1,0 +1,252 @@
+"""Independent units of work (one checkpoint's training, one checkpoint x cohort audit) as tasks.
+
+Three schedulers, chosen by the profile key / ``run_all.sh --scheduler``:
+
+``""`` or ``"sequential"`` (default)
+    in the notebook's own process, one unit after the other: exactly the behaviour (and the
+    results) of calling the core functions without this module. No Dask is imported.
+``"local:N"``
+    a ``dask.distributed`` cluster of N worker processes on this machine, each running one task
+    at a time. With CUDA devices present, worker i sees only device ``i % n_gpus`` (pinned
+    through ``CUDA_VISIBLE_DEVICES``, so ``device: cuda`` means "my GPU"). The cluster lives as
+    long as the ``TaskRunner`` (one notebook cell).
+``"tcp://HOST:PORT"`` (or ``tls://``)
+    an existing Dask scheduler, e.g. one started by ``dask-jobqueue`` on a SLURM cluster
+    (README, "Scaling out"). The workers must see the same files (run folder, data root) at the
+    same paths and have this package installed.
+
+Results are identical to the sequential run because every task sets the submitting process's
+torch intra-op thread count (float sums depend on it) and every unit of work derives its
+randomness from its own seeds, never from what ran before it in the same process. Tasks are
+idempotent: each writes its artefacts through a temporary file and a rename, and reuses a
+finished artefact (training: the finished resume state; audits: the summary JSON with matching
+settings). A task whose worker dies (killed, out of memory) is rescheduled by Dask on another
+worker and starts again from those artefacts; a half-written temporary file is overwritten,
+never appended to, so no table ever holds duplicate rows.
+
+The core functions that loop over units (``training.train_matrix``, ``audit.audit_registry``,
+``transfer.audit_cohorts``) take a ``task_map`` argument with the signature of
+``TaskRunner.map``; ``None`` (their default) is the plain loop. This module lives in the
+pipeline layer because it submits models/analysis work; those layers never import it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+LOGGER_NAME = "endoexplain.tasks"
+SEQUENTIAL = "sequential"
+log = logging.getLogger(LOGGER_NAME)
+
+_LOCAL = re.compile(r"^local:(\d+)$")
+_ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:\d+$")
+
+
+class SchedulerError(ValueError):
+    """A scheduler setting that is not ``sequential``, ``local:N`` or a scheduler address."""
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """A parsed scheduler setting: kind ``sequential`` | ``local`` | ``address``."""
+
+    kind: str
+    workers: int = 0
+    address: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "local":
+            return f"local:{self.workers}"
+        return self.address if self.kind == "address" else SEQUENTIAL
+
+
+def parse_scheduler(setting: str | None) -> SchedulerSpec:
+    """``""``/``None``/``"sequential"`` -> in-process; ``"local:N"`` (N >= 1); ``"tcp://HOST:PORT"``.
+
+    Raises ``SchedulerError`` naming the accepted forms for anything else.
+    """
+    text = (setting or "").strip()
+    if text in ("", SEQUENTIAL):
+        return SchedulerSpec(SEQUENTIAL)
+    local = _LOCAL.match(text)
+    if local:
+        workers = int(local.group(1))
+        if workers < 1:
+            raise SchedulerError(f"scheduler {text!r}: local:N needs N >= 1 worker processes")
+        return SchedulerSpec("local", workers=workers)
+    if _ADDRESS.match(text):
+        return SchedulerSpec("address", address=text)
+    raise SchedulerError(f"scheduler {text!r} is not understood: use '' or 'sequential' (in "
+                         "process), 'local:N' (N local worker processes) or 'tcp://HOST:PORT' "
+                         "(a running Dask scheduler)")
+
+
+def cuda_device_count() -> int:
+    """Number of visible CUDA devices (0 without torch CUDA support)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_worker_environments(workers: int, n_gpus: int) -> list[dict[str, str]]:
+    """Environment of each local worker process: its pinned GPU, and tqdm bars switched off
+    (progress is reported per task in the notebook instead of by N interleaved bars)."""
+    environments = []
+    for index in range(workers):
+        environment = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+        if n_gpus:
+            environment["CUDA_VISIBLE_DEVICES"] = str(index % n_gpus)
+        environments.append(environment)
+    return environments
+
+
+def _start_local_cluster(workers: int):
+    """A SpecCluster of ``workers`` Nanny-supervised processes with one task thread each."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    n_gpus = cuda_device_count()
+    if n_gpus and workers > n_gpus:
+        log.warning("local:%d asks for more workers than the %d CUDA devices; devices are shared "
+                    "round-robin", workers, n_gpus)
+    specs = {f"worker-{index}": {"cls": Nanny, "options": {
+                 "nthreads": 1, "env": environment, "name": f"worker-{index}",
+                 "silence_logs": logging.WARNING}}
+             for index, environment in enumerate(local_worker_environments(workers, n_gpus))}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None,
+                                               "host": "127.0.0.1"}}
+    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.WARNING,
+                       name="endoexplain-local")
+
+
+def run_task(function: Callable[..., Any], kwargs: dict[str, Any], label: str,
+             torch_threads: int | None) -> Any:
+    """What a worker runs for one unit: fix the torch thread count, log, call ``function``."""
+    import torch
+
+    if torch_threads:
+        torch.set_num_threads(int(torch_threads))
+    started = time.perf_counter()
+    try:
+        from distributed import get_worker
+
+        worker = f"{get_worker().name} (pid {os.getpid()})"
+    except (ImportError, ValueError):  # not inside a Dask worker
+        worker = f"pid {os.getpid()}"
+    log.info("%s: started on %s", label, worker)
+    result = function(**kwargs)
+    log.info("%s: finished on %s in %.1f s", label, worker, time.perf_counter() - started)
+    return result
+
+
+def _ensure_notebook_logging() -> None:
+    """Print this module's log records (and those forwarded from workers) to stdout, which is
+    the cell output in a notebook; idempotent."""
+    if not any(getattr(handler, "_endoexplain_tasks", False) for handler in log.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        handler._endoexplain_tasks = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class TaskRunner:
+    """Maps a function over units of work on the chosen scheduler; use as a context manager.
+
+    ``scheduler``: see ``parse_scheduler``. ``torch_threads``: intra-op threads every task uses
+    (default: this process's ``torch.get_num_threads()``, which keeps results identical to
+    the sequential run). ``progress``: a tqdm bar over tasks (finished / total).
+    """
+
+    def __init__(self, scheduler: str | None = "", *, torch_threads: int | None = None,
+                 progress: bool = True) -> None:
+        import torch
+
+        self.spec = parse_scheduler(scheduler)
+        self.torch_threads = torch_threads or torch.get_num_threads()
+        self.progress = progress
+        self.client = None
+        self._cluster = None
+
+    @property
+    def is_sequential(self) -> bool:
+        return self.spec.kind == SEQUENTIAL
+
+    def __enter__(self) -> "TaskRunner":
+        if self.is_sequential:
+            return self
+        from distributed import Client
+
+        _ensure_notebook_logging()
+        if self.spec.kind == "local":
+            self._cluster = _start_local_cluster(self.spec.workers)
+            self.client = Client(self._cluster)
+        else:
+            self.client = Client(self.spec.address)
+        self.client.forward_logging(LOGGER_NAME, level=logging.INFO)
+        workers = self.client.scheduler_info().get("workers", {})
+        log.info("scheduler %s: %d workers, %d torch threads per task", self.spec, len(workers),
+                 self.torch_threads)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the client down (and the local cluster this runner started)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def map(self, function: Callable[..., Any], calls: Sequence[dict[str, Any]],
+            labels: Sequence[str]) -> list[Any]:
+        """``[function(**kwargs) for kwargs in calls]``, results in the order of ``calls``.
+
+        Sequential: called one by one in this process, exactly like the plain loop. On Dask:
+        one task per call, all submitted at once; a worker that dies mid-task gets its task
+        rescheduled (Dask's ``allowed-failures``); an exception in a task is raised here,
+        naming the task, after the other tasks are cancelled.
+        """
+        calls, labels = list(calls), [str(label) for label in labels]
+        if len(calls) != len(labels):
+            raise ValueError(f"{len(calls)} calls but {len(labels)} labels")
+        if self.is_sequential:
+            return [function(**kwargs) for kwargs in calls]
+        if self.client is None:
+            raise RuntimeError("TaskRunner.map on Dask needs the runner entered (with TaskRunner(...))")
+        from distributed import as_completed
+        from tqdm.auto import tqdm
+
+        name = getattr(function, "__name__", "task")
+        futures = [self.client.submit(run_task, function, kwargs, label, self.torch_threads,
+                                      key=f"{name}-{label}-{time.time_ns()}", pure=False)
+                   for kwargs, label in zip(calls, labels)]
+        by_key = {future.key: label for future, label in zip(futures, labels)}
+        with tqdm(total=len(futures), desc=name, unit="task", disable=not self.progress,
+                  file=sys.stdout) as bar:
+            for future in as_completed(futures):
+                if future.status == "error":
+                    for other in futures:
+                        other.cancel()
+                    error = future.exception()
+                    raise RuntimeError(f"task {by_key[future.key]} ({name}) failed: "
+                                       f"{type(error).__name__}: {error}") from error
+                bar.update(1)
+                bar.set_postfix_str(by_key[future.key])
+        return self.client.gather(futures)
+
+
+def task_map_for(runner: TaskRunner | None):
+    """The ``task_map`` argument for the core loops: ``None`` (plain loop) when sequential."""
+    if runner is None or runner.is_sequential:
+        return None
+    return runner.map
