@@ -284,3 +284,11 @@ def test_constant_maps_never_make_two_methods_agree():
     identity = map_diagnostics.practical_identity(map_diagnostics.map_agreement(maps, ["a", "b"]))
     assert not identity["identical_in_practice"].any()
     assert identity.set_index(["first", "second"]).loc[("gradcam", "hirescam"), "n_constant_pairs"] == 2
+
+
+def test_display_labels_of_failing_methods_get_a_dagger():
+    gate = pd.DataFrame({"method": list(CAM_METHODS), "passes": [True, True, False, True, True]})
+    table = pd.DataFrame({"Map": ["Grad-CAM", "XGrad-CAM", "Random heatmap"], "n": [1, 2, 3]})
+    marked = validity_gate.mark_display_labels(table, gate)
+    assert marked["Map"].tolist() == ["Grad-CAM", "XGrad-CAM\u2020", "Random heatmap"]
+    assert marked["n"].tolist() == [1, 2, 3]

@@ -574,6 +574,6 @@ def mark_display_labels(table: pd.DataFrame, gate: pd.DataFrame | None) -> pd.Da
         return table
     labels = {method_label(m): f"{method_label(m)}{DAGGER}" for m in failing_methods(gate)}
     for column in table.columns:
-        if table[column].dtype == object:
+        if pd.api.types.is_object_dtype(table[column]) or pd.api.types.is_string_dtype(table[column]):
             table[column] = table[column].map(lambda v: labels.get(v, v) if isinstance(v, str) else v)
     return table
