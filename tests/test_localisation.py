@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy import ndimage
@@ -275,3 +276,82 @@ def test_c_score_matches_the_weighted_pair_loop_and_is_block_invariant():
     assert loc.c_score(maps, weights / weights.sum(), resolution=16) == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="N >= 2"):
         loc.c_score(maps[:1], weights[:1])
+
+
+# --- the analysis of notebook 07 ------------------------------------------------------------------
+
+def _cases(count: int, size: int = 64, seed: int = 0):
+    """(sample_id, uint8 RGB disc frame with a bright polyp, bool polyp mask) test cases."""
+    generator = np.random.default_rng(seed)
+    frames = []
+    for index in range(count):
+        image = np.zeros((size, size, 3), dtype=np.uint8)
+        view = disc(size * 0.45, (size / 2, size / 2), (size, size)).numpy()
+        image[view] = (120 + generator.integers(0, 20, size=(view.sum(), 3))).astype(np.uint8)
+        centre = tuple(generator.uniform(size * 0.3, size * 0.7, size=2))
+        polyp = disc(size * generator.uniform(0.06, 0.15), centre, (size, size)).numpy()
+        image[polyp] = (200, 150, 140)
+        frames.append((f"case{index:02d}", image, polyp))
+    return frames
+
+
+@pytest.fixture(scope="module")
+def scored():
+    from endoexplain_core.analysis import extended_localisation as ext
+    from tests.kernel_fixtures import nondegenerate_model
+    model = nondegenerate_model("resnet34", seed=7, image_size=64)
+    metadata = {"checkpoint_id": "resnet34_s7", "arch": "resnet34", "seed": 7}
+    return ext.score_checkpoint(model, metadata, 1.0, _cases(7), dataset="toy", image_size=64,
+                                settings=ext.ExtendedSettings(), batch_size=4)
+
+
+def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
+    from endoexplain_core.analysis import extended_localisation as ext
+    table, c_scores, summary = scored
+    assert len(table) == 7 * len(ext.EXTENDED_METHODS)
+    assert set(table["method"]) == set(ext.EXTENDED_METHODS) and "layercam" in set(table["method"])
+    assert summary["n_audited"] == 7 and summary["cam_seconds"] > 0 and summary["metric_seconds"] > 0
+    # the centre map is one map for every image: its C-Score is 1; uniform-lift sanity
+    centre = c_scores.set_index("method").loc["centre"]
+    if centre["n_gold"] >= 2:
+        assert centre["c_score"] == pytest.approx(1.0)
+    assert table["auc_iou"].between(0, 0.9 + 1e-6).all()
+    assert table["pointing_chance"].between(0, 1).all()
+    assert (table.loc[table["saliency_free"], "energy_lift_bits"] == 0).all()
+    # the 0.05-step columns integrate to the stored AUC-IoU
+    columns = [ext.iou_column(t) for t in loc.DEFAULT_IOU_THRESHOLDS]
+    np.testing.assert_allclose(np.trapezoid(table[columns].to_numpy(), loc.DEFAULT_IOU_THRESHOLDS, axis=1),
+                               table["auc_iou"], rtol=1e-5)
+    # the DoG map finds the bright polyp better than chance on these frames
+    dog = table[table["method"] == "dog"]
+    assert dog["energy_lift_bits"].mean() > 1
+
+
+def test_summaries_rankings_and_tests(scored):
+    from endoexplain_core.analysis import extended_localisation as ext
+    table = scored[0]
+    summary = ext.auc_iou_table(table)
+    assert list(summary["method"]) == list(ext.EXTENDED_METHODS) and (summary["n"] == 7).all()
+    row = summary.iloc[0]
+    assert row["rel_diff_0.5_pct"] == pytest.approx((row["auc_iou"] - row["iou_at_0.5"]) / row["iou_at_0.5"] * 100)
+    ranks, agreement = ext.ranking_table(summary)
+    assert agreement.set_index("metric").loc["auc_iou", "kendall_tau_vs_auc_iou"] == pytest.approx(1.0)
+    assert agreement.set_index("metric").loc["auc_iou", "reversed_pairs"] == 0
+    tests = ext.pairwise_wilcoxon(table)
+    assert len(tests) == 15 and (tests["p_holm"] >= tests["p_value"]).all()
+    chance = ext.chance_table(table, replicates=200)
+    assert set(chance["size_tertile"]) == {"all", "small", "medium", "large"}
+    everything = chance[chance["size_tertile"] == "all"].set_index("method")
+    assert everything.loc["dog", "n"] == 7 and np.isnan(everything.loc["dog", "lambda_e_minus_dog"])
+    assert len(ext.iou_curves(table)) == 19 * len(ext.EXTENDED_METHODS)
+
+
+def test_ranking_reversal_count_on_a_hand_case():
+    from endoexplain_core.analysis import extended_localisation as ext
+    summary = pd.DataFrame({"method": ["a", "b", "c"], "auc_iou": [0.3, 0.2, 0.1],
+                            "iou_at_0.3": [0.1, 0.2, 0.3], "iou_at_0.5": [0.3, 0.2, 0.1],
+                            "iou_at_0.7": [0.2, 0.3, 0.1], "top20_iou": [0.3, 0.2, 0.1]})
+    _, agreement = ext.ranking_table(summary)
+    reversed_pairs = agreement.set_index("metric")["reversed_pairs"]
+    assert reversed_pairs["iou_at_0.3"] == 3 and reversed_pairs["iou_at_0.7"] == 1
+    assert agreement.set_index("metric").loc["iou_at_0.3", "kendall_tau_vs_auc_iou"] == pytest.approx(-1)

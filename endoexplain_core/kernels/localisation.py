@@ -45,7 +45,7 @@ from scipy import ndimage
 
 from endoexplain_core.kernels.cams import minmax_per_map
 from endoexplain_core.kernels.metrics import _as_masks, _check_maps
-from endoexplain_core.kernels.threshold import top_fraction_mask
+from endoexplain_core.kernels.threshold import _rank_order, kept_pixel_count
 
 # 0.05, 0.10, ..., 0.95: the threshold grid of the area under the IoU curve.
 DEFAULT_IOU_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -83,14 +83,22 @@ def iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds=DEFAULT_IOU_TH
     levels = torch.as_tensor(tuple(thresholds), dtype=maps.dtype, device=maps.device)
     if levels.dim() != 1 or levels.numel() == 0:
         raise ValueError(f"thresholds must be a non-empty 1-D sequence; got {thresholds!r}")
-    mask_area = masks.sum(dim=(1, 2)).float()
-    columns = []
-    for level in levels:  # T passes over (B, H, W): no (B, T, H, W) tensor is ever built
-        keep = maps >= level
-        intersection = (keep & masks).sum(dim=(1, 2)).float()
-        union = keep.sum(dim=(1, 2)).float() + mask_area - intersection
-        columns.append(intersection / union)
-    return torch.stack(columns, dim=1)
+    # One pass: bucket k of a pixel = number of thresholds <= its value, so the pixel is kept
+    # at threshold j exactly when its bucket is > j; per-image bucket counts (all pixels and
+    # lesion pixels) summed from the top give every threshold's kept and intersection counts.
+    order = torch.argsort(levels)
+    sorted_levels = levels[order]
+    buckets = torch.bucketize(maps, sorted_levels, right=True).flatten(1)       # (B, N) in 0..T
+    batch, count = buckets.shape[0], sorted_levels.numel() + 1
+    offsets = (torch.arange(batch, device=maps.device) * count)[:, None]
+    flat = (buckets + offsets).flatten()
+    kept = torch.bincount(flat, minlength=batch * count).reshape(batch, count)
+    inside = torch.bincount(flat, weights=masks.flatten().double(), minlength=batch * count).reshape(batch, count)
+    kept_at = kept.flip(1).cumsum(1).flip(1)[:, 1:].double()                    # (B, T) sorted order
+    inside_at = inside.flip(1).cumsum(1).flip(1)[:, 1:]
+    mask_area = masks.sum(dim=(1, 2)).double()[:, None]
+    curve = (inside_at / (kept_at + mask_area - inside_at)).float()
+    return curve[:, torch.argsort(order)]
 
 
 def auc_iou(maps: torch.Tensor, masks: torch.Tensor, thresholds=None) -> torch.Tensor:
@@ -284,18 +292,22 @@ def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIO
                 ) -> dict[str, torch.Tensor]:
     """IoU and energy of the top-k set for each fraction k (default 5%, 10%, ..., 50%).
 
-    The top-k set is ``threshold.top_fraction_mask`` (exact pixel count, fixed tie-break), so
-    the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
+    The top-k set is ``threshold.top_fraction_mask``'s (exact pixel count, same tie-break; the
+    pixels are ranked once for all k), so the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
     float32, where energy is the share of the top-k set's saliency that lies in the lesion
     (sum over top-k & M of the map / sum over top-k; a top-k set with no saliency counts as
     uniform: its lesion pixel share).
     """
     masks = _as_masks(masks)
     _check_maps(maps, masks)
+    batch, height, width = maps.shape
     weights = maps.double().clamp(min=0)
+    order = _rank_order(maps)  # one sort serves every k: the top-k set is a prefix of it
     ious, energies = [], []
     for fraction in fractions:
-        keep = top_fraction_mask(maps, float(fraction))
+        count = kept_pixel_count(float(fraction), height, width)
+        keep = torch.zeros(batch, height * width, dtype=torch.bool, device=maps.device)
+        keep = keep.scatter_(1, order[:, :count], True).reshape(batch, height, width)
         intersection = (keep & masks).sum(dim=(1, 2)).double()
         union = (keep | masks).sum(dim=(1, 2)).double()
         ious.append(intersection / union)

@@ -1,0 +1,421 @@
+"""Extended localisation: threshold-free IoU, chance-normalised scores and consistency.
+
+For one checkpoint on one masked cohort, ``score_checkpoint`` computes, per image and map
+method, the scores of ``kernels.localisation``: the IoU curve over 19 thresholds and its area
+(AUC-IoU), the top-k sweep (5%..50%), the energy lift lambda_E in bits and the pointing game
+against its own chance level; and, over the correctly classified images, the C-Score of each
+method. The maps are the five CAMs of Table 4, LayerCAM (same fused pass), the random heatmap,
+the centre baseline and the image-only difference-of-Gaussians (DoG) map.
+
+Conventions (every table carries them in its ``note``):
+- Images and masks are prepared as in the audit (``audit.prepare_case``: model input size,
+  masks nearest-neighbour; empty masks after resizing are excluded and counted).
+- The field of view B is ``localisation.field_of_view`` of the normalised input joined with
+  the mask. Energy lift and pointing are taken inside B; IoU and the top-k sweep over the frame,
+  as in the audit.
+- Constant maps (all zeros after min-max: a CAM without positive evidence) keep no pixel at any
+  IoU threshold > 0 (IoU 0), count as uniform in the energy lift (0 bits) and in the C-Score,
+  and have an arbitrary pointing peak; they are counted in every table (``n_constant``).
+- Spatial scales are fractions of the input size (DoG sigmas, tolerance radius, smoothing), so
+  the profiles' input sizes keep the same geometry.
+- Gold list of the C-Score: images whose temperature-scaled score is >= 0.5 (correctly
+  classified as polyp; every masked image is a polyp), weighted by that score.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from scipy import stats as scipy_stats
+
+from endoexplain_core.analysis import audit, stats, transfer
+from endoexplain_core.data import cohorts
+from endoexplain_core.data.datasets import load_manifest
+from endoexplain_core.kernels import baselines, cams, deletion, localisation
+from endoexplain_core.methods import (
+    BASELINE_METHODS, CAM_METHODS, EXTENDED_BASELINE_METHODS, EXTENDED_CAM_METHODS,
+)
+from endoexplain_core.models import networks
+from endoexplain_core.models.training import resolve_device
+
+MODEL_METHODS = CAM_METHODS + EXTENDED_CAM_METHODS               # five CAMs + LayerCAM
+EXTENDED_METHODS = MODEL_METHODS + BASELINE_METHODS + EXTENDED_BASELINE_METHODS
+IOU_LEVELS = (0.3, 0.5, 0.7)                                     # single thresholds reported
+GOLD_SCORE = 0.5                                                  # correctly classified
+C_SCORE_RESOLUTION = 64
+CONSTANT_NOTE = ("Constant (all-zero) maps: IoU 0 at every threshold > 0; uniform (0 bits) in "
+                 "the energy lift and in the C-Score; arbitrary pointing peak. Counted in n_constant.")
+
+
+def iou_column(threshold: float) -> str:
+    """Case-table column of the IoU at one binarisation threshold, e.g. ``iou_t050``."""
+    return f"iou_t{round(threshold * 100):03d}"
+
+
+def topk_column(kind: str, fraction: float) -> str:
+    """Case-table column of the top-k sweep, e.g. ``topk_iou_20`` or ``topk_energy_05``."""
+    return f"topk_{kind}_{round(fraction * 100):02d}"
+
+
+@dataclass(frozen=True)
+class ExtendedSettings:
+    """Protocol parameters of the extended scores, as fractions of the input size."""
+
+    dog_sigma_small_fraction: float = 0.01
+    dog_sigma_large_fraction: float = 0.08
+    pointing_radius_fraction: float = 0.03
+    pointing_smooth_fraction: float = 0.01
+    energy_alpha: float = localisation.ENERGY_LIFT_ALPHA
+    top_fraction: float = 0.20
+
+    def pixels(self, image_size: int) -> dict[str, float]:
+        """The scales in pixels at ``image_size``."""
+        return {"dog_sigma_small_px": self.dog_sigma_small_fraction * image_size,
+                "dog_sigma_large_px": self.dog_sigma_large_fraction * image_size,
+                "radius_px": self.pointing_radius_fraction * image_size,
+                "smooth_sigma_px": self.pointing_smooth_fraction * image_size}
+
+
+# --- maps and scores of one batch -------------------------------------------------------------
+
+def score_maps(maps: dict[str, torch.Tensor], masks: torch.Tensor, fov: torch.Tensor,
+               settings: ExtendedSettings) -> dict[str, dict[str, np.ndarray]]:
+    """method -> column -> (B,) NumPy values: the per-image extended scores of each map.
+
+    ``fov`` is joined with the masks here (the lesion always lies in B).
+    """
+    fov = fov | masks
+    scales = settings.pixels(masks.shape[-1])
+    columns: dict[str, dict[str, np.ndarray]] = {}
+    lesion_share = (masks.sum(dim=(1, 2)).double() / fov.sum(dim=(1, 2)).double()).cpu().numpy()
+    for method, values in maps.items():
+        curve = localisation.iou_curve(values, masks)
+        levels = torch.as_tensor(localisation.DEFAULT_IOU_THRESHOLDS, dtype=curve.dtype)
+        sweep = localisation.top_k_sweep(values, masks)
+        hits, chance = localisation.pointing_hits(values, masks, fov, radius_px=scales["radius_px"],
+                                                  smooth_sigma_px=scales["smooth_sigma_px"])
+        row = {
+            "auc_iou": torch.trapezoid(curve, levels.to(curve.device), dim=1),
+            "energy_lift_bits": localisation.energy_lift_bits(values, masks, fov, settings.energy_alpha),
+            "saliency_free": localisation.saliency_free(values, fov),
+            "constant_map": values.amax(dim=(1, 2)) == values.amin(dim=(1, 2)),
+            "pointing_hit": hits, "pointing_chance": chance,
+        }
+        row.update({iou_column(t): curve[:, i] for i, t in enumerate(localisation.DEFAULT_IOU_THRESHOLDS)})
+        for i, fraction in enumerate(localisation.TOP_K_FRACTIONS):
+            row[topk_column("iou", fraction)] = sweep["iou"][:, i]
+            row[topk_column("energy", fraction)] = sweep["energy"][:, i]
+        columns[method] = {name: value.detach().cpu().numpy() for name, value in row.items()}
+        columns[method]["lesion_fov_fraction"] = lesion_share
+    return columns
+
+
+def _small_maps(values: torch.Tensor) -> torch.Tensor:
+    """Maps area-resized to the C-Score resolution, on the CPU (kept for the gold list)."""
+    return F.adaptive_avg_pool2d(values[:, None].float(), C_SCORE_RESOLUTION)[:, 0].cpu()
+
+
+# --- one checkpoint on one cohort ---------------------------------------------------------------
+
+def _synchronise(device: torch.device) -> None:
+    """Wait for queued GPU work, so the timings split CAM and metric time correctly."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable, *,
+                     dataset: str, image_size: int, settings: ExtendedSettings,
+                     batch_size: int = 16, device: str = "cpu",
+                     total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Extended scores of one checkpoint on one masked cohort.
+
+    ``cases``: iterable of (sample_id, uint8 RGB, bool mask) as ``audit.manifest_cases`` yields.
+    Returns (case table: one row per image x ``EXTENDED_METHODS``; C-Score rows: one per
+    method over the gold list; run summary with timings: ``cam_seconds`` (the fused CAM pass
+    and logits) and ``metric_seconds`` (field of view, DoG, baselines and every score)).
+    """
+    checkpoint_id = str(metadata["checkpoint_id"])
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    excluded: list[str] = []
+    frames, gold_maps, gold_weights = [], {m: [] for m in EXTENDED_METHODS}, []
+    cam_seconds = metric_seconds = 0.0
+    for ids, images, masks in audit._batches(cases, image_size, batch_size, excluded):
+        images, masks = images.to(torch_device), masks.to(torch_device)
+        started = time.perf_counter()
+        maps, logits = cams.compute_cams(model, layer, images, target_class=1,
+                                         methods=MODEL_METHODS, return_logits=True)
+        _synchronise(torch_device)
+        cam_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        extra, fov = reference_maps(images, ids, settings)
+        maps.update(extra)
+        columns = score_maps(maps, masks, fov, settings)
+        _synchronise(torch_device)
+        metric_seconds += time.perf_counter() - started
+        z = (logits[:, 1] - logits[:, 0]).double().cpu()
+        scaled = torch.sigmoid(z / temperature).numpy()
+        gold = scaled >= GOLD_SCORE
+        if gold.any():
+            gold_weights.append(scaled[gold])
+            for method in EXTENDED_METHODS:
+                gold_maps[method].append(_small_maps(maps[method][torch.from_numpy(gold).to(torch_device)]))
+        for method in EXTENDED_METHODS:
+            frame = pd.DataFrame(columns[method])
+            frame.insert(0, "sample_id", ids)
+            frame.insert(1, "method", method)
+            frame["scaled_score"] = scaled
+            frames.append(frame)
+    if not frames:
+        raise ValueError(f"checkpoint {checkpoint_id} on {dataset}: no case with a non-empty mask "
+                         f"({len(excluded)} empty masks excluded)")
+    table = pd.concat(frames, ignore_index=True)
+    constants = {"dataset": dataset, "checkpoint_id": checkpoint_id, "arch": str(metadata["arch"]),
+                 "seed": int(metadata["seed"]), "control": str(metadata.get("control", "none"))}
+    for position, (name, value) in enumerate(constants.items()):
+        table.insert(position, name, value)
+    weights = np.concatenate(gold_weights) if gold_weights else np.zeros(0)
+    c_rows = []
+    for method in EXTENDED_METHODS:
+        value = (localisation.c_score(torch.cat(gold_maps[method]), torch.from_numpy(weights),
+                                      resolution=C_SCORE_RESOLUTION)
+                 if len(weights) >= 2 else float("nan"))
+        n_constant = int(sum((m.flatten(1).amax(1) <= 0).sum() for m in gold_maps[method]))
+        c_rows.append({**constants, "method": method, "n_gold": len(weights),
+                       "n_audited": int(table["sample_id"].nunique()), "n_constant": n_constant,
+                       "c_score": value})
+    summary = {**constants, "n_audited": int(table["sample_id"].nunique()),
+               "n_empty_masks_excluded": len(excluded), "cam_seconds": round(cam_seconds, 3),
+               "metric_seconds": round(metric_seconds, 3)}
+    return table, pd.DataFrame(c_rows), summary
+
+
+def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: ExtendedSettings
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(method -> (B, S, S) map, field of view (B, S, S) bool before joining the masks) of the
+    model-free maps of a batch of normalised images (B, 3, S, S): the random heatmap and centre
+    baseline (``kernels.baselines``, the audit's seeds and width) and the image-only DoG map."""
+    batch, _, height, width = images.shape
+    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
+    fov = localisation.field_of_view(images)
+    scales = settings.pixels(height)
+    maps = {"random": baselines.random_heatmaps(keys, height, width, images.device),
+            "centre": baselines.centre_gaussian(batch, height, width, audit.CENTRE_SIGMA_FRACTION,
+                                                images.device),
+            "dog": localisation.dog_conspicuity(images, scales["dog_sigma_small_px"],
+                                                scales["dog_sigma_large_px"], fov=fov)}
+    return maps, fov
+
+
+def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
+                     image_size: int, settings: ExtendedSettings, batch_size: int = 16,
+                     device: str = "cpu", cases: pd.DataFrame | None = None,
+                     dataset: str = "hyperkvasir", case_iterator=None
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_registered_model``
+    and its fitted temperature). Default cases: the run's masked HyperKvasir pool; pass
+    ``cases`` and ``case_iterator`` (e.g. ``cohorts.iter_cases``) for an external cohort."""
+    run_dir = Path(run_dir)
+    if cases is None:
+        cases = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
+        case_iterator = audit.manifest_cases
+    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
+    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    return score_checkpoint(model, metadata, temperature, case_iterator(cases, data_root),
+                            dataset=dataset, image_size=image_size, settings=settings,
+                            batch_size=batch_size, device=device, total=len(cases))
+
+
+# --- summaries ----------------------------------------------------------------------------------
+
+def _method_matrix(table: pd.DataFrame, column: str, methods) -> tuple[np.ndarray, list[str]]:
+    """(images x methods) values of ``column`` for one checkpoint and dataset, paired by image."""
+    wide = table.pivot(index="sample_id", columns="method", values=column)
+    missing = [m for m in methods if m not in wide.columns]
+    if missing:
+        raise ValueError(f"case table has no rows for methods {missing}")
+    wide = wide[list(methods)].dropna()
+    return wide.to_numpy(dtype=np.float64), list(wide.index)
+
+
+def _single_group(table: pd.DataFrame) -> None:
+    groups = table.groupby(["dataset", "checkpoint_id"]).ngroups
+    if groups != 1:
+        raise ValueError(f"expected the rows of one dataset and checkpoint, got {groups} groups")
+
+
+def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
+    """Per method: n, mean AUC-IoU (raw, max 0.9), mean IoU at 0.3/0.5/0.7 with the relative
+    difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean top-20% IoU, n_constant."""
+    _single_group(table)
+    rows = []
+    for method in methods:
+        part = table[table["method"] == method]
+        row = {"method": method, "n": len(part), "n_constant": int(part["constant_map"].sum()),
+               "auc_iou": part["auc_iou"].mean()}
+        for level in IOU_LEVELS:
+            mean = part[iou_column(level)].mean()
+            row[f"iou_at_{level:.1f}"] = mean
+            row[f"rel_diff_{level:.1f}_pct"] = (row["auc_iou"] - mean) / mean * 100 if mean > 0 else np.nan
+        row["top20_iou"] = part[topk_column("iou", 0.20)].mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+RANKING_METRICS = ("auc_iou", "iou_at_0.3", "iou_at_0.5", "iou_at_0.7", "top20_iou")
+
+
+def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ranks: method x metric, 1 = best mean; agreement: per metric, Kendall tau against the
+    AUC-IoU ranking and the number of method pairs whose order it reverses, out of all pairs).
+
+    ``summary`` is an ``auc_iou_table``. Ties share the average rank.
+    """
+    ranks = summary[["method"]].copy()
+    for metric in metrics:
+        ranks[metric] = summary[metric].rank(ascending=False, method="average")
+    reference = summary["auc_iou"].to_numpy()
+    pairs = list(itertools.combinations(range(len(summary)), 2))
+    rows = []
+    for metric in metrics:
+        values = summary[metric].to_numpy()
+        tau = scipy_stats.kendalltau(reference, values).statistic
+        reversed_pairs = sum(1 for i, j in pairs
+                             if np.sign(reference[i] - reference[j]) * np.sign(values[i] - values[j]) < 0)
+        rows.append({"metric": metric, "kendall_tau_vs_auc_iou": float(tau),
+                     "reversed_pairs": reversed_pairs, "pairs": len(pairs)})
+    return ranks, pd.DataFrame(rows)
+
+
+def pairwise_wilcoxon(table: pd.DataFrame, column: str = "auc_iou", methods=MODEL_METHODS) -> pd.DataFrame:
+    """Paired two-sided Wilcoxon signed-rank tests of ``column`` between every pair of
+    ``methods`` over the same images, median paired difference, Holm-adjusted p-values."""
+    _single_group(table)
+    matrix, _ = _method_matrix(table, column, methods)
+    rows = []
+    for (i, first), (j, second) in itertools.combinations(enumerate(methods), 2):
+        test = stats.paired_wilcoxon(matrix[:, i], matrix[:, j])
+        rows.append({"first": first, "second": second, "n": matrix.shape[0],
+                     "median_difference": float(np.median(matrix[:, i] - matrix[:, j])),
+                     "n_nonzero": test["n_nonzero"], "p_value": test["p_value"]})
+    result = pd.DataFrame(rows)
+    result["p_holm"] = stats.holm_adjust(result["p_value"].to_numpy())
+    return result
+
+
+def size_tertiles(table: pd.DataFrame) -> pd.Series:
+    """Lesion-size tertile label per row (by the lesion's share of the field of view, cut at the
+    images' 1/3 and 2/3 quantiles): 'small', 'medium', 'large'."""
+    per_image = table.drop_duplicates("sample_id").set_index("sample_id")["lesion_fov_fraction"]
+    if per_image.nunique() < 3:
+        labels = pd.Series("all", index=per_image.index)
+    else:
+        labels = pd.qcut(per_image.rank(method="first"), 3, labels=["small", "medium", "large"]).astype(str)
+    return table["sample_id"].map(labels)
+
+
+def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = True,
+                 replicates: int = 2000, seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Energy lift and pointing against chance, per method (and lesion-size tertile).
+
+    Columns: n, n_constant, n_saliency_free, lambda_E mean [bootstrap CI] and median (bits),
+    share with lambda_E > 0, pointing hit rate, mean chance pi_PG, hits above chance (rate -
+    chance), and the mean paired lambda_E difference from the DoG map with its CI (a method
+    whose lift the DoG map also reaches is explained by the image alone).
+    """
+    _single_group(table)
+    table = table.assign(size_tertile=size_tertiles(table) if by_size else "all")
+    strata = ["all"] + (sorted(set(table["size_tertile"]) - {"all"},
+                               key=["small", "medium", "large"].index) if by_size else [])
+    rows = []
+    for stratum in strata:
+        part = table if stratum == "all" else table[table["size_tertile"] == stratum]
+        lift, ids = _method_matrix(part.dropna(subset=["energy_lift_bits"]), "energy_lift_bits", methods)
+        dog = lift[:, list(methods).index("dog")] if "dog" in methods else None
+        for index, method in enumerate(methods):
+            rows_m = part[part["method"] == method]
+            interval = stats.bootstrap_mean_ci(lift[:, index], replicates=replicates, seed=seed)
+            row = {"size_tertile": stratum, "method": method, "n": len(rows_m),
+                   "n_constant": int(rows_m["constant_map"].sum()),
+                   "n_saliency_free": int(rows_m["saliency_free"].sum()),
+                   "lambda_e_mean": interval["estimate"], "lambda_e_ci_low": interval["ci_low"],
+                   "lambda_e_ci_high": interval["ci_high"],
+                   "lambda_e_median": float(np.median(lift[:, index])),
+                   "share_lambda_e_above_0": float((lift[:, index] > 0).mean()),
+                   "hit_rate": float(rows_m["pointing_hit"].mean()),
+                   "chance": float(rows_m["pointing_chance"].mean()),
+                   "hits_above_chance": float(rows_m["pointing_hit"].mean() - rows_m["pointing_chance"].mean())}
+            if dog is not None and method != "dog":
+                gap = stats.paired_difference_ci(lift[:, index], dog, replicates=replicates, seed=seed)
+                row.update({"lambda_e_minus_dog": gap["estimate"], "minus_dog_ci_low": gap["ci_low"],
+                            "minus_dog_ci_high": gap["ci_high"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def auc_iou_by_size(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
+    """Mean AUC-IoU and top-20% IoU per method and lesion-size tertile (n per cell)."""
+    _single_group(table)
+    table = table.assign(size_tertile=size_tertiles(table))
+    grouped = table[table["method"].isin(methods)].groupby(["size_tertile", "method"], sort=False)
+    result = grouped.agg(n=("auc_iou", "size"), auc_iou=("auc_iou", "mean"),
+                         top20_iou=(topk_column("iou", 0.20), "mean")).reset_index()
+    return result
+
+
+def iou_curves(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
+    """Long table: method, threshold, mean IoU over the images (for the curve figure)."""
+    rows = []
+    for method in methods:
+        part = table[table["method"] == method]
+        for level in localisation.DEFAULT_IOU_THRESHOLDS:
+            rows.append({"method": method, "threshold": level, "mean_iou": part[iou_column(level)].mean(),
+                         "n": len(part)})
+    return pd.DataFrame(rows)
+
+
+def top_k_table(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
+    """Long table: method, fraction k, mean IoU and mean energy of the top-k set."""
+    rows = []
+    for method in methods:
+        part = table[table["method"] == method]
+        for fraction in localisation.TOP_K_FRACTIONS:
+            rows.append({"method": method, "fraction": fraction, "n": len(part),
+                         "mean_iou": part[topk_column("iou", fraction)].mean(),
+                         "mean_energy": part[topk_column("energy", fraction)].mean()})
+    return pd.DataFrame(rows)
+
+
+def cost_ratio(summaries: Iterable[dict]) -> float:
+    """Extended-metric seconds / CAM seconds over the given run summaries."""
+    summaries = list(summaries)
+    return sum(s["metric_seconds"] for s in summaries) / sum(s["cam_seconds"] for s in summaries)
+
+
+def with_note(table: pd.DataFrame, note: str = CONSTANT_NOTE) -> pd.DataFrame:
+    """The table with a ``note`` column saying how constant maps were treated."""
+    return table.assign(note=note)
+
+
+def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names) -> dict[str, pd.DataFrame]:
+    """Cases of the external cohorts that exist under ``data_root`` (``cohorts.read_cohort``),
+    minus those whose bytes or average hash overlap the HyperKvasir manifest (the rule of
+    notebook 06, ``transfer.hash_audit`` / ``exclude_manifest_overlap``)."""
+    data_root = Path(data_root)
+    present = [name for name in cohort_names if (data_root / cohorts.DATASET_FOLDERS[name]).is_dir()]
+    if not present:
+        return {}
+    read = {name: cohorts.read_cohort(name, data_root) for name in present}
+    cases = {name: table for name, (table, _) in read.items()}
+    overlaps = transfer.hash_audit(cases, load_manifest(Path(run_dir) / "manifest" / "manifest.csv"))
+    return {name: transfer.exclude_manifest_overlap(table, overlaps, read[name][1])
+            for name, table in cases.items()}

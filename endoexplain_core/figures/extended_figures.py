@@ -1,0 +1,117 @@
+"""Figures of the extended localisation (notebook 07): tables in, Matplotlib figures out.
+
+Inputs are the tables of ``analysis.extended_localisation``: ``iou_curves`` (method,
+threshold, mean_iou, n), the case table (for the energy-lift distributions), ``top_k_table``
+and the C-Score rows (checkpoint_id, method, c_score, n_gold).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from endoexplain_core.figures import style
+
+ALPHA_FLOOR_BITS = float(np.log2(0.01 / 1.01))  # lambda_E of a map with no lesion saliency
+
+
+def _colour(method: str) -> str:
+    return style.METHOD_COLOURS.get(method, "black")
+
+
+def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str = ""):
+    """Mean IoU of ``map >= t`` against the threshold t, one line per method; the integration
+    band 0.05-0.95 is shaded and the single thresholds 0.3 / 0.5 / 0.7 are marked. The legend
+    gives each method's mean AUC-IoU (``auc``: method, auc_iou; raw, maximum 0.9)."""
+    fig, ax = plt.subplots(figsize=(5.6, 3.6), layout="constrained")
+    low, high = curves["threshold"].min(), curves["threshold"].max()
+    ax.axvspan(low, high, color="0.93", zorder=0, label=f"AUC band {low:.2f}\u2013{high:.2f}")
+    for level in (0.3, 0.5, 0.7):
+        ax.axvline(level, color="0.6", linewidth=0.6, linestyle=":")
+    values = auc.set_index("method")["auc_iou"]
+    for method, part in curves.groupby("method", sort=False):
+        baseline = method in ("random", "centre", "dog")
+        ax.plot(part["threshold"], part["mean_iou"], color=_colour(method),
+                linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
+                label=f"{style.method_label(method)} (AUC {values.get(method, np.nan):.3f})")
+    ax.set_xlabel("Binarisation threshold t (map \u2265 t)")
+    ax.set_ylabel("Mean IoU with the lesion mask")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=0)
+    n = int(curves["n"].max())
+    ax.set_title(title or f"IoU against threshold (n = {n} images)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
+
+
+def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = ""):
+    """Energy lift lambda_E (bits) per method: box plots (middle 50%, whiskers 5-95%) with
+    points, the 0-bit chance line (a uniform map), the alpha floor and the DoG map's median as
+    a reference line (a method whose lift the DoG map also reaches is explained by the image)."""
+    data = [table.loc[table["method"] == m, "energy_lift_bits"].dropna().to_numpy() for m in methods]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(methods), 3.4), layout="constrained")
+    boxes = ax.boxplot(data, whis=(5, 95), showfliers=False, patch_artist=True, widths=0.6)
+    for patch, method in zip(boxes["boxes"], methods):
+        patch.set_facecolor(_colour(method))
+        patch.set_alpha(0.45)
+    generator = np.random.default_rng(0)
+    for position, values in enumerate(data, start=1):
+        ax.scatter(position + generator.uniform(-0.18, 0.18, len(values)), values, s=4,
+                   color="black", alpha=0.35, linewidths=0)
+    ax.axhline(0, color="black", linewidth=0.8, label="chance (uniform map) = 0 bits")
+    ax.axhline(ALPHA_FLOOR_BITS, color="0.5", linewidth=0.6, linestyle=":",
+               label=f"floor (\u03b1 = 0.01) = {ALPHA_FLOOR_BITS:.1f} bits")
+    if "dog" in methods:
+        dog_median = float(np.median(data[list(methods).index("dog")]))
+        ax.axhline(dog_median, color="black", linewidth=0.8, linestyle="--",
+                   label=f"DoG median = {dog_median:.2f} bits")
+    ax.set_xticks(np.arange(1, len(methods) + 1))
+    ax.set_xticklabels([style.method_label(m) for m in methods], rotation=35, ha="right")
+    ax.set_ylabel("Energy lift \u03bb$_E$ (bits)")
+    ax.set_title(title or f"Energy lift per method (n = {max(len(d) for d in data)} images)")
+    ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0), frameon=False)
+    return fig
+
+
+def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = ""):
+    """C-Score (confidence-weighted mean pairwise soft IoU over the gold list) as a checkpoints x
+    methods heatmap with the values printed; rows say n_gold; empty cells: fewer than 2 gold
+    images."""
+    wide = c_scores.pivot(index="checkpoint_id", columns="method", values="c_score")
+    wide = wide.reindex(columns=[m for m in methods if m in wide.columns])
+    gold = c_scores.drop_duplicates("checkpoint_id").set_index("checkpoint_id")["n_gold"]
+    fig, ax = plt.subplots(figsize=(1.8 + 0.75 * wide.shape[1], 0.9 + 0.32 * wide.shape[0]),
+                           layout="constrained")
+    image = ax.imshow(wide.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for (row, column), value in np.ndenumerate(wide.to_numpy(dtype=float)):
+        if np.isfinite(value):
+            ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < 0.6 else "black")
+    ax.set_xticks(np.arange(wide.shape[1]))
+    ax.set_xticklabels([style.method_label(m) for m in wide.columns], rotation=35, ha="right")
+    ax.set_yticks(np.arange(wide.shape[0]))
+    ax.set_yticklabels([f"{c} (n gold = {int(gold[c])})" for c in wide.index])
+    fig.colorbar(image, ax=ax, label="C-Score", shrink=0.9)
+    ax.set_title(title or "C-Score: consistency of each method across correctly classified images")
+    return fig
+
+
+def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = ""):
+    """Mean IoU (left) and mean in-lesion energy share (right) of each method's top-k set
+    against k = 5%..50%; the audit's 20% is marked."""
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.0), layout="constrained")
+    for method, part in sweep.groupby("method", sort=False):
+        baseline = method in ("random", "centre", "dog")
+        for ax, column in zip(axes, ("mean_iou", "mean_energy")):
+            ax.plot(part["fraction"] * 100, part[column], color=_colour(method),
+                    linestyle="--" if baseline else "-", marker="o", markersize=2.5,
+                    label=style.method_label(method))
+    for ax, label in zip(axes, ("Mean IoU of the top-k set", "Share of top-k saliency in the lesion")):
+        ax.axvline(20, color="0.6", linewidth=0.6, linestyle=":")
+        ax.set_xlabel("k (% of pixels kept)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    fig.suptitle(title or f"Top-k sweep (n = {int(sweep['n'].max())} images)")
+    return fig
