@@ -107,7 +107,7 @@ def randomisation_figure(table: pd.DataFrame):
             ax.plot(rows["step"], rows[column], marker="o", markersize=3, color=_colour(method),
                     label=style.method_label(method))
         ax.set_ylabel(f"{label} with the trained map")
-        ax.set_ylim(-0.1 if column == "spearman" else 0, 1.05)
+        ax.set_ylim(-1.05 if column == "spearman" else 0, 1.05)  # rank correlations can turn negative
         ax.axhline(0, color="grey", linewidth=0.6)
     for ax in axes:
         ax.set_xticks(steps["step"])
