@@ -14,10 +14,14 @@ of DataLoader workers or on whether the run was resumed.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
-import albumentations as A
+# albumentations asks pypi.org for a newer version on import unless this is set; the package
+# never uses the network at runtime (tests/test_reliability.py::test_smoke_run_and_cli_need_no_network).
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+import albumentations as A  # noqa: E402
 import cv2
 import numpy as np
 import pandas as pd
