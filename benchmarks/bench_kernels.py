@@ -10,7 +10,8 @@ memory after repeated streams (target: flat). CPU memory is the resident set's h
 (reset through /proc/self/clear_refs) and tracemalloc's Python-side peak; on CUDA it is
 torch.cuda.max_memory_allocated.
 
-Usage: python benchmarks/bench_kernels.py --archs resnet34 --image-size 256 --batch 16 --repeats 3
+Usage: python benchmarks/bench_kernels.py --archs resnet34 --image-size 256 --batch 16 --repeats 5
+(forward, fused and audit are timed interleaved, round after round; the minimum is reported)
 The timings use random weights (same cost as trained ones) and random images.
 """
 
@@ -51,6 +52,19 @@ def _median_seconds(function, repeats: int, device: torch.device) -> float:
         _sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _interleaved_min_seconds(functions: dict, repeats: int, device: torch.device) -> dict:
+    """Minimum wall time of each function over ``repeats`` rounds that call them in turn."""
+    times = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            _sync(device)
+            start = time.perf_counter()
+            function()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
 
 
 def _disc_masks(batch: int, size: int, device: torch.device) -> torch.Tensor:
@@ -132,10 +146,13 @@ def bench_architecture(arch: str, args, device: torch.device) -> dict:
 
     forward()  # warm-up (allocator, kernels)
     fused()
-    t_forward = _median_seconds(forward, args.repeats, device)
-    t_fused = _median_seconds(fused, args.repeats, device)
-    t_audit = _median_seconds(lambda: audit_batch(model, layer_name, images, masks, sample_ids),
-                              args.repeats, device)
+    # Interleaved: forward, fused, audit, forward, fused, audit, ... and the minimum of each,
+    # so that load from other processes on a shared machine hits all three alike.
+    timings = _interleaved_min_seconds(
+        {"forward": forward, "fused": fused,
+         "audit": lambda: audit_batch(model, layer_name, images, masks, sample_ids)},
+        args.repeats, device)
+    t_forward, t_fused, t_audit = timings["forward"], timings["fused"], timings["audit"]
     t_library = _median_seconds(library, 1, device)  # slow: one run is enough
     model.zero_grad(set_to_none=True)  # the library fills parameter gradients
 
@@ -155,7 +172,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="interleaved timing rounds (minimum reported; the library: one run)")
     parser.add_argument("--memory-images", type=int, nargs=2, default=[200, 1000],
                         help="image counts streamed for the memory comparison")
     parser.add_argument("--memory-image-size", type=int, default=64,

@@ -488,21 +488,29 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
                    top_fraction: float = 0.20, repetitions: int = 20,
                    other_repetitions: int | None = None, batch_size: int = 16,
                    device: str = "cpu", dataset: str = "hyperkvasir",
-                   prior_negatives: int = 48) -> pd.DataFrame:
+                   prior_negatives: int = 48, task_map=None) -> pd.DataFrame:
     """Audit every checkpoint of the registry (reusing audits already written); one row each.
 
     ``repetitions``: random deletions per image for the primary checkpoint (as in 03, so its
     audit is reused); ``other_repetitions``: for the other checkpoints, whose random-deletion
-    mean is only a per-checkpoint reference (None = the same as the primary).
+    mean is only a per-checkpoint reference (None = the same as the primary). ``task_map``:
+    ``None`` audits the checkpoints one after the other in this process; a
+    ``pipeline.tasks.TaskRunner.map`` runs one ``audit_registered_checkpoint`` task per
+    checkpoint (each writes its own files atomically; the rows are the same).
     """
     registry = read_registry(run_dir)
     other_repetitions = repetitions if other_repetitions is None else other_repetitions
-    summaries = [audit_registered_checkpoint(run_dir, data_root, checkpoint_id,
-                                             image_size=image_size, top_fraction=top_fraction,
-                                             repetitions=repetitions if primary else other_repetitions,
-                                             batch_size=batch_size, device=device, dataset=dataset,
-                                             prior_negatives=prior_negatives)
-                 for checkpoint_id, primary in zip(registry["checkpoint_id"], registry["is_primary"])]
+    calls = [{"run_dir": run_dir, "data_root": data_root, "checkpoint_id": checkpoint_id,
+              "image_size": image_size, "top_fraction": top_fraction,
+              "repetitions": repetitions if primary else other_repetitions,
+              "batch_size": batch_size, "device": device, "dataset": dataset,
+              "prior_negatives": prior_negatives}
+             for checkpoint_id, primary in zip(registry["checkpoint_id"], registry["is_primary"])]
+    if task_map is None:
+        summaries = [audit_registered_checkpoint(**call) for call in calls]
+    else:
+        summaries = task_map(audit_registered_checkpoint, calls,
+                             labels=[f"{dataset}/{call['checkpoint_id']}" for call in calls])
     columns = ["checkpoint_id", "n_audited", "n_empty_masks_excluded", "reused", "seconds"]
     return pd.DataFrame(summaries)[columns].merge(
         registry[["checkpoint_id", "arch", "seed", "control", "is_primary"]], on="checkpoint_id")

@@ -133,26 +133,48 @@ def primary_checkpoint(run_dir: str | Path) -> dict:
     return row
 
 
+def audit_cohort_unit(model, metadata: dict, temperature: float, dataset: str,
+                      cases: pd.DataFrame, data_root: str | Path, run_dir: str | Path, *,
+                      image_size: int, top_fraction: float, repetitions: int, batch_size: int,
+                      device: str) -> dict:
+    """Audit the frozen checkpoint on one cohort (one unit of work; ``audit.audit_checkpoint``)
+    and write ``<run_dir>/audit/<dataset>/<checkpoint_id>[_random_deletion].parquet``
+    atomically. Returns the audit summary."""
+    checkpoint_id = str(metadata["checkpoint_id"])
+    folder = Path(run_dir) / "audit" / dataset
+    return audit.audit_checkpoint(
+        model, metadata, temperature, cohorts.iter_cases(cases, data_root), dataset=dataset,
+        image_size=image_size, table_path=folder / f"{checkpoint_id}.parquet",
+        random_deletion_path=folder / f"{checkpoint_id}_random_deletion.parquet",
+        top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size,
+        device=device, total=len(cases))
+
+
 def audit_cohorts(model, metadata: dict, temperature: float, cohort_cases: dict[str, pd.DataFrame],
                   data_root: str | Path, run_dir: str | Path, *, image_size: int,
                   top_fraction: float, repetitions: int, batch_size: int,
-                  device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  device: str, task_map=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Audit the frozen checkpoint on every cohort with ``audit.audit_checkpoint`` (the function
     of notebook 04), writing ``<run_dir>/audit/<dataset>/<checkpoint_id>[_random_deletion].parquet``.
 
-    Returns the concatenated, validated audit tables and one summary row per cohort
-    (n_audited, empty masks excluded after resizing, seconds).
+    One ``audit_cohort_unit`` per cohort: in this process one after the other
+    (``task_map=None``) or as tasks (``pipeline.tasks.TaskRunner.map``). Returns the
+    concatenated, validated audit tables and one summary row per cohort (n_audited, empty
+    masks excluded after resizing, seconds).
     """
     checkpoint_id = str(metadata["checkpoint_id"])
+    calls = [{"model": model, "metadata": metadata, "temperature": temperature,
+              "dataset": dataset, "cases": cases, "data_root": data_root, "run_dir": run_dir,
+              "image_size": image_size, "top_fraction": top_fraction,
+              "repetitions": repetitions, "batch_size": batch_size, "device": device}
+             for dataset, cases in cohort_cases.items()]
+    if task_map is None:
+        results = [audit_cohort_unit(**call) for call in calls]
+    else:
+        results = task_map(audit_cohort_unit, calls,
+                           labels=[f"{dataset}/{checkpoint_id}" for dataset in cohort_cases])
     tables, runs = [], []
-    for dataset, cases in cohort_cases.items():
-        folder = Path(run_dir) / "audit" / dataset
-        run = audit.audit_checkpoint(
-            model, metadata, temperature, cohorts.iter_cases(cases, data_root), dataset=dataset,
-            image_size=image_size, table_path=folder / f"{checkpoint_id}.parquet",
-            random_deletion_path=folder / f"{checkpoint_id}_random_deletion.parquet",
-            top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size,
-            device=device, total=len(cases))
+    for (dataset, cases), run in zip(cohort_cases.items(), results):
         tables.append(audit.read_audit_table(run["table_path"]))
         runs.append({"dataset": DATASET_LABELS.get(dataset, dataset), "checkpoint_id": checkpoint_id,
                      "temperature": temperature, "cases": len(cases),

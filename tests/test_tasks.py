@@ -1,0 +1,125 @@
+"""Units of work as tasks (pipeline.tasks): scheduler settings, identical results on a local
+Dask cluster, and a worker killed mid-task whose task is retried with the same result."""
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from endoexplain_core.analysis import audit
+from endoexplain_core.models import training
+from endoexplain_core.pipeline import tasks
+from tests.test_audit import crafted_case, CraftedModel, SIZE
+from tests.test_training import DIGEST, IMAGE_SIZE, cohort  # noqa: F401 (fixture)
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("", tasks.SchedulerSpec("sequential")), (None, tasks.SchedulerSpec("sequential")),
+    ("sequential", tasks.SchedulerSpec("sequential")),
+    ("local:2", tasks.SchedulerSpec("local", workers=2)),
+    ("tcp://10.0.0.5:8786", tasks.SchedulerSpec("address", address="tcp://10.0.0.5:8786")),
+])
+def test_scheduler_settings_are_parsed(setting, expected):
+    assert tasks.parse_scheduler(setting) == expected
+
+
+@pytest.mark.parametrize("setting", ["local:0", "local", "dask", "tcp://host", "local:two"])
+def test_bad_scheduler_settings_name_the_accepted_forms(setting):
+    with pytest.raises(tasks.SchedulerError, match="local:N"):
+        tasks.parse_scheduler(setting)
+
+
+def test_workers_are_pinned_one_gpu_each_round_robin():
+    environments = tasks.local_worker_environments(3, n_gpus=2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in environments] == ["0", "1", "0"]
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in tasks.local_worker_environments(2, 0))
+
+
+def test_sequential_runner_is_the_plain_loop_in_this_process():
+    calls = [{"value": v} for v in (3, 1, 2)]
+    with tasks.TaskRunner("") as runner:
+        assert runner.client is None and tasks.task_map_for(runner) is None
+        assert runner.map(_pid_and_square, calls, labels=["a", "b", "c"]) == [
+            (os.getpid(), 9), (os.getpid(), 1), (os.getpid(), 4)]
+
+
+def _pid_and_square(value):
+    return os.getpid(), value * value
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix != ".json"}
+
+
+@pytest.mark.slow
+def test_training_matrix_on_local_cluster_gives_byte_identical_checkpoints(cohort, tmp_path):  # noqa: F811
+    root, manifest = cohort
+    settings = {"epochs": 1, "batch_size": 8, "max_steps_per_epoch": 2, "learning_rate": 1e-3}
+    arguments = (manifest, root)
+    keywords = dict(manifest_digest=DIGEST, image_size=IMAGE_SIZE,
+                    architectures=["efficientnet_b0", "resnet34"], training_seeds=[1129],
+                    training_settings=settings, control_seed=1129, show_progress=False)
+    sequential = training.train_matrix(*arguments, run_dir=tmp_path / "sequential", **keywords)
+    with tasks.TaskRunner("local:2", progress=False) as runner:
+        distributed = training.train_matrix(*arguments, run_dir=tmp_path / "dask",
+                                            task_map=runner.map, **keywords)
+        pids = set(runner.client.run(os.getpid).values())
+    assert os.getpid() not in pids and len(pids) == 2
+    assert [s["checkpoint_id"] for s in distributed] == [s["checkpoint_id"] for s in sequential]
+    assert [s["val_auprc"] for s in distributed] == [s["val_auprc"] for s in sequential]
+    first, second = _files(tmp_path / "sequential"), _files(tmp_path / "dask")
+    assert sorted(first) == sorted(second) and len(first) >= 6
+    # Checkpoints byte for byte. Resume states hold the process's Python ``random`` state,
+    # which Dask's own threads advance in a worker; training never draws from it, so the
+    # weights above are unaffected.
+    weights = [name for name in first if ".resume." not in name]
+    assert len(weights) == 3 and all(first[name] == second[name] for name in weights)
+
+
+class KillOnceCases:
+    """Audit cases that SIGKILL their own process after ``after`` cases, the first time only
+    (a marker file records the kill), like a worker lost mid-task to the OOM killer."""
+
+    def __init__(self, cases, marker: Path, after: int) -> None:
+        self.cases, self.marker, self.after = cases, marker, after
+
+    def __iter__(self):
+        for index, case in enumerate(self.cases):
+            if index == self.after and not self.marker.exists():
+                self.marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield case
+
+
+def _audit(cases, folder: Path) -> dict:
+    model = CraftedModel()
+    return audit.audit_checkpoint(
+        model, {"checkpoint_id": "crafted_s1", "arch": "crafted", "seed": 1}, 2.0, cases,
+        dataset="unit", image_size=SIZE, table_path=folder / "audit.parquet",
+        random_deletion_path=folder / "random.parquet", repetitions=3, batch_size=2,
+        target_layer=("probe", model.probe))
+
+
+@pytest.mark.slow
+def test_killed_worker_task_is_retried_and_gives_identical_tables(tmp_path):
+    cases = [crafted_case(f"case_{i}") for i in range(7)]
+    _audit(cases, tmp_path / "sequential")
+    marker = tmp_path / "killed.pid"
+    calls = [{"cases": KillOnceCases(cases, marker, after=5), "folder": tmp_path / "dask"}]
+    with tasks.TaskRunner("local:2", progress=False) as runner:
+        (summary,) = runner.map(_audit, calls, labels=["unit/crafted_s1"])
+        survivors = set(runner.client.run(os.getpid).values())
+    killed = int(marker.read_text())
+    assert killed != os.getpid() and killed not in survivors  # a worker really died mid-task
+    assert summary["n_audited"] == 7
+    # The first attempt had streamed two batches into its temporary file; the retry rewrote it.
+    for name in ("audit.parquet", "random.parquet"):
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "sequential" / name).read_bytes()
+    table = pd.read_parquet(tmp_path / "dask" / "audit.parquet")
+    assert not table.duplicated(["sample_id", "method"]).any() and len(table) == 7 * 7
+    assert not list((tmp_path / "dask").glob("*.partial"))
+    assert np.isfinite(table["iou"]).all()
