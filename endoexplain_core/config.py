@@ -1,24 +1,364 @@
-"""Profiles: YAML files in ``configs/`` that hold every parameter of a run.
+"""Profiles: YAML files in ``configs/`` that hold every parameter of a run, checked by a schema.
 
-A profile has a ``shared`` section (parameters every notebook receives) and a ``stages``
-section keyed by notebook name (``00_roles``, ``01_training``, ...). A notebook receives
-``shared`` merged with its own stage section (stage keys win), plus the run paths.
+A profile has a ``shared`` section (parameters several stages use), a ``stages`` section keyed by
+notebook name (``00_roles``, ``01_training``, ...) and an optional ``description``. Every section
+is validated by the typed models below before any work starts: an unknown or misspelt key is an
+error naming the key and the closest valid one, and a value outside its range (a negative
+fraction, a threshold outside (0, 1), an unknown architecture) is an error naming the key.
+
+Defaults live only here. Each stage model declares which shared keys it uses
+(``uses_shared``); the orchestrator passes, and hashes into the stage's digest, only those, so
+changing ``score_threshold`` does not regenerate the cohort or retrain a model. A notebook
+receives its used shared keys, its own section (stage keys win) and the run paths.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 PROFILES = ("smoke", "default", "paper")
+# Classifiers the training matrix can build (models.networks builds exactly these).
+ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
+EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
+# Parameters every stage receives from the orchestrator, not from the profile.
+RUN_PATH_KEYS = ("profile", "run_dir", "figures_dir", "data_root", "manifest_reference_dir")
+
+Fraction = Field(gt=0.0, lt=1.0)
+Probability = Field(ge=0.0, le=1.0)
+Count = Field(ge=0)
+Positive = Field(gt=0)
 
 
 class ProfileError(ValueError):
-    """A profile file is missing or malformed."""
+    """A profile file is missing, malformed, or has an unknown key or an invalid value."""
+
+
+class Section(BaseModel):
+    """A profile section: unknown keys are errors, values are checked on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+
+
+class SharedSettings(Section):
+    seed: int = Field(20260721, description="master seed (bootstrap, synthetic cohort)")
+    image_size: int = Field(128, ge=32, description="model input size in pixels")
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="cpu | cuda | auto")
+    architectures: list[Literal[ARCHITECTURES]] = Field(  # type: ignore[valid-type]
+        list(ARCHITECTURES), min_length=1, description="torchvision classifiers of the matrix")
+    training_seeds: list[int] = Field([1129, 2089, 3253], min_length=1,
+                                      description="one checkpoint per architecture and seed")
+    score_threshold: float = Field(0.90, gt=0.0, lt=1.0,
+                                   description="panel A: temperature-scaled score >= this")
+    top_fraction: float = Field(0.20, gt=0.0, lt=1.0,
+                                description="fraction of pixels kept by the top-area rule")
+
+
+class StageSettings(Section):
+    """Base of every stage model; ``uses_shared`` names the shared keys the stage reads."""
+
+    uses_shared: ClassVar[tuple[str, ...]] = ()
+
+
+class RolesSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
+    frame_size: int = Field(128, ge=32, description="synthetic frames are frame_size x frame_size px")
+    category_counts: dict[str, int] = Field(default_factory=dict,
+                                            description="synthetic labelled images per category")
+    n_segmented: int = Field(20, ge=1, description="synthetic polyps with a mask")
+    n_development_polyps: int = Field(3, ge=0, description="standard polyps outside the masked set")
+    n_audit_near_duplicates: int = Field(2, ge=0, description="re-encoded copies of masked polyps")
+    n_development_duplicates: int = Field(1, ge=0, description="byte copies of negative frames")
+    n_development_near_duplicates: int = Field(1, ge=0, description="re-encoded negative copies")
+    conspicuity: float = Field(0.85, ge=0.0, le=1.0, description="polyp visibility 0..1")
+    dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
+    lesion_radius: tuple[float, float] = Field((0.07, 0.18),
+                                               description="polyp radius range, share of the side")
+    position_box_rate: float = Field(0.5, ge=0.0, le=1.0,
+                                     description="share of frames with the green position box")
+    etis_count: int = Field(8, ge=0, description="synthetic ETIS frames")
+    etis_duplicates: int = Field(1, ge=0, description="extra byte-identical ETIS frames")
+    polypgen_counts: list[int] = Field([3, 3, 3, 2, 2, 2], min_length=6, max_length=6,
+                                       description="synthetic PolypGen frames per centre C1..C6")
+    polypgen_empty_per_centre: int = Field(1, ge=0, description="PolypGen frames without a polyp")
+    polypgen_duplicates: int = Field(1, ge=0, description="extra byte-identical PolypGen frames")
+    polypdb_per_cell: int = Field(2, ge=0, description="PolypDB frames per (centre, modality)")
+    require_real_data: bool = Field(False, description="refuse to run without data_root")
+    split_fractions: tuple[float, float, float] = Field(
+        (0.70, 0.15, 0.15), description="train / val / test share of non-audit images")
+    split_seed: int = Field(20260721, description="seed of the group-wise stratified split")
+
+    @field_validator("category_counts")
+    @classmethod
+    def _non_negative_counts(cls, counts: dict[str, int]) -> dict[str, int]:
+        negative = {name: n for name, n in counts.items() if n < 0}
+        if negative:
+            raise ValueError(f"counts must be >= 0, got {negative}")
+        return counts
+
+    @field_validator("lesion_radius")
+    @classmethod
+    def _radius_range(cls, radius: tuple[float, float]) -> tuple[float, float]:
+        if not 0 < radius[0] <= radius[1] < 0.5:
+            raise ValueError(f"need 0 < low <= high < 0.5, got {list(radius)}")
+        return radius
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _fractions_sum_to_one(cls, fractions: tuple[float, float, float]) -> tuple[float, ...]:
+        if min(fractions) <= 0 or abs(sum(fractions) - 1.0) > 1e-9:
+            raise ValueError(f"need three positive fractions summing to 1, got {list(fractions)}")
+        return fractions
+
+
+class TrainingSettingsSection(Section):
+    """Optimisation settings of one checkpoint (``models.training.TrainingSettings``)."""
+
+    epochs: int = Field(4, ge=1, description="maximum epochs (early stopping may end sooner)")
+    batch_size: int = Field(32, ge=1, description="training images per optimiser step")
+    learning_rate: float = Field(1e-3, gt=0.0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.05, ge=0.0, description="AdamW decoupled weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps before cosine decay")
+    label_smoothing: float = Field(0.03, ge=0.0, lt=1.0, description="cross-entropy smoothing")
+    patience: int = Field(3, ge=1, description="epochs without a better val AUPRC before stop")
+    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap on steps per epoch")
+    eval_batch_size: int = Field(64, ge=1, description="images per evaluation forward")
+    num_workers: int = Field(0, ge=0, description="DataLoader workers")
+
+
+class TrainingStageSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "architectures",
+                                              "training_seeds")
+    training_settings: dict[str, Any] = Field(default_factory=dict,
+                                              description="TrainingSettings for every architecture")
+    arch_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-architecture replacements of training_settings")
+    control_seed: int = Field(1129, description="shuffled-label control: seed and permutation")
+    imagenet_weights: Literal["none", "auto"] | dict[str, str] = Field(
+        "none", description="none | auto (local torchvision cache) | {arch: path}")
+
+    @field_validator("training_settings")
+    @classmethod
+    def _known_training_keys(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        _check_training_settings(settings, "training_settings")
+        return settings
+
+    @field_validator("arch_overrides")
+    @classmethod
+    def _known_overrides(cls, overrides: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for arch, settings in overrides.items():
+            if arch not in ARCHITECTURES:
+                raise ValueError(f"unknown architecture {arch!r}{_suggest(arch, ARCHITECTURES)}")
+            _check_training_settings(settings, f"arch_overrides.{arch}")
+        return overrides
+
+
+class CalibrationSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
+    n_bins: int = Field(10, ge=2, description="equal-width score bins for ECE and reliability")
+    decision_threshold: float = Field(0.5, gt=0.0, lt=1.0,
+                                      description="decision boundary of the source-category audit")
+    reliability_split: Literal["val", "test"] = Field(
+        "test", description="split of the reliability diagram and the source-category audit")
+
+
+class SpatialAuditSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
+                                              "score_threshold", "top_fraction")
+    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+    random_deletion_repetitions: int = Field(20, ge=1,
+                                             description="exact-area random deletions per image")
+    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+    prior_negatives: int = Field(48, ge=0, description="held-out negatives defining each prior map")
+
+
+class ValidityGateSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
+                                              "top_fraction")
+    train_images: int = Field(256, ge=8, description="planted training frames per gate model")
+    val_images: int = Field(64, ge=8, description="held-out planted frames for the accuracy rule")
+    pool_images: int = Field(48, ge=8, description="common audited pool (polyp + separate cue)")
+    steps: int = Field(60, ge=1, description="optimiser steps per trained gate model")
+    batch_size: int = Field(16, ge=2, description="frames per optimiser step")
+    learning_rate: float = Field(0.004, gt=0, description="AdamW peak learning rate")
+    warmup_steps: int = Field(6, ge=0, description="linear warm-up steps")
+    margin: float = Field(0.25, gt=0, lt=1, description="rate above chance a method must clear")
+    min_accuracy: float = Field(0.90, gt=0.5, le=1, description="held-out accuracy the lesion and shortcut models need")
+    max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="held-out accuracy the shuffled control must not exceed")
+    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+    random_deletion_repetitions: int = Field(2, ge=1, description="random deletions per pool image")
+
+
+class RobustnessSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
+                                              "top_fraction")
+    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+    random_deletion_repetitions: int = Field(20, ge=1,
+                                             description="random deletions per image, primary")
+    other_random_deletion_repetitions: int = Field(
+        20, ge=1, description="random deletions per image, the other checkpoints")
+    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+    cluster_bootstrap_replicates: int = Field(500, ge=50,
+                                              description="image-cluster replicates for Table 5")
+    score_thresholds: list[float] = Field([0.80, 0.85, 0.90, 0.95], min_length=1,
+                                          description="thresholds of the sensitivity analysis")
+    prior_negatives: int = Field(48, ge=0, description="held-out negatives defining each prior map (as in 04)")
+    resolution_check_size: int = Field(0, ge=0, description="second input size for the primary's panel A (0: skip)")
+    resolution_check_repetitions: int = Field(1, ge=1, description="random deletions per image at the second size")
+
+    @field_validator("score_thresholds")
+    @classmethod
+    def _thresholds_in_unit_interval(cls, thresholds: list[float]) -> list[float]:
+        outside = [t for t in thresholds if not 0 < t < 1]
+        if outside:
+            raise ValueError(f"thresholds must lie in (0, 1), got {outside}")
+        return thresholds
+
+
+class TransferSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
+                                              "top_fraction")
+    external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
+        ["etis", "polypgen", "polypdb"], description="cohorts audited (must exist)")
+    optional_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
+        ["kvasir_seg", "cvc_clinicdb"], description="audited only when their folder exists")
+    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+    random_deletion_repetitions: int = Field(20, ge=1,
+                                             description="exact-area random deletions per image")
+    figure_bootstrap_replicates: int = Field(5000, ge=100,
+                                             description="replicates for Figure 5 mean IoU CIs")
+    breakdown_bootstrap_replicates: int = Field(
+        2000, ge=100, description="replicates for the per-centre / per-modality CIs")
+
+
+class ExtendedLocalisationSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
+                                              "top_fraction")
+    audit_batch_size: int = Field(16, ge=1, description="images per CAM batch (memory)")
+    dog_sigma_small_fraction: float = Field(0.01, gt=0, lt=1, description="DoG small blur sigma, fraction of the input size")
+    dog_sigma_large_fraction: float = Field(0.08, gt=0, lt=1, description="DoG large blur sigma, fraction of the input size")
+    pointing_radius_fraction: float = Field(0.03, ge=0, lt=1, description="pointing tolerance radius, fraction of the input size")
+    pointing_smooth_fraction: float = Field(0.01, ge=0, lt=1, description="pointing smoothing sigma, fraction of the input size")
+    energy_alpha: float = Field(0.01, gt=0, lt=1, description="uniform share mixed in before the energy lift")
+    matrix_checkpoints: bool = Field(True, description="score every learned checkpoint of the matrix, not only the primary")
+    external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
+        ["etis", "polypgen", "polypdb"], description="cohorts the primary is scored on (if present)")
+    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+
+    @model_validator(mode="after")
+    def _dog_scales_ordered(self):
+        if not self.dog_sigma_small_fraction < self.dog_sigma_large_fraction:
+            raise ValueError("dog_sigma_small_fraction must be below dog_sigma_large_fraction")
+        return self
+
+
+class FaithfulnessSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
+                                              "top_fraction")
+    faithfulness_batch_size: int = Field(16, ge=1, description="images per CAM/ROAD batch (memory)")
+    road_fractions: list[float] = Field([0.01, 0.02, 0.05, 0.10, 0.20], min_length=1,
+                                        description="shares of the field of view removed (MoRF/LeRF)")
+    imputation_noise_std: float = Field(0.01, ge=0.0, description="noise on imputed pixels")
+    tolerance_radius_fraction: float = Field(0.03, ge=0.0, lt=1.0,
+                                             description="D_r radius, fraction of the input size")
+    lsr_regions: int = Field(5, ge=1, description="LSR comparison regions per image (up to)")
+    shape_repetitions: int = Field(20, ge=1, description="shape-preserving random deletions")
+    all_checkpoints: bool = Field(False, description="every learned checkpoint, not only the primary")
+    randomisation_images: int = Field(32, ge=1, description="images of the cascading randomisation")
+    subgroup_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
+        ["etis", "polypgen", "polypdb"], description="external cohorts of the subgroup analysis")
+    pointing_smooth_fraction: float = Field(0.01, ge=0.0, lt=1.0,
+                                            description="smoothing before the pointing peak")
+    dog_sigma_small_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="DoG small sigma")
+    dog_sigma_large_fraction: float = Field(0.08, gt=0.0, lt=1.0, description="DoG large sigma")
+    energy_alpha: float = Field(0.01, gt=0.0, description="uniform share in the energy lift")
+    decision_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="scaled-score threshold t")
+    min_subgroup_images: int = Field(3, ge=1, description="images needed on each side of a contrast")
+    bootstrap_replicates: int = Field(2000, ge=100, description="replicates for SRG/LSR/curve CIs")
+
+    @field_validator("road_fractions")
+    @classmethod
+    def _fractions_in_unit_interval(cls, fractions: list[float]) -> list[float]:
+        outside = [f for f in fractions if not 0 < f <= 1]
+        if outside:
+            raise ValueError(f"fractions must lie in (0, 1], got {outside}")
+        return fractions
+
+
+class FiguresSettings(StageSettings):
+    uses_shared: ClassVar[tuple[str, ...]] = ()
+    table_digits: int = Field(3, ge=0, le=8, description="decimals in the final tables")
+
+
+# One model per stage; a notebook without an entry here cannot be configured.
+STAGE_SETTINGS: dict[str, type[StageSettings]] = {
+    "00_roles": RolesSettings,
+    "01_training": TrainingStageSettings,
+    "02_calibration": CalibrationSettings,
+    "03_validity_gate": ValidityGateSettings,
+    "04_spatial_audit": SpatialAuditSettings,
+    "05_robustness": RobustnessSettings,
+    "06_transfer": TransferSettings,
+    "07_extended_localisation": ExtendedLocalisationSettings,
+    "08_faithfulness": FaithfulnessSettings,
+    "09_figures": FiguresSettings,
+}
+
+
+class Profile(BaseModel):
+    """A validated profile: name, description, shared settings and one model per stage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    profile: str
+    description: str = ""
+    shared: Section
+    stages: dict[str, StageSettings]
+
+    def stage_settings(self, stage: str) -> StageSettings:
+        if stage not in self.stages:
+            raise ProfileError(f"profile {self.profile!r} has no settings for stage {stage!r}")
+        return self.stages[stage]
+
+
+def _suggest(key: str, valid) -> str:
+    close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
+    """One line per problem: ``<file>: <key path>: <message>`` with a suggestion for typos."""
+    lines = []
+    for problem in error.errors():
+        location = ".".join(str(part) for part in (prefix, *problem["loc"]))
+        if problem["type"] == "extra_forbidden":
+            key = problem["loc"][-1]
+            lines.append(f"{path}: {location}: unknown key{_suggest(key, model.model_fields)}")
+        else:
+            message = problem["msg"].removeprefix("Value error, ")
+            lines.append(f"{path}: {location}: {message} (got {problem.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _check_training_settings(settings: dict[str, Any], where: str) -> None:
+    """Validate a (partial) training_settings mapping; ValueError naming the key on a problem."""
+    try:
+        TrainingSettingsSection(**settings)
+    except ValidationError as error:
+        problems = []
+        for problem in error.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            if problem["type"] == "extra_forbidden":
+                problems.append(f"{where}.{key}: unknown key"
+                                f"{_suggest(key, TrainingSettingsSection.model_fields)}")
+            else:
+                problems.append(f"{where}.{key}: {problem['msg']} (got {problem.get('input')!r})")
+        raise ValueError("; ".join(problems)) from None
 
 
 def profile_path(profile: str) -> Path:
@@ -29,29 +369,66 @@ def profile_path(profile: str) -> Path:
     return CONFIG_DIR / f"{profile}.yaml"
 
 
-def load_profile(profile: str) -> dict[str, Any]:
-    """Read and check a profile; raise ``ProfileError`` naming the file on any problem."""
+def _validate(model: type[BaseModel], values: Any, path: Path, prefix: str) -> BaseModel:
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ProfileError(f"{path}: {prefix}: expected a mapping, got {type(values).__name__}")
+    try:
+        return model(**values)
+    except ValidationError as error:
+        raise ProfileError(_format_error(path, prefix, error, model)) from None
+
+
+def load_profile(profile: str, stage_names: list[str] | None = None, *,
+                 stage_settings: dict[str, type[StageSettings]] | None = None,
+                 shared_settings: type[Section] = SharedSettings) -> Profile:
+    """Read and validate a profile; raise ``ProfileError`` naming the file and key on any problem.
+
+    ``stage_names``: the stages the run will execute (default: every stage with a model). A
+    stage section for an unknown stage is an error; a stage without a section gets the defaults.
+    ``stage_settings`` / ``shared_settings``: the schema (default: this module's; tests of the
+    orchestrator pass toy ones).
+    """
+    stage_settings = STAGE_SETTINGS if stage_settings is None else stage_settings
     path = profile_path(profile)
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
         raise ProfileError(f"profile file {path} does not exist (known profiles: {known})")
     try:
-        config = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ProfileError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(config, dict):
+    if not isinstance(raw, dict):
         raise ProfileError(f"{path}: expected a mapping at the top level")
+    unknown = sorted(set(raw) - {"description", "shared", "stages"})
+    if unknown:
+        raise ProfileError(f"{path}: unknown top-level key {unknown[0]!r}"
+                           f"{_suggest(unknown[0], ('description', 'shared', 'stages'))}")
     for section in ("shared", "stages"):
-        if not isinstance(config.get(section), dict):
+        if not isinstance(raw.get(section), dict):
             raise ProfileError(f"{path}: missing mapping section '{section}'")
-    config.setdefault("profile", path.stem)
-    return config
+    shared = _validate(shared_settings, raw["shared"], path, "shared")
+    known_stages = list(stage_names or stage_settings)
+    stages: dict[str, StageSettings] = {}
+    for stage, values in raw["stages"].items():
+        if stage not in stage_settings:
+            raise ProfileError(f"{path}: stages.{stage}: unknown stage{_suggest(stage, stage_settings)};"
+                               " a new stage needs a settings model in config.STAGE_SETTINGS")
+        stages[stage] = _validate(stage_settings[stage], values, path, f"stages.{stage}")
+    for stage in known_stages:
+        if stage in stage_settings and stage not in stages:
+            stages[stage] = stage_settings[stage]()
+    return Profile(profile=path.stem, description=str(raw.get("description", "")),
+                   shared=shared, stages=stages)
 
 
-def stage_parameters(config: dict[str, Any], stage: str) -> dict[str, Any]:
-    """Parameters for one notebook: ``shared`` overlaid with ``stages[stage]``."""
-    parameters = dict(config["shared"])
-    parameters.update(config["stages"].get(stage) or {})
+def stage_parameters(profile: Profile, stage: str) -> dict[str, Any]:
+    """Parameters for one notebook: the shared keys the stage uses, then its own section."""
+    settings = profile.stage_settings(stage)
+    shared = profile.shared.model_dump(mode="json")
+    parameters = {key: shared[key] for key in settings.uses_shared}
+    parameters.update(settings.model_dump(mode="json"))
     return parameters
 
 

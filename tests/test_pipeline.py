@@ -9,6 +9,7 @@ import nbformat
 import pytest
 import yaml
 
+from endoexplain_core import config
 from endoexplain_core.pipeline import orchestrator
 
 pytestmark = pytest.mark.slow  # each case executes real notebooks through Papermill
@@ -44,10 +45,27 @@ def project(tmp_path):
     return tmp_path, notebooks, profile
 
 
+class ToyShared(config.Section):
+    value: int = 0
+
+
+class ToyStage(config.StageSettings):
+    uses_shared = ("value",)
+
+
+class ToySecondStage(config.StageSettings):
+    """A stage with its own ``value`` (it reads no shared key)."""
+    value: int = 1
+
+
+TOY_STAGES = {"00_first": ToyStage, "01_second": ToySecondStage}
+
+
 def run(project, **kwargs):
     root, notebooks, profile = project
     return orchestrator.run_pipeline(str(profile), output_root=root / "out", notebook_dir=notebooks,
-                                 **kwargs)
+                                     stage_settings=TOY_STAGES, shared_settings=ToyShared,
+                                     **kwargs)
 
 
 def statuses(provenance):

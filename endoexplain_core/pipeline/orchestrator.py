@@ -34,7 +34,7 @@ from endoexplain_core import config as profiles
 
 REPO_ROOT = profiles.REPO_ROOT
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-CORE_DIR = Path(__file__).resolve().parent
+CORE_DIR = Path(__file__).resolve().parent.parent  # endoexplain_core/ (this file is in pipeline/)
 KERNEL_NAME = "endoexplain"
 # Packages whose versions go into the provenance record.
 RECORDED_PACKAGES = ("torch", "torchvision", "grad-cam", "numpy", "scipy", "statsmodels", "pandas",
@@ -90,10 +90,58 @@ def notebook_source_digest(path: Path) -> str:
     return sha256_bytes(json.dumps(sources).encode())
 
 
-def core_code_digest(core_dir: Path = CORE_DIR) -> str:
-    """Digest of every Python file of the core: any change to it reruns every stage."""
+def _module_file(module: str, core_dir: Path) -> Path | None:
+    """Source file of a dotted ``endoexplain_core...`` module name (package -> __init__.py)."""
+    relative = Path(*module.split(".")[1:])
+    if not relative.parts:  # the package itself
+        return core_dir / "__init__.py"
+    for candidate in (core_dir / relative.with_suffix(".py"), core_dir / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_core_modules(source: str) -> set[str]:
+    """``endoexplain_core`` modules named by the imports of a piece of Python source."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("endoexplain_core"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("endoexplain_core"))
+    return found
+
+
+def core_modules_used(notebook: Path, core_dir: Path = CORE_DIR) -> list[Path]:
+    """Core source files a notebook imports, directly or through other core modules.
+
+    Read statically from the import statements (``ast``), so a stage's code digest covers only
+    the code that can change its outputs. Package ``__init__`` files on the way are included.
+    """
+    cells = json.loads(notebook.read_text())["cells"]
+    source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    # IPython magics are not Python; imports never sit on such lines.
+    pending = _imported_core_modules("\n".join(line for line in source.splitlines()
+                                               if not line.lstrip().startswith(("%", "!"))))
+    files: set[Path] = set()
+    while pending:
+        module = pending.pop()
+        parts = module.split(".")
+        for depth in range(1, len(parts) + 1):  # the packages above a module run on import too
+            path = _module_file(".".join(parts[:depth]), core_dir)
+            if path is not None and path not in files:
+                files.add(path)
+                pending |= _imported_core_modules(path.read_text())
+    return sorted(files)
+
+
+def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR) -> str:
+    """Digest of core source files (default: every one): a change to any of them reruns."""
     digest = hashlib.sha256()
-    for path in sorted(core_dir.rglob("*.py")):
+    for path in sorted(files if files is not None else core_dir.rglob("*.py")):
         digest.update(path.relative_to(core_dir).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -283,29 +331,37 @@ def _one_run_per_folder(function):
 def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  only: list[str] | None = None, adopt_manifest: bool = False,
                  output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
-                 kernel_name: str = KERNEL_NAME) -> dict[str, Any]:
+                 kernel_name: str = KERNEL_NAME,
+                 stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
+                 shared_settings: type | None = None) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
 
     Raises ``StageFailed`` after writing the provenance of the failed run.
     """
     started = time.perf_counter()
-    config = profiles.load_profile(profile)
-    profile_name = config["profile"]
+    stages = discover_stages(notebook_dir)
+    if not stages:
+        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
+    names = [p.stem for p in stages]
+    stage_settings = profiles.STAGE_SETTINGS if stage_settings is None else stage_settings
+    config = profiles.load_profile(  # every key is checked before any work
+        profile, names, stage_settings=stage_settings,
+        shared_settings=shared_settings or profiles.SharedSettings)
+    missing = [name for name in names if name not in stage_settings]
+    if missing:
+        raise profiles.ProfileError(f"notebooks {missing} have no settings model in "
+                                    "config.STAGE_SETTINGS")
+    profile_name = config.profile
     paths = RunPaths(profile_name, Path(output_root).resolve())
     if data_root and not Path(data_root).is_dir():
         raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     data_root = str(Path(data_root).resolve()) if data_root else ""
     reference_dir = REPO_ROOT / "data_manifest" / profile_name
 
-    stages = discover_stages(notebook_dir)
-    if not stages:
-        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
-    names = [p.stem for p in stages]
     unknown = sorted(set(only or []) - set(names))
     if unknown:
         raise ValueError(f"--only names unknown stages {unknown}; stages are {names}")
 
-    core_digest = core_code_digest()
     upstream = data_fingerprint(data_root, reference_dir)
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
@@ -316,7 +372,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                       "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
         if stage == names[0] and adopt_manifest:
             parameters["adopt_manifest"] = True
-        digest = stage_digest(notebook, parameters, core_digest, upstream)
+        digest = stage_digest(notebook, parameters, core_code_digest(core_modules_used(notebook)),
+                              upstream)
         upstream = digest
         executed = paths.notebooks_out / notebook.name
         stamp_path = paths.stamps / f"{stage}.json"

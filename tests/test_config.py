@@ -1,0 +1,125 @@
+"""The profile schema: every key checked before any work, defaults in one place, stage scoping."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from endoexplain_core import config
+from endoexplain_core.pipeline import orchestrator, parameters
+
+SMOKE = yaml.safe_load(config.profile_path("smoke").read_text())
+
+
+def write_profile(tmp_path, mutate) -> str:
+    raw = copy.deepcopy(SMOKE)
+    mutate(raw)
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", config.PROFILES)
+def test_committed_profiles_validate(name):
+    profile = config.load_profile(name)
+    assert set(profile.stages) == set(config.STAGE_SETTINGS)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda raw: raw["shared"].update(top_fraktion=0.2),
+     "shared.top_fraktion: unknown key (did you mean 'top_fraction'?)"),
+    (lambda raw: raw["stages"]["04_spatial_audit"].update(bootstrap_replicate=10),
+     "stages.04_spatial_audit.bootstrap_replicate: unknown key (did you mean 'bootstrap_replicates'?)"),
+    (lambda raw: raw["stages"]["01_training"]["training_settings"].update(epoch=3),
+     "training_settings.epoch: unknown key (did you mean 'epochs'?)"),
+    (lambda raw: raw["stages"]["01_training"]["arch_overrides"].update(resnet34={"lr": 0.1}),
+     "arch_overrides.resnet34.lr: unknown key"),
+    (lambda raw: raw["shared"].update(top_fraction=-0.2), "shared.top_fraction: Input should be greater than 0"),
+    (lambda raw: raw["shared"].update(score_threshold=1.5), "shared.score_threshold: Input should be less than 1"),
+    (lambda raw: raw["shared"].update(architectures=["vgg11"]), "shared.architectures.0: Input should be"),
+    (lambda raw: raw["stages"]["00_roles"].update(split_fractions=[0.8, 0.15, 0.15]),
+     "stages.00_roles.split_fractions: need three positive fractions summing to 1"),
+    (lambda raw: raw["stages"]["05_robustness"].update(score_thresholds=[0.5, 1.0]),
+     "thresholds must lie in (0, 1)"),
+    (lambda raw: raw["stages"].update({"04_spatial_audt": {}}),
+     "stages.04_spatial_audt: unknown stage (did you mean '04_spatial_audit'?)"),
+    (lambda raw: raw.update(sharde={}), "unknown top-level key 'sharde' (did you mean 'shared'?)"),
+])
+def test_bad_profiles_are_rejected_naming_the_key(tmp_path, mutate, message):
+    path = write_profile(tmp_path, mutate)
+    with pytest.raises(config.ProfileError) as error:
+        config.load_profile(path)
+    assert message in str(error.value)
+    assert str(path) in str(error.value)
+
+
+def test_misspelt_key_stops_the_run_before_any_work(tmp_path):
+    path = write_profile(tmp_path, lambda raw: raw["shared"].update(scor_threshold=0.9))
+    output = tmp_path / "out"
+    assert orchestrator.main(["--profile", path, "--output-root", str(output)]) == 2
+    assert not (output / "runs" / "edited").exists() and not (output / "figures").exists()
+
+
+def test_missing_keys_take_the_schema_default(tmp_path):
+    path = write_profile(tmp_path, lambda raw: raw["stages"]["04_spatial_audit"].pop("bootstrap_replicates"))
+    profile = config.load_profile(path)
+    assert profile.stages["04_spatial_audit"].bootstrap_replicates == \
+        config.SpatialAuditSettings.model_fields["bootstrap_replicates"].default
+
+
+def test_stages_receive_only_the_shared_keys_they_use():
+    profile = config.load_profile("smoke")
+    roles = config.stage_parameters(profile, "00_roles")
+    assert "seed" in roles and "score_threshold" not in roles and "top_fraction" not in roles
+    training = config.stage_parameters(profile, "01_training")
+    assert "score_threshold" not in training and "top_fraction" not in training
+    audit = config.stage_parameters(profile, "04_spatial_audit")
+    assert audit["top_fraction"] == 0.2 and audit["score_threshold"] == 0.9
+
+
+def _digests(profile_path: str) -> dict[str, str]:
+    """Stage digests as run_pipeline computes them, without running anything."""
+    notebooks = orchestrator.discover_stages()
+    profile = config.load_profile(profile_path, [n.stem for n in notebooks])
+    digests, upstream = {}, "inputs"
+    for notebook in notebooks:
+        upstream = orchestrator.stage_digest(
+            notebook, config.stage_parameters(profile, notebook.stem),
+            orchestrator.core_code_digest(orchestrator.core_modules_used(notebook)), upstream)
+        digests[notebook.stem] = upstream
+    return digests
+
+
+def test_changing_score_threshold_leaves_roles_training_and_calibration_alone(tmp_path):
+    before = _digests(str(config.profile_path("smoke")))
+    after = _digests(write_profile(tmp_path, lambda raw: raw["shared"].update(score_threshold=0.8)))
+    changed = sorted(stage for stage in before if before[stage] != after[stage])
+    assert changed and changed[0] > "02_calibration"
+    assert {"00_roles", "01_training", "02_calibration"}.isdisjoint(changed)
+
+
+def test_changing_top_fraction_reruns_from_the_first_stage_that_uses_it(tmp_path):
+    before = _digests(str(config.profile_path("smoke")))
+    after = _digests(write_profile(tmp_path, lambda raw: raw["shared"].update(top_fraction=0.1)))
+    users = [s for s, model in config.STAGE_SETTINGS.items() if "top_fraction" in model.uses_shared]
+    changed = sorted(stage for stage in before if before[stage] != after[stage])
+    assert changed[0] == min(users)
+    assert all(stage >= min(users) for stage in changed)
+
+
+def test_a_stage_code_digest_covers_the_modules_it_imports():
+    notebooks = {n.stem: n for n in orchestrator.discover_stages()}
+    roles = {p.name for p in orchestrator.core_modules_used(notebooks["00_roles"])}
+    audit = {p.relative_to(orchestrator.CORE_DIR).as_posix()
+             for p in orchestrator.core_modules_used(notebooks["04_spatial_audit"])}
+    assert "synthetic.py" in roles and "cams.py" not in roles
+    assert {"kernels/cams.py", "kernels/threshold.py", "analysis/audit.py"} <= audit
+
+
+@pytest.mark.parametrize("notebook", orchestrator.discover_stages(), ids=lambda p: p.stem)
+def test_notebook_parameters_cell_matches_the_schema(notebook):
+    """Same names and the smoke profile's values (regenerate: scripts/sync_parameters.py)."""
+    assert notebook.stem in config.STAGE_SETTINGS, f"{notebook.name} has no settings model"
+    assert parameters.declared_parameters(notebook) == parameters.expected_parameters(notebook.stem)
