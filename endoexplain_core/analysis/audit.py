@@ -76,7 +76,7 @@ REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_CO
 
 
 class AuditTableError(ValueError):
-    """An audit table breaks one of the validation rules (DESIGN.md section 8)."""
+    """An audit table breaks one of the validation rules (docs/protocol.md, "Audit-table validation")."""
 
 
 def random_deletion_schema(repetitions: int) -> pa.Schema:

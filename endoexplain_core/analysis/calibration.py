@@ -1,6 +1,6 @@
 """Temperature scaling of the binary logit difference and the calibration metrics.
 
-Conventions (DESIGN.md section 4, Calibration):
+Conventions (docs/protocol.md, "Calibration"):
 
 - ``z = logit_pos - logit_neg``; the raw score is ``sigmoid(z)`` (= the 2-class softmax of
   the positive class) and the temperature-scaled score is ``sigmoid(z / T)``.

@@ -1,6 +1,6 @@
 """Statistics of the audit: image-bootstrap CIs, paired tests, Holm, adjusted logistic model.
 
-Conventions (DESIGN.md section 4):
+Conventions (docs/protocol.md, "Statistics"):
 - The unit of resampling is the image. Every bootstrap draws an integer index matrix of shape
   (replicates, n) from ``numpy.random.default_rng(seed)`` once and applies it to all outcomes,
   so outcomes of the same images are resampled together (paired) and reruns are identical.

@@ -11,7 +11,7 @@ Conventions:
   unchanged: nothing is fitted on external data.
 - Mean top-20% IoU per method is over all scored cases of a cohort (every case carries a lesion
   mask), with an image-bootstrap percentile 95% CI (5,000 replicates, seed 20260721: the
-  figure-specific mean IoU of DESIGN.md section 4). The high-score subset (temperature-scaled
+  figure-specific mean IoU of docs/protocol.md, "Statistics"). The high-score subset (temperature-scaled
   score >= the score threshold) is summarised alongside with its eligible count.
 - The external cohorts have no negative images, so no AUPRC, specificity or calibration is
   estimated on them.

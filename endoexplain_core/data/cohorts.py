@@ -18,7 +18,7 @@ Bad input raises an error naming the file: ``CohortError`` for a missing cohort 
 unknown layout or an image without a mask; ``imageio.MaskSizeError`` for a mask whose size
 differs from its image; ``imageio.ImageReadError`` for an undecodable frame or mask.
 
-Layouts (docs/architecture.md, DESIGN.md section 9), relative to the data root:
+Layouts (docs/architecture.md, docs/protocol.md), relative to the data root:
 ``ETIS-LaribPolypDB/ETIS-LaribPolypDB/<n>.tif`` + ``ETIS-LaribPolypDB/Ground Truth/p<n>.tif``
 (or ``GroundTruth``); ``PolypGen/data_C<k>/{images_C<k>,masks_C<k>}`` with ``<stem>_mask.jpg``;
 ``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}``; ``Kvasir-SEG/{images,masks}``;

@@ -44,7 +44,7 @@ UPPER_GI = "upper-gi-tract"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 POSITIVE_SOURCES = ("polyps", "dyed-lifted-polyps")
 
-# Canonical lower-GI category -> its group folder (DESIGN.md section 9).
+# Canonical lower-GI category -> its group folder (docs/protocol.md, "Dataset layouts").
 CATEGORY_GROUP: dict[str, str] = {
     "cecum": "anatomical-landmarks",
     "ileum": "anatomical-landmarks",

@@ -1,6 +1,6 @@
 """Content hashing, hash groups, study roles, the manifest and Table 2.
 
-Protocol (DESIGN.md section 4, stage 00):
+Protocol (docs/protocol.md, "Roles"):
 
 1. Every labelled image gets the SHA-256 of its bytes and a 16x16 average hash
    (``imagehash.average_hash(hash_size=16)``, 256 bits written as 64 hex characters).

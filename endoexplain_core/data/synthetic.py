@@ -15,8 +15,8 @@ the default run generates a small stand-in that the very same loaders read. Two 
 
 ``generate_cohort``
     Writes HyperKvasir (labelled lower-GI categories + segmented images/masks), ETIS-LaribPolypDB,
-    PolypGen and PolypDB trees under one root, mirroring the study's structure (DESIGN.md
-    sections 6 and 9): standard polyps are rare in development and every segmented image is a
+    PolypGen and PolypDB trees under one root, mirroring the study's structure (docs/protocol.md,
+    "Dataset layouts"): standard polyps are rare in development and every segmented image is a
     byte-identical copy of a labelled ``polyps`` file; a few labelled polyps are near-duplicates
     (different bytes, identical 16x16 average hash) of segmented ones; positives are dominated
     by dyed-lifted polyps; ``dyed-resection-margins`` negatives carry dye and no polyp; external
@@ -60,7 +60,7 @@ POSITION_BOX_GREEN = np.array([0.15, 0.85, 0.25], dtype=np.float32)
 LIGHT_DIRECTION = np.array([-0.7, -0.7], dtype=np.float32)  # light from the upper left
 
 # HyperKvasir lower-GI categories: (group folder, category folder) -> render_frame knobs.
-# Counts in the real dataset are in DESIGN.md section 9; DEFAULT_CATEGORY_COUNTS scales them.
+# Counts in the real dataset are summarised in docs/protocol.md ("Dataset layouts"); DEFAULT_CATEGORY_COUNTS scales them.
 CATEGORY_STYLES: dict[tuple[str, str], dict[str, Any]] = {
     ("anatomical-landmarks", "cecum"): {"fold_strength": 0.8},
     ("anatomical-landmarks", "ileum"): {"villi": True, "fold_strength": 0.3},

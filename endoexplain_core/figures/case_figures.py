@@ -1,6 +1,6 @@
 """Figure 3 (rule-selected cases, with rendered-IoU verification) and Figure 4 (robustness).
 
-Figure 3 selection rule (DESIGN.md section 4), applied to the primary checkpoint's audit table
+Figure 3 selection rule (docs/protocol.md), applied to the primary checkpoint's audit table
 before anything is drawn, among high-score images (scaled score >= threshold), CAMs only:
 - discordant: at least one CAM peak inside and one outside the mask; maximise the balance
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;

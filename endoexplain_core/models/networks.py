@@ -16,9 +16,9 @@ import torch
 import torchvision
 from torch import nn
 
-ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
+from endoexplain_core.config import ARCHITECTURES  # the profile schema validates against it
 
-# CAM target layer per architecture (DESIGN.md section 4):
+# CAM target layer per architecture (docs/protocol.md, "Target layers"):
 #   efficientnet_b0  features[-1][0]  the last 1x1 convolution, before its BatchNorm and SiLU
 #   resnet34         layer4[-1]       the last residual block (output after its ReLU)
 #   convnext_tiny    features[-1]     the last stage (residual stream, can be negative)

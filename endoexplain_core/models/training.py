@@ -1,6 +1,6 @@
 """Training matrix: one checkpoint per (architecture, seed), plus a shuffled-label control.
 
-Recipe (DESIGN.md section 4): 2-class torchvision head, cross-entropy with label smoothing
+Recipe (docs/protocol.md, "Training recipe"): 2-class torchvision head, cross-entropy with label smoothing
 0.03, AdamW, linear warm-up then cosine decay of the learning rate per optimiser step, mixed
 precision on CUDA only, early stopping on validation AUPRC. AUPRC is computed from the binary
 logit difference ``z = logit_pos - logit_neg`` (monotone in the softmax score, so identical).
