@@ -29,6 +29,8 @@ ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
 EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
 # Parameters every stage receives from the orchestrator, not from the profile.
 RUN_PATH_KEYS = ("profile", "run_dir", "figures_dir", "data_root", "manifest_reference_dir")
+# Keys that choose where work runs, not what it computes: left out of stage digests.
+EXECUTION_KEYS = ("scheduler",)
 
 Fraction = Field(gt=0.0, lt=1.0)
 Probability = Field(ge=0.0, le=1.0)
@@ -58,6 +60,17 @@ class SharedSettings(Section):
                                    description="panel A: temperature-scaled score >= this")
     top_fraction: float = Field(0.20, gt=0.0, lt=1.0,
                                 description="fraction of pixels kept by the top-area rule")
+    scheduler: str = Field("", description='where tasks run: "" in process | local:N | tcp://host:port')
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, scheduler: str) -> str:
+        if scheduler in ("", "sequential") or scheduler.startswith("tcp://"):
+            return scheduler
+        workers = scheduler.removeprefix("local:")
+        if scheduler.startswith("local:") and workers.isdigit() and int(workers) >= 1:
+            return scheduler
+        raise ValueError('expected "", "sequential", "local:N" (N >= 1) or "tcp://HOST:PORT"')
 
 
 class StageSettings(Section):
@@ -134,7 +147,7 @@ class TrainingSettingsSection(Section):
 
 class TrainingStageSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "architectures",
-                                              "training_seeds")
+                                              "training_seeds", "scheduler")
     training_settings: dict[str, Any] = Field(default_factory=dict,
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(
@@ -197,7 +210,7 @@ class ValidityGateSettings(StageSettings):
 
 class RobustnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction")
+                                              "top_fraction", "scheduler")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
     random_deletion_repetitions: int = Field(20, ge=1,
                                              description="random deletions per image, primary")
@@ -223,7 +236,7 @@ class RobustnessSettings(StageSettings):
 
 class TransferSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction")
+                                              "top_fraction", "scheduler")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts audited (must exist)")
     optional_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]

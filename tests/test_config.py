@@ -85,8 +85,10 @@ def _digests(profile_path: str) -> dict[str, str]:
     profile = config.load_profile(profile_path, [n.stem for n in notebooks])
     digests, upstream = {}, "inputs"
     for notebook in notebooks:
+        parameters = {k: v for k, v in config.stage_parameters(profile, notebook.stem).items()
+                      if k not in config.EXECUTION_KEYS}
         upstream = orchestrator.stage_digest(
-            notebook, config.stage_parameters(profile, notebook.stem),
+            notebook, parameters,
             orchestrator.core_code_digest(orchestrator.core_modules_used(notebook)), upstream)
         digests[notebook.stem] = upstream
     return digests
@@ -123,3 +125,23 @@ def test_notebook_parameters_cell_matches_the_schema(notebook):
     """Same names and the smoke profile's values (regenerate: scripts/sync_parameters.py)."""
     assert notebook.stem in config.STAGE_SETTINGS, f"{notebook.name} has no settings model"
     assert parameters.declared_parameters(notebook) == parameters.expected_parameters(notebook.stem)
+
+
+def test_where_tasks_run_is_not_part_of_any_stage_digest(tmp_path):
+    before = _digests(str(config.profile_path("smoke")))
+    after = _digests(write_profile(tmp_path, lambda raw: raw["shared"].update(scheduler="local:2")))
+    # _digests hashes every parameter; the orchestrator leaves EXECUTION_KEYS out, so compare
+    # after dropping them the same way.
+    assert "scheduler" in config.EXECUTION_KEYS
+    profile = config.load_profile(write_profile(tmp_path, lambda raw: raw["shared"].update(scheduler="local:2")))
+    assert config.stage_parameters(profile, "01_training")["scheduler"] == "local:2"
+    assert before == after
+
+
+@pytest.mark.parametrize("scheduler", ["local:0", "local:two", "slurm"])
+def test_bad_scheduler_is_rejected(tmp_path, scheduler):
+    path = write_profile(tmp_path, lambda raw: raw["shared"].update(scheduler=scheduler))
+    with pytest.raises(config.ProfileError, match="shared.scheduler"):
+        config.load_profile(path)
+    assert orchestrator.main(["--profile", "smoke", "--scheduler", scheduler,
+                              "--output-root", str(tmp_path / "out")]) == 2

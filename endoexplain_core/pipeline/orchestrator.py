@@ -333,12 +333,17 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
                  kernel_name: str = KERNEL_NAME,
                  stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
-                 shared_settings: type | None = None) -> dict[str, Any]:
+                 shared_settings: type | None = None, scheduler: str | None = None
+                 ) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
 
     Raises ``StageFailed`` after writing the provenance of the failed run.
     """
     started = time.perf_counter()
+    if scheduler is not None:
+        from endoexplain_core.pipeline.tasks import parse_scheduler
+
+        parse_scheduler(scheduler)  # SchedulerError (a ValueError) names the accepted forms
     stages = discover_stages(notebook_dir)
     if not stages:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
@@ -372,7 +377,11 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                       "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
         if stage == names[0] and adopt_manifest:
             parameters["adopt_manifest"] = True
-        digest = stage_digest(notebook, parameters, core_code_digest(core_modules_used(notebook)),
+        if scheduler is not None and "scheduler" in parameters:  # --scheduler beats the profile
+            parameters["scheduler"] = scheduler
+        # Where tasks run does not change what they compute: not part of the digest.
+        digested = {k: v for k, v in parameters.items() if k not in profiles.EXECUTION_KEYS}
+        digest = stage_digest(notebook, digested, core_code_digest(core_modules_used(notebook)),
                               upstream)
         upstream = digest
         executed = paths.notebooks_out / notebook.name
@@ -460,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
                              "make it the new reference")
     parser.add_argument("--output-root", default=str(REPO_ROOT),
                         help="where runs/ and figures/ are written (default: the repository)")
+    parser.add_argument("--scheduler", default=None, metavar="WHERE",
+                        help='where training/audit tasks run: "sequential" (in this process), '
+                             '"local:N" (a local Dask cluster of N worker processes, one per GPU '
+                             'when GPUs are present) or "tcp://HOST:PORT" (a running Dask '
+                             'scheduler); default: the profile\'s shared.scheduler')
     parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
@@ -470,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
                                   output_root=Path(args.output_root),
-                                  wait_for_lock=args.wait_for_lock)
+                                  wait_for_lock=args.wait_for_lock, scheduler=args.scheduler)
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
