@@ -143,8 +143,11 @@ def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size
     return to_normalised_tensor(resize_rgb(image, image_size)), torch.from_numpy(resized_mask)
 
 
-def _batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
-    """Group prepared cases into batches; empty masks go to ``excluded`` instead."""
+def preparedprepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
+    """Group prepared cases into batches; empty masks go to ``excluded`` instead.
+
+    Yields ``(sample_ids, images (B, 3, S, S), masks (B, S, S) bool)`` with B <= batch_size.
+    """
     ids, images, masks = [], [], []
     for sample_id, image, mask in cases:
         image_tensor, mask_tensor = prepare_case(sample_id, image, mask, image_size)
@@ -293,7 +296,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
         with pq.ParquetWriter(temporary_table, AUDIT_SCHEMA) as table_writer, \
                 pq.ParquetWriter(temporary_deletion, deletion_schema) as deletion_writer, \
                 tqdm(total=total, desc=checkpoint_id, unit="img") as bar:
-            for ids, images, masks in _batches(cases, image_size, batch_size, excluded):
+            for ids, images, masks in prepared_batches(cases, image_size, batch_size, excluded):
                 rows, random_table = audit_batch(
                     model, layer_module, images.to(torch_device), masks.to(torch_device), ids,
                     temperature=temperature, top_fraction=top_fraction, repetitions=repetitions,

@@ -149,7 +149,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     excluded: list[str] = []
     frames, gold_maps, gold_weights = [], {m: [] for m in EXTENDED_METHODS}, []
     cam_seconds = metric_seconds = 0.0
-    for ids, images, masks in audit._batches(cases, image_size, batch_size, excluded):
+    for ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
         images, masks = images.to(torch_device), masks.to(torch_device)
         started = time.perf_counter()
         maps, logits = cams.compute_cams(model, layer, images, target_class=1,

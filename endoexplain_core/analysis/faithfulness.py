@@ -75,18 +75,12 @@ class PreparedCases:
 
 def prepare_cases(cases: Iterable, image_size: int) -> PreparedCases:
     """Resize (sample_id, uint8 RGB, bool mask) cases with ``audit.prepare_case``."""
-    ids, images, masks, excluded = [], [], [], []
-    for sample_id, image, mask in cases:
-        image_tensor, mask_tensor = audit.prepare_case(sample_id, image, mask, image_size)
-        if not mask_tensor.any():
-            excluded.append(sample_id)
-            continue
-        ids.append(sample_id)
-        images.append(image_tensor)
-        masks.append(mask_tensor)
-    if not ids:
+    excluded: list[str] = []
+    batches = list(audit.prepared_batches(cases, image_size, batch_size=2**31, excluded=excluded))
+    if not batches:
         raise ValueError("no case with a non-empty mask at the model's input size")
-    return PreparedCases(ids, torch.stack(images), torch.stack(masks), excluded)
+    ids, images, masks = batches[0]
+    return PreparedCases(list(ids), images, masks, excluded)
 
 
 def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torch.Tensor]:
