@@ -45,9 +45,14 @@ def test_constraints_agree_with_requirements():
         assert constraints.get(name) == version, f"constraints.txt pins {name} differently"
 
 
-def test_torch_pins_are_the_ones_on_the_build_machines():
+def test_installed_torch_matches_the_pin():
+    """The environment is the pinned one (whatever the pin is), so results are comparable."""
+    from importlib import metadata
+
     pins = requirement_pins()
-    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+    for package in ("torch", "torchvision"):
+        installed = metadata.version(package).split("+")[0]
+        assert installed == pins[package], f"{package} {installed} installed, {pins[package]} pinned"
 
 
 def committed_notebooks() -> list[Path]:

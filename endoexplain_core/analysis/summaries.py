@@ -332,17 +332,6 @@ def _identical_with(method: str, groups) -> str:
     return ""
 
 
-def architecture_ranges(robustness: pd.DataFrame, value: str) -> pd.DataFrame:
-    """Across seeds of each architecture: mean, min and max of ``value`` per method.
-
-    Controls (e.g. shuffled labels) are left out: Figure 4 shows the architecture x seed matrix.
-    """
-    matrix = robustness[robustness["control"] == "none"]
-    grouped = matrix.groupby(["arch", "method"], sort=False)[value]
-    result = grouped.agg(["mean", "min", "max", "count"]).reset_index()
-    return result.rename(columns={"count": "n_checkpoints"})
-
-
 def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICATES,
                     seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
     """Failure per map method within lesion-area tertiles of this table's images.
