@@ -247,7 +247,7 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
                     ax.plot(x[chosen], values["mean"].to_numpy()[chosen], linestyle="none",
                             marker=ARCH_MARKERS.get(arch, "o"), ms=4.5, color=colour,
                             markerfacecolor=colour if filled else "white", clip_on=False,
-                            label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seeds)" if filled else None)
+                            label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seed{'' if seeds == 1 else 's'})" if filled else None)
         if archs and len(absent) == len(archs):
             n_text = "n = 0: no eligible image"
         elif absent:
