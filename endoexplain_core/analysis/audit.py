@@ -143,7 +143,7 @@ def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size
     return to_normalised_tensor(resize_rgb(image, image_size)), torch.from_numpy(resized_mask)
 
 
-def preparedprepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
+def prepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
     """Group prepared cases into batches; empty masks go to ``excluded`` instead.
 
     Yields ``(sample_ids, images (B, 3, S, S), masks (B, S, S) bool)`` with B <= batch_size.
