@@ -93,3 +93,32 @@ def test_rerun_skips_everything_and_forced_roles_reproduce_the_digest(smoke_run)
     forced = run_all(smoke_run, "--force", "--only", "00_roles")
     assert forced.returncode == 0, forced.stderr[-4000:]
     assert digest_file.read_text() == before
+
+
+# Regression values: the smoke run's key tables, committed when they last changed on purpose.
+# A refactor that moves a number fails here. Tolerance: exact strings, numbers to 1e-9 relative
+# (the smoke profile is deterministic on CPU for a fixed torch thread count; 2 on the build and
+# CI machines). Update after an intended change with:
+#   cp <output_root>/figures/smoke/{table2_roles,...}.csv tests/expected/smoke/
+REGRESSION_TABLES = ("table2_roles.csv", "table3_calibration.csv", "table4_spatial_audit.csv",
+                     "table5_adjusted_model.csv")
+EXPECTED_DIR = Path(__file__).resolve().parent / "expected" / "smoke"
+
+
+def assert_same_table(actual: pd.DataFrame, expected: pd.DataFrame, name: str) -> None:
+    assert list(actual.columns) == list(expected.columns), f"{name}: columns changed"
+    assert len(actual) == len(expected), f"{name}: {len(actual)} rows, expected {len(expected)}"
+    for column in expected.columns:
+        if pd.api.types.is_numeric_dtype(expected[column]):
+            pd.testing.assert_series_equal(actual[column], expected[column], check_dtype=False,
+                                           rtol=1e-9, atol=1e-12, obj=f"{name}:{column}")
+        else:
+            assert actual[column].fillna("").astype(str).tolist() == \
+                expected[column].fillna("").astype(str).tolist(), f"{name}: column {column} changed"
+
+
+@pytest.mark.parametrize("name", REGRESSION_TABLES)
+def test_key_tables_match_the_committed_regression_values(smoke_run, name):
+    actual = pd.read_csv(smoke_run / "figures" / "smoke" / name)
+    expected = pd.read_csv(EXPECTED_DIR / name)
+    assert_same_table(actual, expected, name)
