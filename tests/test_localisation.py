@@ -237,6 +237,28 @@ def test_top_k_sweep_20_percent_equals_the_audit_iou():
     assert exact["energy"].item() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_sweep_matches_a_mask_per_k_reference(seed):
+    """The running-sum sweep equals building each top-k mask with the audit's rule, on random
+    maps with many ties (quantised to 5 levels, some all-zero) and random disc lesions."""
+    from endoexplain_core.kernels import threshold
+    generator = torch.Generator().manual_seed(100 + seed)
+    maps = (torch.rand(4, H, W, generator=generator) * 5).floor() / 4
+    maps[0] = 0.0
+    masks = torch.stack([disc(3 + 2 * i, (8 + 3 * i, 12 + i)) for i in range(4)])
+    fractions = (0.01, 0.05, 0.2, 0.35, 0.5, 1.0)
+    sweep = loc.top_k_sweep(maps, masks, fractions=fractions)
+    for column, fraction in enumerate(fractions):
+        keep = threshold.top_fraction_mask(maps, fraction)
+        intersection = (keep & masks).sum(dim=(1, 2)).double()
+        union = (keep | masks).sum(dim=(1, 2)).double()
+        kept = (maps.double() * keep).sum(dim=(1, 2))
+        inside = (maps.double() * (keep & masks)).sum(dim=(1, 2))
+        energy = torch.where(kept > 0, inside / kept.clamp(min=1e-300), intersection / keep.sum(dim=(1, 2)))
+        torch.testing.assert_close(sweep["iou"][:, column], (intersection / union).float())
+        torch.testing.assert_close(sweep["energy"][:, column], energy.float())
+
+
 # --- soft IoU and C-Score -------------------------------------------------------------------------
 
 def test_soft_iou_hand_cases():

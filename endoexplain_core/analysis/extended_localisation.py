@@ -96,14 +96,16 @@ def score_maps(maps: dict[str, torch.Tensor], masks: torch.Tensor, fov: torch.Te
     scales = settings.pixels(masks.shape[-1])
     columns: dict[str, dict[str, np.ndarray]] = {}
     lesion_share = (masks.sum(dim=(1, 2)).double() / fov.sum(dim=(1, 2)).double()).cpu().numpy()
+    # The tolerance zone and its chance level depend on the lesion only: once per batch.
+    zone = localisation.tolerance_zone(masks, fov, scales["radius_px"])
+    chance = localisation.pointing_chance(zone, fov)
+    levels = torch.as_tensor(localisation.DEFAULT_IOU_THRESHOLDS, dtype=torch.float32, device=masks.device)
     for method, values in maps.items():
         curve = localisation.iou_curve(values, masks)
-        levels = torch.as_tensor(localisation.DEFAULT_IOU_THRESHOLDS, dtype=curve.dtype)
         sweep = localisation.top_k_sweep(values, masks)
-        hits, chance = localisation.pointing_hits(values, masks, fov, radius_px=scales["radius_px"],
-                                                  smooth_sigma_px=scales["smooth_sigma_px"])
+        hits = localisation.peak_in_zone(values, zone, fov, smooth_sigma_px=scales["smooth_sigma_px"])
         row = {
-            "auc_iou": torch.trapezoid(curve, levels.to(curve.device), dim=1),
+            "auc_iou": torch.trapezoid(curve, levels, dim=1),
             "energy_lift_bits": localisation.energy_lift_bits(values, masks, fov, settings.energy_alpha),
             "saliency_free": localisation.saliency_free(values, fov),
             "constant_map": values.amax(dim=(1, 2)) == values.amin(dim=(1, 2)),

@@ -200,16 +200,17 @@ def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0 (it keeps lambda_E finite); got {alpha}")
     lesion = masks & fov
-    saliency = maps.double().clamp(min=0) * fov
-    total = saliency.sum(dim=(1, 2))
-    lesion_area = lesion.sum(dim=(1, 2)).double()
-    fov_area = fov.sum(dim=(1, 2)).double()
+    # Elementwise work in the maps' precision, sums accumulated in float64.
+    saliency = maps.clamp(min=0) * fov
+    total = saliency.sum(dim=(1, 2), dtype=torch.float64)
+    lesion_area = lesion.sum(dim=(1, 2), dtype=torch.float64)
+    fov_area = fov.sum(dim=(1, 2), dtype=torch.float64)
     background_area = fov_area - lesion_area
     if (lesion_area == 0).any():
         raise ValueError("masks have no pixel inside the field of view at batch indices "
                          f"{(lesion_area == 0).nonzero().flatten().tolist()}")
     pi = lesion_area / fov_area
-    share = (saliency * lesion).sum(dim=(1, 2)) / torch.where(total > 0, total, torch.ones_like(total))
+    share = (saliency * lesion).sum(dim=(1, 2), dtype=torch.float64) / torch.where(total > 0, total, torch.ones_like(total))
     share = torch.where(total > 0, share, pi)  # no saliency in B: a uniform map's share
     mixed = (share + alpha * pi) / (1 + alpha)
     lift = torch.log2((mixed / lesion_area) / ((1 - mixed) / background_area))
@@ -249,15 +250,25 @@ def pointing_hits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor, *,
     _check_maps(maps, masks)
     fov = _check_fov(fov, masks)
     zone = tolerance_zone(masks, fov, radius_px)
+    return peak_in_zone(maps, zone, fov, smooth_sigma_px=smooth_sigma_px), pointing_chance(zone, fov)
+
+
+def pointing_chance(zone: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
+    """float32 (B,): |D_r| / |B|, the hit rate of a peak drawn uniformly in the field of view."""
+    return zone.flatten(1).sum(dim=1).float() / fov.flatten(1).sum(dim=1).float()
+
+
+def peak_in_zone(maps: torch.Tensor, zone: torch.Tensor, fov: torch.Tensor, *,
+                 smooth_sigma_px: float) -> torch.Tensor:
+    """bool (B,): the smoothed map's first row-major maximum inside ``fov`` lies in ``zone``
+    (a precomputed ``tolerance_zone``; ``pointing_hits`` without recomputing it per map)."""
     smoothed = gaussian_smooth(maps, smooth_sigma_px)
     restricted = torch.where(fov, smoothed, torch.full_like(smoothed, -math.inf)).flatten(1)
     batch, n_pixels = restricted.shape
     index = torch.arange(n_pixels, device=maps.device).expand(batch, -1)
     at_max = restricted == restricted.amax(dim=1, keepdim=True)
     peak = torch.where(at_max, index, n_pixels).amin(dim=1)
-    hits = zone.flatten(1).gather(1, peak[:, None])[:, 0]
-    chance = zone.sum(dim=(1, 2)).float() / fov.sum(dim=(1, 2)).float()
-    return hits, chance
+    return zone.flatten(1).gather(1, peak[:, None])[:, 0]
 
 
 # --- a classifier-free reference map --------------------------------------------------------------
@@ -292,30 +303,34 @@ def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIO
                 ) -> dict[str, torch.Tensor]:
     """IoU and energy of the top-k set for each fraction k (default 5%, 10%, ..., 50%).
 
-    The top-k set is ``threshold.top_fraction_mask``'s (exact pixel count, same tie-break; the
-    pixels are ranked once for all k), so the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
+    The top-k set is ``threshold.top_fraction_mask``'s (exact pixel count, same tie-break), so
+    the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
     float32, where energy is the share of the top-k set's saliency that lies in the lesion
     (sum over top-k & M of the map / sum over top-k; a top-k set with no saliency counts as
     uniform: its lesion pixel share).
+
+    The pixels are ranked once; every top-k set is a prefix of that ranking, so its lesion
+    count and saliency sums are read off running sums (no mask is built per k).
     """
     masks = _as_masks(masks)
     _check_maps(maps, masks)
     batch, height, width = maps.shape
-    weights = maps.double().clamp(min=0)
-    order = _rank_order(maps)  # one sort serves every k: the top-k set is a prefix of it
-    ious, energies = [], []
-    for fraction in fractions:
-        count = kept_pixel_count(float(fraction), height, width)
-        keep = torch.zeros(batch, height * width, dtype=torch.bool, device=maps.device)
-        keep = keep.scatter_(1, order[:, :count], True).reshape(batch, height, width)
-        intersection = (keep & masks).sum(dim=(1, 2)).double()
-        union = (keep | masks).sum(dim=(1, 2)).double()
-        ious.append(intersection / union)
-        kept = (weights * keep).sum(dim=(1, 2))
-        inside = (weights * (keep & masks)).sum(dim=(1, 2))
-        energies.append(torch.where(kept > 0, inside / kept.clamp(min=1e-300),
-                                    intersection / keep.sum(dim=(1, 2)).double()))
-    return {"iou": torch.stack(ious, dim=1).float(), "energy": torch.stack(energies, dim=1).float()}
+    order = _rank_order(maps)
+    weights = maps.flatten(1).gather(1, order).double().clamp(min=0)        # (B, N) ranked
+    in_lesion = masks.flatten(1).gather(1, order)
+    lesion_running = in_lesion.double().cumsum(1)
+    weight_running = weights.cumsum(1)
+    lesion_weight_running = (weights * in_lesion).cumsum(1)
+    mask_area = masks.flatten(1).sum(dim=1).double()
+    counts = [kept_pixel_count(float(fraction), height, width) for fraction in fractions]
+    last = torch.as_tensor(counts, device=maps.device) - 1                   # (K,) prefix ends
+    intersection = lesion_running[:, last]                                    # (B, K)
+    kept_count = torch.as_tensor(counts, dtype=torch.float64, device=maps.device)[None, :]
+    iou = intersection / (kept_count + mask_area[:, None] - intersection)
+    kept = weight_running[:, last]
+    inside = lesion_weight_running[:, last]
+    energy = torch.where(kept > 0, inside / kept.clamp(min=1e-300), intersection / kept_count)
+    return {"iou": iou.float(), "energy": energy.float()}
 
 
 # --- consistency across images --------------------------------------------------------------------
