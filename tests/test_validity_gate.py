@@ -102,6 +102,8 @@ def test_constant_maps_are_neither_hits_nor_misses():
     all_constant = dict(READER, shortcut=lambda i, m: None)
     gate = validity_gate.gate_table(_case_rows(all_constant), _facts()).set_index("method")
     assert np.isnan(gate.loc["gradcam", "cue_rate"]) and not gate.loc["gradcam", "passes"]
+    assert "peak-on-cue undefined (all 40 maps constant)" in gate.loc["gradcam", "reason"]
+    assert "nan" not in gate.loc["gradcam", "reason"]
 
 
 def test_planted_frames_keep_cue_and_lesion_apart():

@@ -348,6 +348,11 @@ def _rate(rows: pd.DataFrame, column: str) -> tuple[float, int, int]:
     return rate, int(defined.sum()), int((~defined).sum())
 
 
+def _rate_text(rate: float, n_constant: int) -> str:
+    """A rate for the reason column; a NaN rate means every map was constant (no peak)."""
+    return f"{rate:.2f}" if np.isfinite(rate) else f"undefined (all {n_constant} maps constant)"
+
+
 def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float = 0.25,
                methods=MAP_METHODS) -> pd.DataFrame:
     """Per map method: the gate's rates, chance levels and verdict.
@@ -387,10 +392,12 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
         reasons = []
         if not models_ok:
             reasons.append("gate models failed their accuracy rule: " + ", ".join(bad_models))
-        if not row["lesion_rate"] >= lesion_bar:   # NaN fails too
-            reasons.append(f"lesion model peak-inside {row['lesion_rate']:.2f} < {lesion_bar:.2f}")
+        if not row["lesion_rate"] >= lesion_bar:   # NaN (no defined peak) fails too
+            reasons.append(f"lesion model peak-inside {_rate_text(row['lesion_rate'], row['n_constant_lesion'])}"
+                           f" < {lesion_bar:.2f}")
         if not row["cue_rate"] >= cue_bar:
-            reasons.append(f"shortcut model peak-on-cue {row['cue_rate']:.2f} < {cue_bar:.2f}")
+            reasons.append(f"shortcut model peak-on-cue {_rate_text(row['cue_rate'], row['n_constant_shortcut'])}"
+                           f" < {cue_bar:.2f}")
         for control in CONTROL_MODELS:
             if row[f"{control}_lesion_rate"] >= lesion_bar:
                 reasons.append(f"{control} control peak-inside {row[f'{control}_lesion_rate']:.2f} "
