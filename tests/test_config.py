@@ -127,6 +127,14 @@ def test_notebook_parameters_cell_matches_the_schema(notebook):
     assert parameters.declared_parameters(notebook) == parameters.expected_parameters(notebook.stem)
 
 
+@pytest.mark.parametrize("notebook", orchestrator.discover_stages(), ids=lambda p: p.stem)
+def test_notebook_title_carries_its_stage_number(notebook):
+    """The heading a reader sees ("# 04 · ...") names the file's number (stale after renumbering)."""
+    import nbformat
+    title = nbformat.read(notebook, as_version=4).cells[0].source.splitlines()[0]
+    assert title.startswith(f"# {notebook.stem[:2]} · "), f"{notebook.name}: title {title!r}"
+
+
 def test_where_tasks_run_is_not_part_of_any_stage_digest(tmp_path):
     before = _digests(str(config.profile_path("smoke")))
     after = _digests(write_profile(tmp_path, lambda raw: raw["shared"].update(scheduler="local:2")))

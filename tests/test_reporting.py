@@ -58,6 +58,23 @@ def test_temperature_at_bound_is_flagged_in_table3_rows():
     assert not calibration.calibration_table(_scores(0.83), "c")["temperature_at_bound"].any()
 
 
+def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
+    from endoexplain_core.analysis import summaries
+    bound = calibration.TEMPERATURE_BOUNDS[1]
+    pinned = pd.DataFrame({"temperature": [bound, bound]})
+    inside = pd.DataFrame({"temperature": [0.83, 0.83]})
+    assert summaries.temperature_at_bound(pinned) and not summaries.temperature_at_bound(inside)
+    assert summaries.temperature_statement(pinned).startswith("WARNING")
+    assert "inside its search bounds" in summaries.temperature_statement(inside)
+    shown = summaries.format_table4(pd.DataFrame({
+        "panel": ["A"], "label": ["Grad-CAM"], "n": [3], "temperature_at_bound": [True],
+        **{f"{o}{s}": [0.5] for o in ("peak_failure", "iou", "energy_in_mask", "logit_drop")
+           for s in ("", "_ci_low", "_ci_high")}}))
+    assert shown["Panel"].iloc[0] == "A (T at bound)"
+    table5 = pd.DataFrame({"term": ["x"], "estimable": [True], "note": [""], "separated_replicates": [0]})
+    assert summaries.table5_footnote(table5, 10, summaries.temperature_statement(pinned)).startswith("WARNING")
+
+
 def test_source_category_audit_has_exact_intervals_per_category():
     table = calibration.source_category_audit(_scores(1.0), "c").set_index("source")
     standard = table.loc["polyps"]

@@ -155,7 +155,34 @@ def table4(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: 
         frame = panel_summary(table, random_deletion, ids, replicates, seed)
         frame.insert(0, "panel", panel)
         panels.append(frame)
-    return pd.concat(panels, ignore_index=True)
+    result = pd.concat(panels, ignore_index=True)
+    # Panel A is selected on the scaled score: a temperature stuck on its search bound makes
+    # that selection arbitrary, so every row carries the flag.
+    result["temperature_at_bound"] = temperature_at_bound(table)
+    return result
+
+
+def temperature_at_bound(table: pd.DataFrame) -> bool:
+    """True when the case table's (one checkpoint's) fitted temperature sits on a search bound."""
+    if "temperature" not in table.columns or table.empty:
+        return False
+    values = table["temperature"].dropna().unique()
+    # T <= 0 is no fit (raw scores), as in the robustness rows
+    return bool(any(float(v) > 0 and calibration.at_bound(float(v)) for v in values))
+
+
+def temperature_statement(table: pd.DataFrame) -> str:
+    """One sentence on the temperature behind a table's scaled scores (a warning at a bound)."""
+    values = table["temperature"].dropna().unique() if "temperature" in table.columns else []
+    values = [v for v in values if float(v) > 0]
+    if not values:
+        return "No fitted temperature recorded."
+    text = ", ".join(f"{float(v):.3g}" for v in values)
+    if temperature_at_bound(table):
+        return (f"WARNING: the temperature (T = {text}) stopped on its search bound "
+                f"{calibration.TEMPERATURE_BOUNDS}: the scaled scores, and so the high-score "
+                "panel, rest on an unconstrained fit (docs/protocol.md, Calibration).")
+    return f"Scaled scores use the validation-fitted temperature T = {text} (inside its search bounds)."
 
 
 def estimate_with_ci(estimate: float, low: float, high: float, digits: int = 3) -> str:
@@ -172,6 +199,8 @@ def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
                            ("energy_in_mask", "Energy in mask"), ("logit_drop", "Logit drop")):
         shown[title] = [estimate_with_ci(e, lo, hi, digits) for e, lo, hi in
                         zip(table[outcome], table[outcome + "_ci_low"], table[outcome + "_ci_high"])]
+    if "temperature_at_bound" in table.columns and table["temperature_at_bound"].any():
+        shown["Panel"] = shown["Panel"].astype(str) + " (T at bound)"
     if "n_constant" in table.columns:  # constant maps: left out of the rates, counted here
         shown["Constant maps"] = table["n_constant"].to_numpy()
         shown["Peak failure, constant = failure"] = [
@@ -652,9 +681,11 @@ def format_table5(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     return pd.DataFrame({"Term": table["term"], "Odds ratio (95% CI)": cells})
 
 
-def table5_footnote(table: pd.DataFrame, replicates: int) -> str:
-    """The footnote of Table 5: method, separated terms, and replicates that hit a bound."""
-    parts = ["Odds ratios of a logistic model of peak failure (Grad-CAM reference; ridge "
+def table5_footnote(table: pd.DataFrame, replicates: int, temperature_note: str = "") -> str:
+    """The footnote of Table 5: method, separated terms, replicates that hit a bound and (when
+    given, e.g. ``temperature_statement``) the temperature behind the score terms."""
+    parts = [temperature_note] if temperature_note else []
+    parts += ["Odds ratios of a logistic model of peak failure (Grad-CAM reference; ridge "
              f"penalty {stats.RIDGE_PENALTY:g} on slopes); 95% percentile intervals over "
              f"{replicates} image-cluster bootstrap replicates."]
     dropped = table.loc[~table["estimable"] & (table["note"] != "model not fitted")]
