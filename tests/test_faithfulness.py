@@ -302,6 +302,27 @@ def test_faithfulness_figures_render_from_fixed_tables():
         matplotlib.pyplot.close(figure)
 
 
+def test_road_figure_draws_coinciding_curves_once_and_names_them():
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    from endoexplain_core.figures import faithfulness_figures as figures
+
+    slopes = {"gradcam": 3.0, "xgradcam": 3.0, "eigencam": 2.0, "random": 1.0}
+    curves = pd.DataFrame([{"checkpoint_id": "c", "method": m, "order": o, "fraction": f,
+                            "drop": slope * f, "ci_low": 0.0, "ci_high": 4 * f}
+                           for m, slope in slopes.items() for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+    assert figures.coinciding_curves(curves) == {"gradcam": ["xgradcam"]}
+    nudged = curves.copy()
+    nudged.loc[nudged["method"] == "xgradcam", "drop"] += 1e-6
+    assert figures.coinciding_curves(nudged) == {}
+    figure = figures.road_curves_figure(curves)
+    labels = figure.axes[1].get_legend_handles_labels()[1]
+    assert "Grad-CAM = XGrad-CAM" in labels and len(labels) == 3
+    assert all(len(ax.get_lines()) == 3 + 1 for ax in figure.axes[:2])  # three curves + the zero line
+    matplotlib.pyplot.close(figure)
+
+
 def test_randomisation_similarity_changes_step_by_step():
     from endoexplain_core.analysis import faithfulness
     from endoexplain_core.models import networks

@@ -26,20 +26,44 @@ def _colour(method: str) -> str:
     return style.METHOD_COLOURS.get(method, "grey")
 
 
+def coinciding_curves(curves: pd.DataFrame, tolerance: float = 1e-9) -> dict[str, list[str]]:
+    """method -> methods whose MoRF and LeRF curves equal its own (max |difference| of the mean
+    drop <= ``tolerance`` at every order and fraction), for the first method of each group in
+    table order; e.g. Grad-CAM and XGrad-CAM at a GAP + linear head. Singletons are left out."""
+    wide = curves.pivot_table(index=["order", "fraction"], columns="method", values="drop", sort=False)
+    methods = list(dict.fromkeys(curves["method"]))
+    groups: dict[str, list[str]] = {}
+    taken: set[str] = set()
+    for position, method in enumerate(methods):
+        if method in taken:
+            continue
+        same = [other for other in methods[position + 1:] if other not in taken
+                and (wide[method] - wide[other]).abs().max() <= tolerance]
+        if same:
+            groups[method] = same
+            taken.update(same)
+    return groups
+
+
 def road_curves_figure(curves: pd.DataFrame):
     """MoRF and LeRF curves of one checkpoint: mean drop of z/T against the share of the field
-    of view filled, per method with 95% bands; the random heatmap (reference) dashed black."""
+    of view filled, per method with 95% bands; the random heatmap (reference) dashed black.
+    Methods with coinciding curves (``coinciding_curves``) are drawn once, labelled together
+    ("Grad-CAM = XGrad-CAM"), so no curve hides behind another."""
+    groups = coinciding_curves(curves)
+    hidden = {other for same in groups.values() for other in same}
     fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.0), sharey=True, layout="constrained")
     for ax, order, title in zip(axes, ("morf", "lerf"),
                                 ("Most relevant first (MoRF)", "Least relevant first (LeRF)")):
-        part = curves[curves["order"] == order]
+        part = curves[(curves["order"] == order) & ~curves["method"].isin(hidden)]
         for method, rows in part.groupby("method", sort=False):
             rows = rows.sort_values("fraction")
             x = 100 * rows["fraction"].to_numpy()
             reference = method == "random"
             colour = REFERENCE_COLOUR if reference else _colour(method)
+            label = " = ".join(style.method_label(m) for m in [method, *groups.get(method, [])])
             ax.plot(x, rows["drop"], marker="o", markersize=3, color=colour,
-                    linestyle="--" if reference else "-", label=style.method_label(method))
+                    linestyle="--" if reference else "-", label=label)
             ax.fill_between(x, rows["ci_low"], rows["ci_high"], color=colour, alpha=0.12, linewidth=0)
         ax.axhline(0, color="grey", linewidth=0.6)
         ax.set_xscale("log")
@@ -49,7 +73,8 @@ def road_curves_figure(curves: pd.DataFrame):
         ax.set_title(title)
     axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.supxlabel(style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map).",
+    note = " 'A = B': identical curves, drawn once." if groups else ""
+    fig.supxlabel(style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map)." + note,
                   fontsize=7, x=0.01, ha="left")
     return fig
 
