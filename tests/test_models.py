@@ -63,3 +63,21 @@ def test_identical_methods_table():
     assert networks.identical_methods(efficientnet, "features.8.0") == []
     assert networks.identical_methods(efficientnet, "features.8") == [("gradcam", "hirescam", "xgradcam")]
     assert networks.identical_methods(networks.build_model("resnet34"), "layer3.5") == []
+
+
+def test_numerics_policy_is_applied_and_readable():
+    """configure_torch sets every flag of the policy; torch_settings reads them back (what the
+    provenance records). CPU-only machines still carry the flags."""
+    import torch
+    from endoexplain_core import numerics
+    saved = numerics.torch_settings()
+    try:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        applied = numerics.configure_torch()
+        assert {k: applied[k] for k in numerics.POLICY} == numerics.POLICY
+    finally:
+        torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+        torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+        torch.backends.cuda.matmul.allow_tf32 = saved["cuda_matmul_allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_allow_tf32"]

@@ -84,6 +84,9 @@ def test_first_run_executes_everything_and_records_provenance(project):
     assert on_disk["status"] == "complete"
     assert set(on_disk["git"]) == {"commit", "dirty"}
     assert on_disk["packages"]["torch"] == "2.14.1"
+    from endoexplain_core import numerics
+    assert on_disk["device"]["numerics_policy"] == numerics.POLICY
+    assert set(numerics.POLICY) <= set(on_disk["device"]["torch_settings"])
     assert on_disk["parameters"]["01_second"]["value"] == 1
     assert on_disk["stages"][0]["figure_files"] == ["table_first.csv"]
     assert on_disk["stages"][1]["figure_files"] == ["table_second.csv"]

@@ -37,8 +37,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from endoexplain_core import numerics
 from endoexplain_core.data import datasets
-
 from endoexplain_core.models import checkpoint as checkpoint_files
 from endoexplain_core.models import networks
 
@@ -192,12 +192,16 @@ def zero_init_head(model: nn.Module) -> nn.Linear:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device."""
+    """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device. A CUDA device gets
+    the package's numerical policy (``numerics.configure_torch``) before any work runs on it."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the profile asks for device 'cuda' but no CUDA device is available")
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        numerics.configure_torch()  # deterministic cuDNN, no TF32 (endoexplain_core.numerics)
+    return resolved
 
 
 # ----------------------------------------------------------------------------- files

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from endoexplain_core import config as profiles
+from endoexplain_core import numerics
 
 REPO_ROOT = profiles.REPO_ROOT
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -256,7 +257,9 @@ def device_description() -> dict[str, Any]:
 
     description = {"platform": platform.platform(), "python": platform.python_version(),
                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                   "cuda_available": torch.cuda.is_available()}
+                   "cuda_available": torch.cuda.is_available(),
+                   # the flags every stage's CUDA device runs under (models.training.resolve_device)
+                   "numerics_policy": dict(numerics.POLICY), "torch_settings": numerics.torch_settings()}
     if torch.cuda.is_available():
         description["cuda_device"] = torch.cuda.get_device_name(0)
     return description
