@@ -155,6 +155,9 @@ class TrainingStageSettings(StageSettings):
     control_seed: int = Field(1129, description="shuffled-label control: seed and permutation")
     imagenet_weights: Literal["none", "auto"] | dict[str, str] = Field(
         "none", description="none | auto (local torchvision cache) | {arch: path}")
+    mixed_precision: bool = Field(
+        False, description="float16 autocast + gradient scaler in training and validation (CUDA only)")
+    channels_last: bool = Field(False, description="channels_last memory format in training (CUDA only)")
 
     @field_validator("training_settings")
     @classmethod

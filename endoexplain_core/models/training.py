@@ -288,7 +288,7 @@ def use_mixed_precision(device: torch.device, mixed_precision: bool) -> bool:
 
 @torch.no_grad()
 def predict_logits(model: nn.Module, dataset: datasets.ManifestDataset, batch_size: int,
-                   device: torch.device, mixed_precision: bool = True, channels_last: bool = False,
+                   device: torch.device, mixed_precision: bool = False, channels_last: bool = False,
                    num_workers: int = 0) -> np.ndarray:
     """float32 (n, 2) logits [negative, positive] of every item, in dataset order.
 
@@ -329,7 +329,7 @@ def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progres
 
 
 def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optimizer, scheduler,
-                     scaler, loss_function, device: torch.device, mixed_precision: bool = True,
+                     scaler, loss_function, device: torch.device, mixed_precision: bool = False,
                      channels_last: bool = False) -> list[float]:
     """One epoch of optimiser steps (at most ``max_steps``); returns the per-step losses.
 
@@ -358,7 +358,7 @@ def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optim
 def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets.ManifestDataset,
                      val_set: datasets.ManifestDataset, settings: TrainingSettings,
                      checkpoint_dir: str | Path, device: str | torch.device = "cpu",
-                     show_progress: bool = True, mixed_precision: bool = True,
+                     show_progress: bool = True, mixed_precision: bool = False,
                      channels_last: bool = False) -> dict[str, Any]:
     """Train (or resume, or skip if finished) one checkpoint; return its summary.
 
