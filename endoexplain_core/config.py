@@ -143,6 +143,8 @@ class TrainingSettingsSection(Section):
     max_steps_per_epoch: int | None = Field(None, ge=1, description="cap on steps per epoch")
     eval_batch_size: int = Field(64, ge=1, description="images per evaluation forward")
     num_workers: int = Field(0, ge=0, description="DataLoader workers")
+    batchnorm_recalibration_images: int = Field(
+        128, ge=0, description="training images behind BatchNorm statistics before each validation (0: off)")
 
 
 class TrainingStageSettings(StageSettings):

@@ -318,3 +318,26 @@ def test_zero_init_head_starts_every_score_at_one_half(arch):
     with torch.no_grad():
         logits = model.eval()(torch.randn(2, 3, 64, 64))
     assert torch.equal(logits, torch.zeros(2, 2))
+
+
+def test_recalibrate_batchnorm_replaces_moving_averages_by_the_plain_average():
+    """Hand-checkable: one BatchNorm1d over a fixed batch; its running mean/var become the batch
+    mean and unbiased variance, momentum and train/eval mode are restored, no gradient is taken."""
+    from torch import nn
+    from endoexplain_core.models import training
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).eval()
+    model[1].running_mean.fill_(5.0)   # stale statistics, as after few steps from random weights
+    model[1].running_var.fill_(9.0)
+    images = torch.randn(12, 3)
+    loader = [(images[:6], None, None), (images[6:], None, None), (torch.randn(6, 3), None, None)]
+    used = training.recalibrate_batchnorm(model, loader, 12, torch.device("cpu"))
+    features = model[0](images).detach()
+    halves = [features[:6], features[6:]]
+    assert used == 12 and not model.training and model[1].momentum == 0.1
+    # cumulative average over the two batches of their means and unbiased variances
+    torch.testing.assert_close(model[1].running_mean, sum(h.mean(0) for h in halves) / 2)
+    torch.testing.assert_close(model[1].running_var, sum(h.var(0, unbiased=True) for h in halves) / 2)
+    assert all(p.grad is None for p in model.parameters())
+    assert training.recalibrate_batchnorm(nn.Linear(3, 2), loader, 12, torch.device("cpu")) == 0
