@@ -3,8 +3,8 @@
 Prints, for each architecture, from one run on the same batch:
   fused/fwd        fused 5-CAM kernel time / one no-grad forward            (target <= 1.15)
   library/fused    pytorch-grad-cam's five methods one by one / fused       (target >= 10)
-  audit/floor      whole per-image audit (5 CAMs, 2 baselines, metrics, 5 + 20 deletions)
-                   / 26 no-grad forwards                                      (target <= 1.15)
+  audit/floor      whole per-image audit (5 CAMs, 2 baselines, metrics, 5 CAM + 1 lesion +
+                   20 random deletions) / its 27 no-grad forwards             (target <= 1.15)
 and the peak memory of streaming 200 vs 1,000 images through the audit in batches, plus the
 memory after repeated streams (target: flat). CPU memory is the resident set's high-water mark
 (reset through /proc/self/clear_refs) and tracemalloc's Python-side peak; on CUDA it is
@@ -75,10 +75,16 @@ def _disc_masks(batch: int, size: int, device: torch.device) -> torch.Tensor:
     return ((rows - offsets[:, None, None]) ** 2 + (cols - size / 2) ** 2) < (size / 6) ** 2
 
 
-def audit_batch(model, layer_name: str, images: torch.Tensor, masks: torch.Tensor, sample_ids):
+# Forwards of one audited image: the CAM forward, 5 CAM top-area deletions, the lesion
+# deletion and the random deletions (``audit.audit_batch``); the audit's physical floor.
+AUDIT_FORWARDS = 1 + 6 + RANDOM_REPETITIONS
+
+
+def audit_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids):
     """The spatial audit of one batch exactly as notebooks 04-06 run it (``audit.audit_batch``):
-    5 CAMs + 2 baselines, metrics, 5 CAM deletions and 20 random deletions."""
-    return audit.audit_batch(model, layer_name, images, masks, list(sample_ids), temperature=1.0,
+    5 CAMs + 2 baselines, metrics, 5 CAM deletions, the lesion deletion and 20 random deletions.
+    ``layer``: the target layer module."""
+    return audit.audit_batch(model, layer, images, masks, list(sample_ids), temperature=1.0,
                              top_fraction=FRACTION, repetitions=RANDOM_REPETITIONS)
 
 
@@ -97,7 +103,7 @@ def _rss_mib(field: str) -> float:
     return float("nan")
 
 
-def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[float, float]:
+def stream_peak_mib(model, layer, n_images, batch, size, device) -> tuple[float, float]:
     """Peak memory (MiB) while streaming n_images through audit_batch: (device, tracemalloc).
 
     On CUDA the device figure is torch.cuda.max_memory_allocated; on CPU it is the growth of
@@ -114,7 +120,7 @@ def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[f
     for start in range(0, n_images, batch):
         count = min(batch, n_images - start)
         images = torch.randn(count, 3, size, size, generator=generator).to(device)
-        audit_batch(model, layer_name, images, masks[:count], [f"img{start + i}" for i in range(count)])
+        audit_batch(model, layer, images, masks[:count], [f"img{start + i}" for i in range(count)])
     python_peak = tracemalloc.get_traced_memory()[1] / 2 ** 20
     tracemalloc.stop()
     if device.type == "cuda":
@@ -122,14 +128,11 @@ def stream_peak_mib(model, layer_name, n_images, batch, size, device) -> tuple[f
     return _rss_mib("VmHWM") - rss_at_start, python_peak
 
 
-def bench_architecture(arch: str, args, device: torch.device) -> dict:
-    torch.manual_seed(0)
-    model = networks.build_model(arch).eval().to(device)
-    layer_name, layer = networks.resolve_target_layer(model, arch)
-    images = torch.randn(args.batch, 3, args.image_size, args.image_size,
-                         generator=torch.Generator().manual_seed(1)).to(device)
-    masks = _disc_masks(args.batch, args.image_size, device)
-    sample_ids = [f"img{i}" for i in range(args.batch)]
+def time_kernels(model, layer_name: str, layer, images: torch.Tensor, masks: torch.Tensor, args,
+                 device: torch.device) -> dict:
+    """Seconds of forward / fused / audit (interleaved, minimum of ``args.repeats``) and of the
+    library (one run) on one batch, and their ratios fused/fwd, library/fused, audit/floor."""
+    sample_ids = [f"img{i}" for i in range(len(images))]
 
     def forward():
         with torch.no_grad():
@@ -139,7 +142,7 @@ def bench_architecture(arch: str, args, device: torch.device) -> dict:
         cams.compute_cams(model, layer_name, images)
 
     def library():
-        targets = [ClassifierOutputTarget(1)] * args.batch
+        targets = [ClassifierOutputTarget(1)] * len(images)
         for cam_class in LIBRARY_CLASSES:
             with cam_class(model=model, target_layers=[layer]) as explainer:
                 explainer(input_tensor=images, targets=targets)
@@ -150,20 +153,31 @@ def bench_architecture(arch: str, args, device: torch.device) -> dict:
     # so that load from other processes on a shared machine hits all three alike.
     timings = _interleaved_min_seconds(
         {"forward": forward, "fused": fused,
-         "audit": lambda: audit_batch(model, layer_name, images, masks, sample_ids)},
+         "audit": lambda: audit_batch(model, layer, images, masks, sample_ids)},
         args.repeats, device)
     t_forward, t_fused, t_audit = timings["forward"], timings["fused"], timings["audit"]
     t_library = _median_seconds(library, 1, device)  # slow: one run is enough
     model.zero_grad(set_to_none=True)  # the library fills parameter gradients
+    return {"forward_s": t_forward, "fused_s": t_fused, "library_s": t_library, "audit_s": t_audit,
+            "fused/fwd": t_fused / t_forward, "library/fused": t_library / t_fused,
+            "audit/floor": t_audit / (AUDIT_FORWARDS * t_forward)}
+
+
+def bench_architecture(arch: str, args, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = networks.build_model(arch).eval().to(device)
+    layer_name, layer = networks.resolve_target_layer(model, arch)
+    images = torch.randn(args.batch, 3, args.image_size, args.image_size,
+                         generator=torch.Generator().manual_seed(1)).to(device)
+    masks = _disc_masks(args.batch, args.image_size, device)
+    timings = time_kernels(model, layer_name, layer, images, masks, args, device)
 
     memory = {}
     for n_images in args.memory_images:
-        memory[n_images] = stream_peak_mib(model, layer_name, n_images, args.batch, args.memory_image_size, device)
-    repeated = [stream_peak_mib(model, layer_name, args.memory_images[0], args.batch,
+        memory[n_images] = stream_peak_mib(model, layer, n_images, args.batch, args.memory_image_size, device)
+    repeated = [stream_peak_mib(model, layer, args.memory_images[0], args.batch,
                                 args.memory_image_size, device)[0] for _ in range(2)]
-    return {"arch": arch, "forward_s": t_forward, "fused_s": t_fused, "library_s": t_library,
-            "audit_s": t_audit, "fused/fwd": t_fused / t_forward, "library/fused": t_library / t_fused,
-            "audit/floor": t_audit / (26 * t_forward), "memory": memory, "repeated": repeated}
+    return {"arch": arch, **timings, "memory": memory, "repeated": repeated}
 
 
 def main() -> None:
@@ -186,7 +200,7 @@ def main() -> None:
     unit = "MiB (cuda max allocated)" if device.type == "cuda" else "MiB (peak RSS growth)"
     small, large = args.memory_images
     header = (f"{'arch':16s} {'fwd s':>7s} {'fused s':>8s} {'fused/fwd':>9s} {'lib s':>7s} {'lib/fused':>9s} "
-              f"{'audit s':>8s} {'audit/26fwd':>11s} | {small} img {large} img  repeated {small}  [{unit}]; "
+              f"{'audit s':>8s} {'audit/27fwd':>11s} | {small} img {large} img  repeated {small}  [{unit}]; "
               f"python peak {small}/{large} MiB")
     print(header)
     for arch in args.archs:
