@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from endoexplain_core.analysis import audit
+from endoexplain_core import files
 
 from endoexplain_core.kernels import deletion
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
@@ -206,7 +207,7 @@ def make_run(tmp_path, size=64, n_images=3):
                 "normalisation": NORMALISATION, "state_dict": model.state_dict()}, path)
     pd.DataFrame([{"checkpoint_id": "resnet34_s1", "arch": "resnet34", "seed": 1,
                    "control": "none", "epochs": 1, "val_auprc": 0.5,
-                   "path": "checkpoints/resnet34_s1.safetensors", "sha256": training.file_sha256(path),
+                   "path": "checkpoints/resnet34_s1.safetensors", "sha256": files.sha256_file(path),
                    "is_primary": True}]).to_csv(run / "checkpoints" / "registry.csv", index=False)
     (run / "calibration").mkdir()
     pd.DataFrame({"checkpoint_id": ["resnet34_s1"], "temperature": [0.5]}).to_csv(

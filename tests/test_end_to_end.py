@@ -122,3 +122,20 @@ def test_key_tables_match_the_committed_regression_values(smoke_run, name):
     actual = pd.read_csv(smoke_run / "figures" / "smoke" / name)
     expected = pd.read_csv(EXPECTED_DIR / name)
     assert_same_table(actual, expected, name)
+
+
+# Tables whose cells record wall-clock time, not results: the only ones allowed to differ.
+TIMING_TABLES = {"table_stage_times.csv"}
+
+
+def test_a_local_dask_cluster_gives_the_sequential_tables(smoke_run, tmp_path):
+    """`--scheduler local:2` (two worker processes; training, audits and transfer as tasks)
+    writes every table byte-identical to the sequential run's."""
+    result = run_all(tmp_path, "--scheduler", "local:2")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    sequential_dir, cluster_dir = smoke_run / "figures" / "smoke", tmp_path / "figures" / "smoke"
+    names = sorted(p.name for p in sequential_dir.glob("*.csv") if p.name not in TIMING_TABLES)
+    assert len(names) > 20 and sorted(p.name for p in cluster_dir.glob("*.csv")
+                                      if p.name not in TIMING_TABLES) == names
+    different = [n for n in names if (sequential_dir / n).read_bytes() != (cluster_dir / n).read_bytes()]
+    assert not different, f"tables differ between local:2 and sequential: {different}"

@@ -29,7 +29,7 @@ import torch
 import yaml
 from PIL import Image
 
-from endoexplain_core import cli, config
+from endoexplain_core import cli, config, files
 from endoexplain_core.analysis import audit
 from endoexplain_core.data import imageio
 from endoexplain_core.models import checkpoint, training
@@ -161,13 +161,14 @@ def test_empty_mask_is_a_counted_exclusion_and_a_bad_file_keeps_the_previous_out
 FULL_DISK_SCRIPT = """
 import resource, signal, sys
 import pandas as pd, torch
+from endoexplain_core import files
 from endoexplain_core.models import checkpoint, training
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)           # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # a disk with 200 kB left
 folder = sys.argv[1]
 for name, write in (
         ("checkpoint", lambda: checkpoint.save_tree({"w": torch.zeros(100_000)}, folder + "/model.safetensors")),
-        ("parquet", lambda: training.write_parquet_atomic(
+        ("parquet", lambda: files.write_parquet_atomic(
             pd.DataFrame({"x": range(200_000)}).astype(str), folder + "/table.parquet"))):
     try:
         write()
@@ -179,7 +180,7 @@ for name, write in (
 
 def test_full_disk_during_a_write_keeps_the_previous_artefact(tmp_path):
     checkpoint.save_tree({"w": torch.ones(10)}, tmp_path / "model.safetensors")
-    training.write_parquet_atomic(pd.DataFrame({"x": ["previous"]}), tmp_path / "table.parquet")
+    files.write_parquet_atomic(pd.DataFrame({"x": ["previous"]}), tmp_path / "table.parquet")
     before = {p.name: sha(p) for p in tmp_path.iterdir()}
     result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT, str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
@@ -272,6 +273,7 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from PIL import Image
 from torch import nn
+from endoexplain_core import files
 from endoexplain_core.data import datasets
 from endoexplain_core.models import training
 
@@ -306,7 +308,7 @@ model = SlowTinyNet()
 train = datasets.ManifestDataset(rows[rows.role == "train"], root, 32, augment_seed=1129)
 val = datasets.ManifestDataset(rows[rows.role == "val"], root, 32)
 summary = training.train_checkpoint(model, spec, train, val, settings, out, show_progress=False)
-training.write_csv_atomic(training.training_curves([summary]), out / "training_curves.csv")
+files.write_csv_atomic(training.training_curves([summary]), out / "training_curves.csv")
 print("finished", summary["epochs_run"])
 """
 

@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from endoexplain_core.analysis import map_diagnostics
+from endoexplain_core import files
 from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metrics, threshold
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
 from endoexplain_core.models import networks, training
@@ -471,7 +472,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
         priors, negative_rows = map_diagnostics.prior_maps(
             model, layer, images, negatives["sample_id"], grid=grid, fraction=top_fraction,
             batch_size=batch_size)
-        training.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
+        files.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
                                       paths["negatives"])
     summary = audit_checkpoint(model, metadata, temperature, manifest_cases(pool, data_root),
                                dataset=dataset, image_size=image_size,

@@ -22,7 +22,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
 from endoexplain_core.analysis import stats
-from endoexplain_core.models.training import write_csv_atomic, write_parquet_atomic
+from endoexplain_core.files import write_csv_atomic, write_parquet_atomic
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 SCORE_KINDS = {"raw": "Raw", "scaled": "Temperature-scaled"}

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from endoexplain_core.config import resolve_data_root
 from endoexplain_core.data.imageio import ImageReadError
+from endoexplain_core import files
 
 AHASH_SIZE = 16
 ROLES = ("train", "val", "test", "spatial_audit")
@@ -58,17 +59,12 @@ class ManifestVerificationError(RuntimeError):
 # Hashing
 # ---------------------------------------------------------------------------------------------
 
-def sha256_bytes(data: bytes) -> str:
-    """Lowercase hex SHA-256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: str | Path) -> str:
     """Lowercase hex SHA-256 of a file's bytes; ``ImageReadError`` naming a missing file."""
     path = Path(path)
     if not path.is_file():
         raise ImageReadError(f"{path}: file does not exist")
-    return sha256_bytes(path.read_bytes())
+    return files.sha256_file(path)
 
 
 def hash_image_bytes(data: bytes, name: str | Path = "<bytes>") -> dict[str, object]:
@@ -83,7 +79,7 @@ def hash_image_bytes(data: bytes, name: str | Path = "<bytes>") -> dict[str, obj
             width, height = image.size
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise ImageReadError(f"{name}: cannot decode image file ({error})") from error
-    return {"sha256": sha256_bytes(data), "ahash": ahash, "width": width, "height": height}
+    return {"sha256": files.sha256_bytes(data), "ahash": ahash, "width": width, "height": height}
 
 
 def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
@@ -250,7 +246,7 @@ def write_manifest(manifest: pd.DataFrame, manifest_dir: str | Path) -> str:
     """Write ``manifest.csv`` and ``manifest.sha256`` (hex digest + newline); return the digest."""
     manifest_dir = Path(manifest_dir)
     data = manifest_bytes(manifest)
-    digest = sha256_bytes(data)
+    digest = files.sha256_bytes(data)
     _atomic_write(manifest_dir / MANIFEST_FILE, data)
     _atomic_write(manifest_dir / DIGEST_FILE, (digest + "\n").encode())
     return digest
@@ -319,12 +315,12 @@ def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, 
     manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
     new_digest = read_digest(manifest_dir / DIGEST_FILE)
     new_bytes = (manifest_dir / MANIFEST_FILE).read_bytes()
-    if sha256_bytes(new_bytes) != new_digest:
+    if files.sha256_bytes(new_bytes) != new_digest:
         raise ManifestVerificationError(f"{manifest_dir / MANIFEST_FILE} does not match its "
                                         f"digest file {manifest_dir / DIGEST_FILE}")
     reference_csv = reference_dir / MANIFEST_FILE
     if reference_csv.is_file():
-        reference_digest = sha256_bytes(reference_csv.read_bytes())
+        reference_digest = files.sha256_bytes(reference_csv.read_bytes())
         if reference_digest == new_digest:
             return {"status": "match", "digest": new_digest, "summary": "identical"}
         summary = describe_differences(read_manifest(manifest_dir / MANIFEST_FILE),
@@ -357,7 +353,7 @@ def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
     csv_path, digest_path = manifest_dir / MANIFEST_FILE, manifest_dir / DIGEST_FILE
     if not csv_path.is_file() or not digest_path.is_file():
         raise ManifestVerificationError(f"no manifest in {manifest_dir}: run 00_roles first")
-    recorded, actual = read_digest(digest_path), sha256_bytes(csv_path.read_bytes())
+    recorded, actual = read_digest(digest_path), files.sha256_bytes(csv_path.read_bytes())
     if recorded != actual:
         raise ManifestVerificationError(f"{csv_path} was changed after it was written: its "
                                         f"SHA-256 is {actual[:12]}, {digest_path} says "

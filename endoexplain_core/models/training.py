@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from endoexplain_core import numerics
+from endoexplain_core import files, numerics
 from endoexplain_core.data import datasets
 from endoexplain_core.models import checkpoint as checkpoint_files
 from endoexplain_core.models import networks
@@ -215,15 +215,6 @@ def _atomic_save(obj: Any, path: Path) -> None:
     """Safe checkpoint file (``models.checkpoint.save_tree``): temporary file, fsync, rename,
     so a kill or a full disk never leaves a half-written file in place of the last good one."""
     checkpoint_files.save_tree(obj, path)
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 hex digest of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_checkpoint(path: str | Path, expected_manifest_digest: str, expected_image_size: int
@@ -676,41 +667,9 @@ def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: st
     rows = [{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"], "seed": s["seed"],
              "control": s["control"], "epochs": s["epochs"], "val_auprc": s["val_auprc"],
              "path": Path(s["path"]).resolve().relative_to(run_dir.resolve()).as_posix(),
-             "sha256": file_sha256(s["path"]), "is_primary": s["checkpoint_id"] == primary_id}
+             "sha256": files.sha256_file(s["path"]), "is_primary": s["checkpoint_id"] == primary_id}
             for s in summaries]
     return pd.DataFrame(rows, columns=REGISTRY_COLUMNS)
-
-
-def write_csv_atomic(table: pd.DataFrame, path: str | Path) -> Path:
-    """Write a CSV via a temporary file + rename (LF line ends)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return _replace_atomically(path, lambda temporary: table.to_csv(temporary, index=False,
-                                                                     lineterminator="\n"))
-
-
-def write_parquet_atomic(table: pd.DataFrame, path: str | Path) -> Path:
-    """Write a Parquet file via a temporary file + rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return _replace_atomically(path, lambda temporary: table.to_parquet(temporary, index=False))
-
-
-def _replace_atomically(path: Path, write) -> Path:
-    """``write(temporary)``, then rename over ``path``. On an OS error (full disk, quota) the
-    temporary file is removed, ``path`` keeps its previous content and the error names it."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, f"could not write {path} ({error.strerror or error}); the "
-                                   f"previous file, if any, is unchanged") from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ----------------------------------------------------------------------------- logits
@@ -741,7 +700,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
             "target": manifest["target"].to_numpy(), "logit_neg": logits[:, 0],
             "logit_pos": logits[:, 1]}))
     table = pd.concat(frames, ignore_index=True)[LOGIT_COLUMNS]
-    write_parquet_atomic(table, run_dir / "logits" / "logits.parquet")
+    files.write_parquet_atomic(table, run_dir / "logits" / "logits.parquet")
     return table
 
 

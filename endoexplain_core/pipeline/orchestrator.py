@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from endoexplain_core import config as profiles
-from endoexplain_core import numerics
+from endoexplain_core import files, numerics
 
 REPO_ROOT = profiles.REPO_ROOT
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -72,23 +72,11 @@ def discover_stages(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb") if p.is_file())
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def notebook_source_digest(path: Path) -> str:
     """Digest of a notebook's cell types and sources (outputs and metadata ignored)."""
     cells = json.loads(path.read_text())["cells"]
     sources = [(cell["cell_type"], "".join(cell["source"])) for cell in cells]
-    return sha256_bytes(json.dumps(sources).encode())
+    return files.sha256_bytes(json.dumps(sources).encode())
 
 
 def _module_file(module: str, core_dir: Path) -> Path | None:
@@ -182,7 +170,7 @@ def stage_digest(notebook: Path, parameters: dict[str, Any], core_digest: str,
         "upstream": upstream_digest,
         "inputs": input_fingerprint,
     }, sort_keys=True, default=str)
-    return sha256_bytes(payload.encode())
+    return files.sha256_bytes(payload.encode())
 
 
 def _figure_snapshot(figures_dir: Path) -> dict[str, int]:
@@ -190,13 +178,6 @@ def _figure_snapshot(figures_dir: Path) -> dict[str, int]:
         return {}
     return {p.relative_to(figures_dir).as_posix(): p.stat().st_mtime_ns
             for p in figures_dir.rglob("*") if p.is_file()}
-
-
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    temporary.replace(path)
 
 
 def export_html(executed: Path) -> Path:
@@ -270,7 +251,7 @@ def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
     if not folder.is_dir():
         return {}
     # Resume states (<id>.resume.safetensors) are training state, not checkpoints of the study.
-    return {p.stem: sha256_file(p) for p in sorted(folder.glob("*.safetensors"))
+    return {p.stem: files.sha256_file(p) for p in sorted(folder.glob("*.safetensors"))
             if not p.name.endswith(".resume.safetensors")}
 
 
@@ -424,7 +405,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         if executed.is_file():
             export_html(executed)
         if failure is None:
-            _write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
+            files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
                                             "figure_files": record["figure_files"],
                                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
             log.info("[%s] done in %.1f s", stage, record["seconds"])
@@ -443,7 +424,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         "wall_seconds": round(time.perf_counter() - started, 2),
         "status": "failed" if failure else "complete",
     }
-    _write_json_atomic(paths.run_dir / "provenance.json", provenance)
+    files.write_json_atomic(paths.run_dir / "provenance.json", provenance)
     _write_record(paths, provenance)
     if failure is not None:
         raise failure

@@ -26,20 +26,13 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.analysis import summaries
+from endoexplain_core import files
 from endoexplain_core.figures import style
 
 INDEX_NAME = "README.md"
 UNKNOWN_STAGE = "unknown stage"
 FILE_KINDS = {".png": "figure (PNG)", ".pdf": "figure (PDF)", ".csv": "table (CSV)",
               ".md": "table (Markdown)", ".tex": "table (LaTeX)"}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def figure_files(figures_dir: str | Path) -> list[str]:
@@ -128,7 +121,7 @@ def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Pa
                   f"{len(unknown)} file(s) no stage of this run claims (e.g. left by an earlier "
                   "run or written by hand).", ""]
     path = figures_dir / INDEX_NAME
-    _write_atomic(path, "\n".join(lines))
+    files.write_text_atomic(path, "\n".join(lines))
     return path
 
 
@@ -274,7 +267,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                       "</title>", f"<style>{_STYLE}</style></head><body>",
                       *head, *headline, *stages, *checkpoint_part, *figures, "</body></html>", ""])
     path = run_dir / "index.html"
-    _write_atomic(path, page)
+    files.write_text_atomic(path, page)
     return path
 
 

@@ -1,0 +1,73 @@
+"""Content hashes and atomic file writes: the one implementation every stage uses.
+
+Atomic: a file is written to a temporary sibling and renamed over its target, so a kill, a
+full disk or an exception never leaves a half-written file where the last good one was; on
+an OS error the temporary file is removed and the error names the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Lowercase hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Lowercase hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def replace_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """``write(temporary)``, then rename the temporary file over ``path`` (parents created).
+    On an OS error (full disk, quota) the temporary file is removed, ``path`` keeps its
+    previous content and the error names it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        write(temporary)
+        with open(temporary, "rb+") as handle:  # on disk before the rename makes it visible
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, f"could not write {path} ({error.strerror or error}); the "
+                                   f"previous file, if any, is unchanged") from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write UTF-8 ``text`` atomically."""
+    return replace_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | Path, payload: Any) -> Path:
+    """Write ``payload`` as indented, key-sorted JSON atomically (unknown types as strings)."""
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_csv_atomic(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write a CSV (no index, LF line ends) atomically."""
+    return replace_atomically(path, lambda temporary: table.to_csv(temporary, index=False,
+                                                                    lineterminator="\n"))
+
+
+def write_parquet_atomic(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write a Parquet file (no index) atomically."""
+    return replace_atomically(path, lambda temporary: table.to_parquet(temporary, index=False))
