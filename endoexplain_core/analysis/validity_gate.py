@@ -85,6 +85,8 @@ class GateSettings:
     warmup_steps, weight_decay, label_smoothing: AdamW with warm-up and cosine decay (the
     study's recipe, from scratch, zero-initialised head). margin, min_accuracy,
     max_control_accuracy: the pass rule (module docstring). seed: frames, weights, shuffling.
+    batchnorm_recalibration_images: training frames behind the eval-mode BatchNorm statistics
+    (``training.recalibrate_batchnorm``).
     """
 
     image_size: int = 128
@@ -102,6 +104,7 @@ class GateSettings:
     max_control_accuracy: float = 0.75
     seed: int = 20260721
     random_deletion_repetitions: int = 2
+    batchnorm_recalibration_images: int = 128
 
 
 # --- planted frames ---------------------------------------------------------------------------
@@ -244,6 +247,13 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
             loss.backward()
             optimiser.step()
             scheduler.step()
+        # Eval-mode BatchNorm statistics of the final weights (as in 01_training): the moving
+        # averages of a few hundred steps from scratch still describe earlier weights.
+        count = settings.batchnorm_recalibration_images
+        training.recalibrate_batchnorm(
+            model, ((_normalise(images[start:start + settings.batch_size]), None, None)
+                    for start in range(0, min(count, len(labels)), settings.batch_size)),
+            count, torch.device("cpu"))
     return model.eval()
 
 
