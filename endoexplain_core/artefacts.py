@@ -2,15 +2,62 @@
 
 Every figure is written as PNG (for reading) and PDF (for print); every table as CSV (for
 machines), Markdown (for the README index and notebooks) and LaTeX (for the manuscript).
+
+Each save also writes a provenance sidecar, ``<figures_dir>/provenance/<name>.json``: the
+files with their SHA-256, the stage that ran (``ENDOEXPLAIN_STAGE``, set by the orchestrator),
+the notebook cell's execution count and the calling function. After the stage, the
+orchestrator adds the cell id, the stage's parameters and digest
+(``pipeline.record.link_provenance``), so ``index.html`` links every table and figure to the
+cell that wrote it.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from pathlib import Path
 
 import pandas as pd
 
+from endoexplain_core import files
+
 PRINT_DPI = 300
+PROVENANCE_DIR = "provenance"          # sidecars live in this subfolder of figures_dir
+STAGE_ENV = "ENDOEXPLAIN_STAGE"        # set by the orchestrator while a stage's notebook runs
+
+
+def _execution_count() -> int | None:
+    """The running notebook cell's execution count (None outside IPython).
+
+    Read from the input history ``In`` (its last entry is the running cell): the shell's own
+    ``execution_count`` is already advanced while a cell runs."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    history = shell.user_ns.get("In") if shell is not None else None
+    return len(history) - 1 if history else None
+
+
+def _writer() -> str:
+    """``module:function`` of the first caller outside this module (``__main__:<module>`` for
+    a notebook cell)."""
+    for frame in inspect.stack()[1:]:
+        module = frame.frame.f_globals.get("__name__", "?")
+        if module != __name__:
+            return f"{module}:{frame.function}"
+    return "?"
+
+
+def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: str) -> Path:
+    """Write ``<figures_dir>/provenance/<name>.json`` for the files just saved (see module
+    docstring); return its path."""
+    record = {"artefact": name, "kind": kind,
+              "files": {path.name: files.sha256_file(path) for path in paths},
+              "stage": os.environ.get(STAGE_ENV), "execution_count": _execution_count(),
+              "writer": _writer()}
+    return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
 def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI) -> list[Path]:
@@ -24,6 +71,7 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI) -
     pdf = figures_dir / f"{name}.pdf"
     fig.savefig(png, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None})
+    write_sidecar(name, [png, pdf], figures_dir, "figure")
     return [png, pdf]
 
 
@@ -45,6 +93,7 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else float_format.format(v))
     md.write_text(_markdown(shown, index=index) + "\n")
     tex.write_text(shown.to_latex(index=index, escape=True))
+    write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
 
 

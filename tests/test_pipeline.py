@@ -145,3 +145,25 @@ def test_only_runs_the_named_stages(project):
 def test_missing_data_root_is_a_clear_error(project, tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         run(project, data_root=str(tmp_path / "nowhere"))
+
+
+def test_every_saved_table_links_to_the_cell_that_wrote_it(project):
+    """artefacts.save_table's sidecar names the stage and cell; index.html links to that cell."""
+    root, notebooks, _ = project
+    write_notebook(notebooks / "01_second.ipynb",
+                   "import pandas as pd\nfrom endoexplain_core import artefacts\n"
+                   "artefacts.save_table(pd.DataFrame({'value': [value]}), 'table_saved', figures_dir)")
+    run(project)
+    run_dir, figures = root / "out" / "runs" / "tiny", root / "out" / "figures" / "tiny"
+    sidecar = json.loads((figures / "provenance" / "table_saved.json").read_text())
+    executed = nbformat.read(run_dir / "notebooks" / "01_second.ipynb", as_version=4)
+    writing_cell = executed.cells[-1]
+    assert sidecar["stage"] == "01_second" and sidecar["cell_id"] == writing_cell.id
+    assert sidecar["execution_count"] == writing_cell.execution_count
+    assert sidecar["parameters"]["value"] == 1 and len(sidecar["stage_digest"]) == 64
+    assert set(sidecar["files"]) == {"table_saved.csv", "table_saved.md", "table_saved.tex"}
+    page = (run_dir / "index.html").read_text()
+    assert f"notebooks/01_second.html#cell-id={writing_cell.id}" in page
+    assert f'id="cell-id={writing_cell.id}"' in (run_dir / "notebooks" / "01_second.html").read_text()
+    index = (figures / "README.md").read_text()
+    assert "provenance/" not in index  # sidecars are not artefacts of the paper

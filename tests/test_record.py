@@ -74,7 +74,7 @@ def test_figure_index_is_complete_and_attributed(tmp_path):
     text = index.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     listed = [unquote(re.search(r"\]\(([^)]*)\)", row).group(1)) for row in rows]
-    on_disk = sorted(p.name for p in figures_dir.iterdir() if p.name != "README.md")
+    on_disk = sorted(p.name for p in figures_dir.iterdir() if p.is_file() and p.name != "README.md")
     assert sorted(listed) == on_disk                     # every file listed ...
     assert all((figures_dir / name).is_file() for name in listed)   # ... and every listed exists
     by_file = dict(zip(listed, rows))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from endoexplain_core import config as profiles
-from endoexplain_core import files, numerics
+from endoexplain_core import artefacts, files, numerics
 
 REPO_ROOT = profiles.REPO_ROOT
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -176,8 +176,30 @@ def stage_digest(notebook: Path, parameters: dict[str, Any], core_digest: str,
 def _figure_snapshot(figures_dir: Path) -> dict[str, int]:
     if not figures_dir.is_dir():
         return {}
-    return {p.relative_to(figures_dir).as_posix(): p.stat().st_mtime_ns
-            for p in figures_dir.rglob("*") if p.is_file()}
+    from endoexplain_core.pipeline import record  # pandas-heavy: imported when needed
+
+    return {name: (figures_dir / name).stat().st_mtime_ns for name in record.figure_files(figures_dir)}
+
+
+def _link_provenance(figures_dir: Path, stage: str, executed: Path, parameters: dict, digest: str) -> None:
+    from endoexplain_core.pipeline import record  # pandas-heavy: imported when needed
+
+    record.link_provenance(figures_dir, stage, executed, parameters, digest)
+
+
+@contextlib.contextmanager
+def _stage_environment(stage: str):
+    """``ENDOEXPLAIN_STAGE=<stage>`` for the kernel Papermill starts (the artefact sidecars
+    record it); the previous value is restored afterwards."""
+    previous = os.environ.get(artefacts.STAGE_ENV)
+    os.environ[artefacts.STAGE_ENV] = stage
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(artefacts.STAGE_ENV, None)
+        else:
+            os.environ[artefacts.STAGE_ENV] = previous
 
 
 def export_html(executed: Path) -> Path:
@@ -392,7 +414,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         before = _figure_snapshot(paths.figures_dir)
         stage_started = time.perf_counter()
         try:
-            execute_stage(notebook, executed, parameters, kernel_name)
+            with _stage_environment(stage):
+                execute_stage(notebook, executed, parameters, kernel_name)
             record["status"] = "ran"
         except StageFailed as error:
             record["status"] = "failed"
@@ -404,6 +427,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                                         if before.get(name) != mtime)
         if executed.is_file():
             export_html(executed)
+            _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
         if failure is None:
             files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
                                             "figure_files": record["figure_files"],

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.analysis import summaries
-from endoexplain_core import files
+from endoexplain_core import artefacts, files
 from endoexplain_core.figures import style
 
 INDEX_NAME = "README.md"
@@ -42,7 +42,48 @@ def figure_files(figures_dir: str | Path) -> list[str]:
     if not figures_dir.is_dir():
         return []
     return sorted(p.relative_to(figures_dir).as_posix() for p in figures_dir.rglob("*")
-                  if p.is_file() and p.name != INDEX_NAME and not p.name.startswith("."))
+                  if p.is_file() and p.name != INDEX_NAME and not p.name.startswith(".")
+                  and p.relative_to(figures_dir).parts[0] != artefacts.PROVENANCE_DIR)
+
+
+def link_provenance(figures_dir: str | Path, stage: str, executed_notebook: str | Path,
+                    parameters: dict, digest: str) -> list[Path]:
+    """Complete the sidecars a stage just wrote (``artefacts.write_sidecar``): the executed
+    notebook, the id of the cell whose execution count the sidecar recorded (the HTML export's
+    anchor ``#cell-id=<id>``), the stage's parameters and digest. Returns the sidecars updated."""
+    import nbformat
+
+    folder = Path(figures_dir) / artefacts.PROVENANCE_DIR
+    if not folder.is_dir() or not Path(executed_notebook).is_file():
+        return []
+    cells = nbformat.read(executed_notebook, as_version=4).cells
+    cell_of_count = {cell.get("execution_count"): cell.get("id") for cell in cells
+                     if cell.cell_type == "code" and cell.get("execution_count") is not None}
+    updated = []
+    for path in sorted(folder.glob("*.json")):
+        sidecar = json.loads(path.read_text())
+        if sidecar.get("stage") != stage:
+            continue
+        sidecar.update(executed_notebook=Path(executed_notebook).name,
+                       cell_id=cell_of_count.get(sidecar.get("execution_count")),
+                       parameters=parameters, stage_digest=digest)
+        files.write_json_atomic(path, sidecar)
+        updated.append(path)
+    return updated
+
+
+def cell_link(figures_dir: str | Path, name: str, run_dir: Path) -> str:
+    """An HTML link "cell" to the notebook cell that wrote artefact ``name`` (a file name or
+    stem under figures_dir), from its sidecar; "" when there is none."""
+    sidecar = Path(figures_dir) / artefacts.PROVENANCE_DIR / f"{Path(name).stem}.json"
+    if not sidecar.is_file():
+        return ""
+    record = json.loads(sidecar.read_text())
+    if not record.get("cell_id") or not record.get("executed_notebook"):
+        return ""
+    page = run_dir / "notebooks" / Path(record["executed_notebook"]).with_suffix(".html").name
+    return (f' | <a href="{_href(page, run_dir)}#cell-id={quote(str(record["cell_id"]))}">cell</a>'
+            f' | {_link(sidecar, run_dir, "provenance")}')
 
 
 def attribute_files(figures_dir: str | Path, stage_records: list[dict]) -> dict[str, dict | None]:
@@ -250,13 +291,14 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
         pdf_link = f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else ""
         thumbnails.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
                           f' alt="{escape(name)}" loading="eager"></a>'
-                          f"<figcaption>{escape(name)}{pdf_link}</figcaption></figure>")
+                          f"<figcaption>{escape(name)}{pdf_link}"
+                          f"{cell_link(figures_dir, name, run_dir)}</figcaption></figure>")
     tables = [n for n in names if Path(n).suffix.lower() == ".csv"]
     table_items = "".join(
         f"<li>{_link(figures_dir / n, run_dir, n)}"
         + "".join(f" | {_link((figures_dir / n).with_suffix(s), run_dir, s[1:])}"
                   for s in (".md", ".tex") if (figures_dir / n).with_suffix(s).is_file())
-        + "</li>" for n in tables)
+        + cell_link(figures_dir, n, run_dir) + "</li>" for n in tables)
     figures = ["<h2>Figures</h2>", f'<div class="gallery">{"".join(thumbnails)}</div>'
                if thumbnails else "<p>no figures</p>",
                "<h2>Tables</h2>", f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
