@@ -160,6 +160,8 @@ class TrainingStageSettings(StageSettings):
     mixed_precision: bool = Field(
         False, description="float16 autocast + gradient scaler in training and validation (CUDA only)")
     channels_last: bool = Field(False, description="channels_last memory format in training (CUDA only)")
+    keep_epoch_snapshots: bool = Field(
+        False, description="keep every epoch's weights (checkpoints/epochs/) for the per-epoch C-Score of 07")
 
     @field_validator("training_settings")
     @classmethod

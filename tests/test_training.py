@@ -341,3 +341,21 @@ def test_recalibrate_batchnorm_replaces_moving_averages_by_the_plain_average():
     torch.testing.assert_close(model[1].running_var, sum(h.var(0, unbiased=True) for h in halves) / 2)
     assert all(p.grad is None for p in model.parameters())
     assert training.recalibrate_batchnorm(nn.Linear(3, 2), loader, 12, torch.device("cpu")) == 0
+
+
+def test_epoch_snapshots_are_kept_per_epoch_and_listed_in_order(cohort, tmp_path):
+    spec = _spec()
+    training.seed_everything(spec.seed)
+    train_set, val_set = _datasets(cohort)
+    summary = training.train_checkpoint(TinyNet(), spec, train_set, val_set, SETTINGS, tmp_path,
+                                        show_progress=False, keep_epoch_snapshots=True)
+    snapshots = training.epoch_snapshots(tmp_path, spec.checkpoint_id)
+    assert [epoch for epoch, _ in snapshots] == [1, 2, 3] == [h["epoch"] for h in summary["history"]]
+    for (epoch, path), entry in zip(snapshots, summary["history"]):
+        record = checkpoint.load_tree(path)
+        assert record["epoch"] == epoch and record["val_auprc"] == entry["val_auprc"]
+    best = checkpoint.load_tree(summary["path"])  # the best checkpoint equals its epoch's snapshot
+    best_snapshot = checkpoint.load_tree(dict(snapshots)[best["epoch"]])
+    assert all(torch.equal(best["state_dict"][k], best_snapshot["state_dict"][k]) for k in best["state_dict"])
+    assert not list(tmp_path.glob("*.epoch*"))  # snapshots stay out of the checkpoint folder itself
+    assert training.epoch_snapshots(tmp_path, "other_id") == []

@@ -402,13 +402,17 @@ def load_registered_model(run_dir: str | Path, checkpoint_id: str, image_size: i
     registry = read_registry(run_dir).set_index("checkpoint_id")
     if checkpoint_id not in registry.index:
         raise KeyError(f"checkpoint {checkpoint_id} is not in {run_dir}/checkpoints/registry.csv")
-    digest_path = run_dir / "manifest" / "manifest.sha256"
+    model, metadata = training.load_model(run_dir / registry.loc[checkpoint_id, "path"],
+                                          run_manifest_digest(run_dir), image_size, resolve_device(device))
+    return model, {**metadata, "checkpoint_id": checkpoint_id}
+
+
+def run_manifest_digest(run_dir: str | Path) -> str:
+    """The manifest digest of a run (``manifest/manifest.sha256``) that its checkpoints carry."""
+    digest_path = Path(run_dir) / "manifest" / "manifest.sha256"
     if not digest_path.is_file():
         raise FileNotFoundError(f"{digest_path} does not exist: run 00_roles first")
-    digest = digest_path.read_text().split()[0]
-    model, metadata = training.load_model(run_dir / registry.loc[checkpoint_id, "path"], digest,
-                                          image_size, resolve_device(device))
-    return model, {**metadata, "checkpoint_id": checkpoint_id}
+    return digest_path.read_text().split()[0]
 
 
 def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids) -> dict:

@@ -44,6 +44,7 @@ from endoexplain_core.methods import (
     BASELINE_METHODS, CAM_METHODS, EXTENDED_BASELINE_METHODS, EXTENDED_CAM_METHODS,
 )
 from endoexplain_core.models import networks
+from endoexplain_core.models import training
 from endoexplain_core.models.training import resolve_device
 
 MODEL_METHODS = CAM_METHODS + EXTENDED_CAM_METHODS               # five CAMs + LayerCAM
@@ -235,6 +236,34 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     return score_checkpoint(model, metadata, temperature, case_iterator(cases, data_root),
                             dataset=dataset, image_size=image_size, settings=settings,
                             batch_size=batch_size, device=device, total=len(cases))
+
+
+def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
+                          image_size: int, settings: ExtendedSettings, batch_size: int = 16,
+                          device: str = "cpu") -> pd.DataFrame:
+    """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id``
+    (``training.epoch_snapshots``) on the run's masked pool, with ``epoch`` and that epoch's
+    ``val_auprc``; an empty frame when no snapshot was kept.
+
+    A snapshot has no temperature of its own: the checkpoint's fitted T scales every epoch's
+    scores. The gold list (z >= 0) does not depend on T; only the weights do.
+    """
+    run_dir = Path(run_dir)
+    snapshots = training.epoch_snapshots(run_dir / "checkpoints", checkpoint_id)
+    if not snapshots:
+        return pd.DataFrame()
+    cases = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
+    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
+    digest = audit.run_manifest_digest(run_dir)
+    rows = []
+    for epoch, path in snapshots:
+        model, metadata = training.load_model(path, digest, image_size, resolve_device(device))
+        _, c_rows, _ = score_checkpoint(model, {**metadata, "checkpoint_id": checkpoint_id}, temperature,
+                                        audit.manifest_cases(cases, data_root), dataset="hyperkvasir",
+                                        image_size=image_size, settings=settings, batch_size=batch_size,
+                                        device=device, total=len(cases))
+        rows.append(c_rows.assign(epoch=epoch, val_auprc=float(metadata["val_auprc"])))
+    return pd.concat(rows, ignore_index=True)
 
 
 # --- summaries ----------------------------------------------------------------------------------

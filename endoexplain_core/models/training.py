@@ -214,6 +214,7 @@ def resolve_device(device: str) -> torch.device:
 def _atomic_save(obj: Any, path: Path) -> None:
     """Safe checkpoint file (``models.checkpoint.save_tree``): temporary file, fsync, rename,
     so a kill or a full disk never leaves a half-written file in place of the last good one."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     checkpoint_files.save_tree(obj, path)
 
 
@@ -315,6 +316,23 @@ def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, s
             "rng": _rng_state(), **progress}
 
 
+EPOCH_SNAPSHOT_DIR = "epochs"
+
+
+def epoch_snapshot_path(checkpoint_dir: str | Path, checkpoint_id: str, epoch: int) -> Path:
+    """``<checkpoint_dir>/epochs/<checkpoint_id>.epochNNN.safetensors`` (epoch 1-based)."""
+    return Path(checkpoint_dir) / EPOCH_SNAPSHOT_DIR / f"{checkpoint_id}.epoch{epoch:03d}{CHECKPOINT_SUFFIX}"
+
+
+def epoch_snapshots(checkpoint_dir: str | Path, checkpoint_id: str) -> list[tuple[int, Path]]:
+    """(epoch, path) of every kept snapshot of ``checkpoint_id``, by epoch; [] when none."""
+    folder = Path(checkpoint_dir) / EPOCH_SNAPSHOT_DIR
+    found = []
+    for path in folder.glob(f"{checkpoint_id}.epoch[0-9][0-9][0-9]{CHECKPOINT_SUFFIX}"):
+        found.append((int(path.name[len(checkpoint_id) + 6:len(checkpoint_id) + 9]), path))
+    return sorted(found)
+
+
 def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progress: dict,
                        state_dict: dict) -> dict:
     return {"format": CHECKPOINT_FORMAT, "checkpoint_id": spec.checkpoint_id, **asdict(spec),
@@ -391,8 +409,12 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                      val_set: datasets.ManifestDataset, settings: TrainingSettings,
                      checkpoint_dir: str | Path, device: str | torch.device = "cpu",
                      show_progress: bool = True, mixed_precision: bool = False,
-                     channels_last: bool = False) -> dict[str, Any]:
+                     channels_last: bool = False, keep_epoch_snapshots: bool = False) -> dict[str, Any]:
     """Train (or resume, or skip if finished) one checkpoint; return its summary.
+
+    ``keep_epoch_snapshots``: also save the weights after every epoch as
+    ``<checkpoint_dir>/epochs/<id>.epochNNN.safetensors`` (same format; ``epoch`` and
+    ``val_auprc`` are that epoch's), e.g. for the per-epoch C-Score of notebook 07.
 
     ``mixed_precision`` (float16 autocast with a gradient scaler) and ``channels_last`` apply
     on CUDA only; on the CPU training is float32 and contiguous, as always.
@@ -473,6 +495,10 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                                         "val_auprc": auprc,
                                         "learning_rate": float(scheduler.get_last_lr()[0])})
             progress["epoch"] = epoch + 1
+            if keep_epoch_snapshots:
+                this_epoch = {"best_epoch": epoch + 1, "best_auprc": auprc}
+                _atomic_save(_checkpoint_record(spec, settings, this_epoch, model.state_dict()),
+                             epoch_snapshot_path(checkpoint_dir, spec.checkpoint_id, epoch + 1))
             if auprc > progress["best_auprc"]:
                 progress.update(best_auprc=auprc, best_epoch=epoch + 1, epochs_since_best=0)
                 _atomic_save(_checkpoint_record(spec, settings, progress, model.state_dict()), best_path)
@@ -558,7 +584,8 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
                       device: str = "cpu", show_progress: bool = True,
                       acceleration: dict[str, Any] | None = None,
                       cache: datasets.ImageCache | None = None,
-                      val_set: datasets.ManifestDataset | None = None) -> dict[str, Any]:
+                      val_set: datasets.ManifestDataset | None = None,
+                      keep_epoch_snapshots: bool = False) -> dict[str, Any]:
     """Train (or resume, or reuse) one checkpoint of the matrix: one unit of work.
 
     Everything the run depends on is in the arguments (its own seed drives initialisation,
@@ -589,7 +616,7 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
                           pretrained=weights_path is not None)
     return train_checkpoint(model, spec, train_set, val_set, settings,
                             Path(run_dir) / "checkpoints", device, show_progress,
-                            **(acceleration or {}))
+                            keep_epoch_snapshots=keep_epoch_snapshots, **(acceleration or {}))
 
 
 def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | Path,
@@ -598,7 +625,7 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
                  arch_overrides: dict[str, dict] | None = None, control_seed: int | None = None,
                  imagenet_weights: str | dict = "none", device: str = "cpu",
                  show_progress: bool = True, acceleration: dict[str, Any] | None = None,
-                 task_map=None) -> list[dict[str, Any]]:
+                 task_map=None, keep_epoch_snapshots: bool = False) -> list[dict[str, Any]]:
     """Train architectures x seeds and the shuffled-label EfficientNet-B0 control.
 
     Each checkpoint is one ``train_matrix_unit``. Default (``task_map=None``): one after the
@@ -607,6 +634,8 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
     in order``) to run the units as tasks, e.g. on Dask workers. Finished checkpoints are
     skipped and interrupted ones resumed. Returns one summary dict per checkpoint
     (``train_checkpoint``), the control last; ``control_seed=None`` skips the control.
+    ``keep_epoch_snapshots``: every checkpoint also keeps its per-epoch weights
+    (``train_checkpoint``).
     """
     check_architectures(architectures)
     settings = {arch: settings_for(arch, training_settings, arch_overrides)
@@ -617,7 +646,8 @@ def train_matrix(manifest: pd.DataFrame, data_root: str | Path, run_dir: str | P
               "manifest_digest": manifest_digest, "image_size": image_size, "arch": arch,
               "seed": seed, "control": control, "settings": settings[arch],
               "imagenet_weights": imagenet_weights, "device": device,
-              "show_progress": show_progress, "acceleration": acceleration}
+              "show_progress": show_progress, "acceleration": acceleration,
+              "keep_epoch_snapshots": keep_epoch_snapshots}
              for arch, seed, control in runs]
     if task_map is not None:
         return task_map(train_matrix_unit, calls,
