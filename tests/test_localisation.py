@@ -377,3 +377,18 @@ def test_ranking_reversal_count_on_a_hand_case():
     reversed_pairs = agreement.set_index("metric")["reversed_pairs"]
     assert reversed_pairs["iou_at_0.3"] == 3 and reversed_pairs["iou_at_0.7"] == 1
     assert agreement.set_index("metric").loc["iou_at_0.3", "kendall_tau_vs_auc_iou"] == pytest.approx(-1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_curve_and_sweep_from_one_ranking_equal_the_separate_kernels(seed):
+    """The shared-ranking path equals iou_curve (bucket counts) and top_k_sweep on random maps
+    with ties at and between the thresholds (values on a 0.05 grid, all-zero and all-one maps)."""
+    generator = torch.Generator().manual_seed(200 + seed)
+    maps = (torch.rand(5, H, W, generator=generator) * 20).round() / 20
+    maps[0], maps[1] = 0.0, 1.0
+    masks = torch.stack([disc(2 + 3 * i, (10 + 4 * i, 20)) for i in range(5)])
+    curve, sweep = loc.curve_and_sweep(maps, masks)
+    torch.testing.assert_close(curve, loc.iou_curve(maps, masks))
+    reference = loc.top_k_sweep(maps, masks)
+    torch.testing.assert_close(sweep["iou"], reference["iou"])
+    torch.testing.assert_close(sweep["energy"], reference["energy"])

@@ -102,8 +102,7 @@ def score_maps(maps: dict[str, torch.Tensor], masks: torch.Tensor, fov: torch.Te
     chance = localisation.pointing_chance(zone, fov)
     levels = torch.as_tensor(localisation.DEFAULT_IOU_THRESHOLDS, dtype=torch.float32, device=masks.device)
     for method, values in maps.items():
-        curve = localisation.iou_curve(values, masks)
-        sweep = localisation.top_k_sweep(values, masks)
+        curve, sweep = localisation.curve_and_sweep(values, masks)
         hits = localisation.peak_in_zone(values, zone, fov, smooth_sigma_px=scales["smooth_sigma_px"])
         row = {
             "auc_iou": torch.trapezoid(curve, levels, dim=1),

@@ -314,23 +314,61 @@ def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIO
     """
     masks = _as_masks(masks)
     _check_maps(maps, masks)
-    batch, height, width = maps.shape
-    order = _rank_order(maps)
-    weights = maps.flatten(1).gather(1, order).double().clamp(min=0)        # (B, N) ranked
-    in_lesion = masks.flatten(1).gather(1, order)
-    lesion_running = in_lesion.double().cumsum(1)
-    weight_running = weights.cumsum(1)
-    lesion_weight_running = (weights * in_lesion).cumsum(1)
-    mask_area = masks.flatten(1).sum(dim=1).double()
+    return _sweep_from_ranking(_Ranking(maps, masks), fractions)
+
+
+class _Ranking:
+    """One ranking of every map's pixels (``threshold._rank_order``: value, then tie-break
+    priority) with running sums over it: every top-k set and every ``map >= t`` set is a
+    prefix, so its lesion count and saliency sums are read off without building a mask."""
+
+    def __init__(self, maps: torch.Tensor, masks: torch.Tensor):
+        self.shape = maps.shape
+        order = _rank_order(maps)
+        self.values = maps.flatten(1).gather(1, order)                          # (B, N) descending
+        weights = self.values.double().clamp(min=0)
+        in_lesion = masks.flatten(1).gather(1, order)
+        self.lesion_running = in_lesion.double().cumsum(1)
+        self.weight_running = weights.cumsum(1)
+        self.lesion_weight_running = (weights * in_lesion).cumsum(1)
+        self.mask_area = masks.flatten(1).sum(dim=1).double()
+
+    def lesion_in_prefix(self, counts: torch.Tensor) -> torch.Tensor:
+        """float64 (B, K): lesion pixels among the first ``counts`` (B, K) ranked pixels."""
+        padded = F.pad(self.lesion_running, (1, 0))                            # prefix of 0 -> 0
+        return padded.gather(1, counts)
+
+
+def _sweep_from_ranking(ranking: _Ranking, fractions) -> dict[str, torch.Tensor]:
+    batch, height, width = ranking.shape
+    device = ranking.values.device
     counts = [kept_pixel_count(float(fraction), height, width) for fraction in fractions]
-    last = torch.as_tensor(counts, device=maps.device) - 1                   # (K,) prefix ends
-    intersection = lesion_running[:, last]                                    # (B, K)
-    kept_count = torch.as_tensor(counts, dtype=torch.float64, device=maps.device)[None, :]
-    iou = intersection / (kept_count + mask_area[:, None] - intersection)
-    kept = weight_running[:, last]
-    inside = lesion_weight_running[:, last]
+    last = torch.as_tensor(counts, device=device) - 1                          # (K,) prefix ends
+    intersection = ranking.lesion_running[:, last]                             # (B, K)
+    kept_count = torch.as_tensor(counts, dtype=torch.float64, device=device)[None, :]
+    iou = intersection / (kept_count + ranking.mask_area[:, None] - intersection)
+    kept = ranking.weight_running[:, last]
+    inside = ranking.lesion_weight_running[:, last]
     energy = torch.where(kept > 0, inside / kept.clamp(min=1e-300), intersection / kept_count)
     return {"iou": iou.float(), "energy": energy.float()}
+
+
+def curve_and_sweep(maps: torch.Tensor, masks: torch.Tensor, thresholds=DEFAULT_IOU_THRESHOLDS,
+                    fractions=TOP_K_FRACTIONS) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(``iou_curve(maps, masks, thresholds)``, ``top_k_sweep(maps, masks, fractions)``) from
+    one ranking of the pixels: ``map >= t`` keeps the prefix of pixels with value >= t, so the
+    curve's counts come from the same running sums as the sweep (equal values, one sort)."""
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    ranking = _Ranking(maps, masks)
+    levels = torch.as_tensor(tuple(thresholds), dtype=maps.dtype, device=maps.device)
+    if levels.dim() != 1 or levels.numel() == 0:
+        raise ValueError(f"thresholds must be a non-empty 1-D sequence; got {thresholds!r}")
+    # number of ranked values >= t = position of -t in the ascending sequence -values
+    kept = torch.searchsorted(-ranking.values, (-levels).expand(len(maps), -1).contiguous(), right=True)
+    inside = ranking.lesion_in_prefix(kept)
+    curve = (inside / (kept.double() + ranking.mask_area[:, None] - inside)).float()
+    return curve, _sweep_from_ranking(ranking, fractions)
 
 
 # --- consistency across images --------------------------------------------------------------------
