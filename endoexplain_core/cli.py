@@ -10,6 +10,9 @@ figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure
 Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
 arguments, unpaired folders, an unreadable or unsafe weights file, an unknown architecture, an
 unreadable image or mask); 1 an unexpected error (traceback).
+
+Size: over 400 lines on purpose: argument parsing, input pairing, weight loading and the HTML
+report of one command; the audit itself is analysis.audit (no second implementation).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Defaults live only here. Each stage model declares which shared keys it uses
 (``uses_shared``); the orchestrator passes, and hashes into the stage's digest, only those, so
 changing ``score_threshold`` does not regenerate the cohort or retrain a model. A notebook
 receives its used shared keys, its own section (stage keys win) and the run paths.
+
+Size: over 400 lines on purpose: the schema is one model per stage; its validation messages,
+stage-key routing and digests must see the whole schema at once.
 """
 
 from __future__ import annotations

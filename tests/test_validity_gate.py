@@ -90,7 +90,17 @@ def test_gate_fails_when_a_control_finds_the_lesion_too():
     models = dict(READER, untrained=lambda i, m: (8, 8))
     gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
     assert not gate.loc["gradcam", "passes"]
-    assert "untrained control peak-inside" in gate.loc["gradcam", "reason"]
+    assert "untrained control peak-inside 1.000 (40/40) >= 0.312" in gate.loc["gradcam", "reason"]
+
+
+def test_reason_gives_the_count_so_a_one_image_verdict_is_visible():
+    # 13 of 40 shortcut peaks on the cue: 0.325 against a bar of 64/1024 + 0.25 = 0.3125 passes;
+    # 12 of 40 (0.300) fails, and the reason must show 12/40 beside the bar, not "0.30 < 0.31".
+    for hits, passes in ((13, True), (12, False)):
+        models = dict(READER, shortcut=lambda i, m, hits=hits: (24, 24) if i < hits else (8, 8))
+        gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
+        assert gate.loc["gradcam", "passes"] == passes
+    assert gate.loc["gradcam", "reason"] == "shortcut model peak-on-cue 0.300 (12/40) < 0.312"
 
 
 def test_constant_maps_are_neither_hits_nor_misses():

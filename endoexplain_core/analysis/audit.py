@@ -15,6 +15,9 @@ baselines (seeded random heatmap, centred Gaussian). Conventions:
   image (seeds derived from (sample id, repetition)); it is written to a second per-image table.
 - The table is streamed batch by batch to a temporary Parquet file, validated, and renamed
   into place only when complete, so a failing run never replaces a good table.
+
+Size: over 400 lines on purpose: the batch loop, its validation and its Parquet streaming share
+one row schema; the kernels it calls live in kernels/.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ Conventions (every table carries them in its ``note``):
   the profiles' input sizes keep the same geometry.
 - Gold list of the C-Score: images whose temperature-scaled score is >= 0.5 (correctly
   classified as polyp; every masked image is a polyp), weighted by that score.
+
+Size: over 400 lines on purpose: the case scores, their tables and the C-Score all read one per-
+image score frame; it is notebook 07's analysis, kept in one place.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Conventions (docs/protocol.md, "Statistics"):
 - Separation: a logistic term whose maximum-likelihood estimate is infinite (complete or
   quasi-complete separation) is detected by the linear program of Konis (2007) before any fit
   (``separation_directions``) and is reported as not estimable, never as a penalty-set number.
+
+Size: over 400 lines on purpose: one resampling convention (image index matrices, seed) serves
+every interval and test; the separation check and the ridge/Newton fit belong to the same Table
+5 model.
 """
 
 from __future__ import annotations

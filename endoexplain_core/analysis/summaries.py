@@ -13,6 +13,9 @@ tidy ``pandas.DataFrame``. Conventions:
   a given checkpoint; every outcome of a panel uses exactly the same images.
 - CIs are image-bootstrap percentile intervals (``stats``); outcomes of one population share
   the same resampled images, so differences between methods are paired.
+
+Size: over 400 lines on purpose: every Table 4/5 summary uses the same panel selection,
+constant-map rule and interval choice; split, those rules would be repeated.
 """
 
 from __future__ import annotations

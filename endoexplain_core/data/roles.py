@@ -13,6 +13,9 @@ Protocol (docs/protocol.md, "Roles"):
 5. No group may cross roles; the manifest CSV (columns ``MANIFEST_COLUMNS``, sorted by path,
    "\\n" line endings) and its SHA-256 are written to ``<run_dir>/manifest/`` and compared
    with the committed reference in ``data_manifest/<profile>/``.
+
+Size: over 400 lines on purpose: one protocol step (content -> groups -> roles -> manifest)
+whose parts share the group invariants; split, they would each re-derive them.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Determinism: every random draw comes from ``numpy.random.Generator`` streams der
 and named from the streams, so the same seed and parameters give byte-identical trees in the
 pinned environment. Geometry below uses "frame units": the half-length of the frame's shorter
 side is 1, the frame centre is (0, 0), x grows rightwards and y downwards.
+
+Size: over 400 lines on purpose: one seeded generator writes every cohort's layout; the drawing
+primitives and the layouts share the random stream, so moving them apart risks changing the
+bytes.
 """
 
 from __future__ import annotations
