@@ -17,6 +17,7 @@ import inspect
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from endoexplain_core import files
@@ -79,7 +80,9 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
                float_format: str = "{:.3f}", index: bool = False) -> list[Path]:
     """Write ``table`` as CSV, Markdown and LaTeX under ``figures_dir``; return the paths.
 
-    CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``.
+    CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``, except
+    counts (``n``, ``n_*``): a count column holds floats only because some rows have none
+    (NaN), and prints as an integer ("139", not "139.000").
     """
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -90,11 +93,21 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     shown = table.copy()
     for column in shown.columns:
         if pd.api.types.is_float_dtype(shown[column]):
-            shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else float_format.format(v))
+            fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
+            shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
     md.write_text(_markdown(shown, index=index) + "\n")
     tex.write_text(shown.to_latex(index=index, escape=True))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
+
+
+def _is_count(column, values: pd.Series) -> bool:
+    """A count column: named ``n`` or ``n_*`` and whole-numbered wherever it has a value."""
+    name = str(column)
+    if not (name == "n" or name.startswith("n_")):
+        return False
+    present = values.dropna()
+    return bool(np.all(np.isfinite(present)) and np.all(present == np.round(present)))
 
 
 def _markdown(table: pd.DataFrame, index: bool) -> str:

@@ -3,11 +3,13 @@ deletion and cascading randomisation, each against an independent reference or a
 whose answer is known by construction."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torchvision
 from torch import nn
 
+from endoexplain_core.analysis import faithfulness
 from endoexplain_core.kernels import imputation, placement, randomisation, reliance, road
 from endoexplain_core.kernels.cams import compute_cams
 
@@ -339,3 +341,15 @@ def test_randomisation_similarity_changes_step_by_step():
     assert eigen[0] == pytest.approx(1.0) and eigen[1] == pytest.approx(1.0)  # trained, fc only
     assert eigen.iloc[-1] < 0.9  # the whole network random: the map has changed
     assert eigen.nunique() > 2   # each step is its own model, not the last one repeated
+
+
+def test_shape_deletion_table_means_are_over_the_same_images():
+    # Image c has no room for a shifted copy: it must leave every paired column, or the table
+    # reads cam_drop - shifted_drop != cam_minus_shifted (found on the default run).
+    shape = pd.DataFrame({"checkpoint_id": "ck", "method": "gradcam", "sample_id": ["a", "b", "c"],
+                          "cam_drop": [2.0, 1.0, -5.0], "shifted_drop_mean": [1.0, 0.5, np.nan],
+                          "n_shifts": [3, 3, 0], "cam_minus_shifted": [1.0, 0.5, np.nan]})
+    row = faithfulness.shape_deletion_table(shape, None, replicates=50, seed=1).iloc[0]
+    assert row["n"] == 2 and row["no_shift"] == 1
+    assert row["cam_drop"] == pytest.approx(1.5) and row["shifted_drop"] == pytest.approx(0.75)
+    assert row["cam_minus_shifted"] == pytest.approx(row["cam_drop"] - row["shifted_drop"])

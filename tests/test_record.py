@@ -258,6 +258,15 @@ def test_final_table_formats_estimates_cis_p_values_and_labels():
     assert final["n"].tolist() == [172, 172]
 
 
+def test_final_table_shows_a_method_once_even_when_its_label_carries_the_gate_dagger():
+    # Table 4's label column is daggered by notebook 03 before notebook 09 formats it.
+    table = pd.DataFrame({"method": ["gradcam", "random"], "label": ["Grad-CAM\u2020", "Random heatmap"],
+                          "n": [127, 127]})
+    assert list(record.final_table(table).columns) == ["label", "n"]
+    other = table.assign(label=["Grad-CAM (own subset)", "Random heatmap"])
+    assert list(record.final_table(other).columns) == ["method", "label", "n"]
+
+
 def test_collect_final_tables_names_missing_files(tmp_path):
     artefacts.save_table(pd.DataFrame({"role": ["train"], "n": [3]}), "table2_roles", tmp_path)
     with pytest.raises(FileNotFoundError, match=r"table3_calibration\.csv \(written by 02_calibration\)"):
@@ -303,3 +312,14 @@ def test_figure2_panels_from_run_tables(tmp_path):
     with pytest.raises(ValueError, match=r"bad\.csv: missing columns.*05_robustness"):
         calibration_figures.read_checked_csv(tmp_path / "bad.csv",
                                              calibration_figures.THRESHOLD_COLUMNS, "05_robustness")
+
+
+def test_markdown_prints_counts_as_integers_and_other_floats_rounded(tmp_path):
+    # n_test is float only because rows without a test evaluation are NaN.
+    table = pd.DataFrame({"n_test": [139.0, np.nan], "n": [2.0, 3.0], "auprc": [0.9991, np.nan],
+                          "n_ratio": [0.5, 1.0], "rank": [6.0, 1.0]})
+    artefacts.save_table(table, "table_counts", tmp_path)
+    lines = (tmp_path / "table_counts.md").read_text().splitlines()
+    assert lines[2] == "| 139 | 2 | 0.999 | 0.500 | 6.000 |"
+    assert lines[3] == "|  | 3 |  | 1.000 | 1.000 |"
+    assert "139.000" not in (tmp_path / "table_counts.tex").read_text()

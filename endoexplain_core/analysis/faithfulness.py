@@ -230,10 +230,15 @@ def shape_deletion_table(shape: pd.DataFrame, pixel_random: pd.DataFrame | None,
                          replicates: int, seed: int) -> pd.DataFrame:
     """Per checkpoint and CAM: CAM deletion minus the shape-preserving random deletion (mean,
     95% CI, positive logit drop) and, when the audit's pixel-wise random-deletion table
-    (``logit_drop_mean`` per sample) is given, CAM deletion minus that control too."""
+    (``logit_drop_mean`` per sample) is given, CAM deletion minus that control too.
+
+    ``cam_drop`` and ``shifted_drop`` are means over the same images as ``cam_minus_shifted``
+    (those where the region could be shifted at least once), so the three columns agree;
+    ``no_shift`` counts the images left out. ``cam_minus_pixel_random`` uses every image."""
     table = _mean_ci_rows(shape, ["checkpoint_id", "method"], "cam_minus_shifted", replicates, seed)
-    means = shape.groupby(["checkpoint_id", "method"], sort=False).agg(
-        cam_drop=("cam_drop", "mean"), shifted_drop=("shifted_drop_mean", "mean"),
+    paired = shape.assign(cam_drop_paired=shape["cam_drop"].where(shape["cam_minus_shifted"].notna()))
+    means = paired.groupby(["checkpoint_id", "method"], sort=False).agg(
+        cam_drop=("cam_drop_paired", "mean"), shifted_drop=("shifted_drop_mean", "mean"),
         no_shift=("n_shifts", lambda n: int((n == 0).sum()))).reset_index()
     table = table.merge(means, on=["checkpoint_id", "method"])
     if pixel_random is not None:

@@ -16,6 +16,7 @@ import textwrap
 
 import matplotlib
 import matplotlib.pyplot as plt
+from matplotlib import patheffects
 import numpy as np
 import pandas as pd
 import torch
@@ -174,8 +175,11 @@ def draw_figure3(drawn: list[dict], roles=("discordant", "consensus")):
                         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "linewidth": 0})
             else:
                 peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
+                # A peak on the frame edge is half outside the image: a dark outline keeps the
+                # white marker visible on the white page as well.
                 ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=6, mew=1.5,
-                        clip_on=False)
+                        clip_on=False, zorder=5,
+                        path_effects=[patheffects.withStroke(linewidth=3, foreground="black")])
             where = "outside" if info["peak_outside_mask"] else "inside"
             ax.set_title(f"{method_label(method)}\nIoU {info['iou']:.2f}; peak {where}"
                          if not info["constant_map"] else

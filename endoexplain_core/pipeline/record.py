@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.analysis import summaries
+from endoexplain_core.analysis.validity_gate import DAGGER
 from endoexplain_core import artefacts, files
 from endoexplain_core.figures import style
 
@@ -378,7 +379,9 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     shown = table.copy()
     if "method" in shown.columns:
         shown["method"] = shown["method"].map(lambda m: style.method_label(m) if isinstance(m, str) else m)
-        if "label" in shown.columns and (shown["label"] == shown["method"]).all():
+        # A label may already carry the validity gate's dagger ("Grad-CAM†"): still the same name.
+        undaggered = shown["label"].astype(str).str.rstrip(DAGGER) if "label" in shown.columns else None
+        if undaggered is not None and (undaggered == shown["method"]).all():
             shown = shown.drop(columns="method")
     if "arch" in shown.columns:
         shown["arch"] = shown["arch"].map(lambda a: style.ARCH_LABELS.get(a, a))
