@@ -100,7 +100,7 @@ def test_reason_gives_the_count_so_a_one_image_verdict_is_visible():
         models = dict(READER, shortcut=lambda i, m, hits=hits: (24, 24) if i < hits else (8, 8))
         gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
         assert gate.loc["gradcam", "passes"] == passes
-    assert gate.loc["gradcam", "reason"] == "shortcut model peak-on-cue 0.300 (12/40) < 0.312"
+    assert gate.loc["gradcam", "reason"] == "shortcut model peak-on-cue 0.300 (12/40) < 0.312 (needs 13/40)"
 
 
 def test_constant_maps_are_neither_hits_nor_misses():

@@ -50,6 +50,7 @@ experiment whose parts must use the same pool and masks.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -370,6 +371,15 @@ def _rate_text(rows: pd.DataFrame, column: str) -> str:
     return f"{rate:.3f} ({int(rows[column].sum())}/{n_defined})"
 
 
+def _bar_text(bar: float, rows: pd.DataFrame, column: str) -> str:
+    """A bar for the reason column, with the count it asks for: "0.292 (needs 15/48)"; at three
+    decimals a rate one frame short and its bar can print alike."""
+    _, n_defined, _ = _rate(rows, column)
+    if n_defined == 0:
+        return f"{bar:.3f}"
+    return f"{bar:.3f} (needs {math.ceil(bar * n_defined - 1e-9)}/{n_defined})"
+
+
 def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float = 0.25,
                methods=MAP_METHODS) -> pd.DataFrame:
     """Per map method: the gate's rates, chance levels and verdict.
@@ -411,10 +421,10 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
             reasons.append("gate models failed their accuracy rule: " + ", ".join(bad_models))
         if not row["lesion_rate"] >= lesion_bar:   # NaN (no defined peak) fails too
             reasons.append(f"lesion model peak-inside {_rate_text(per_model['lesion'], 'peak_inside_lesion')}"
-                           f" < {lesion_bar:.3f}")
+                           f" < {_bar_text(lesion_bar, per_model['lesion'], 'peak_inside_lesion')}")
         if not row["cue_rate"] >= cue_bar:
             reasons.append(f"shortcut model peak-on-cue {_rate_text(per_model['shortcut'], 'peak_on_cue')}"
-                           f" < {cue_bar:.3f}")
+                           f" < {_bar_text(cue_bar, per_model['shortcut'], 'peak_on_cue')}")
         for control in CONTROL_MODELS:
             if row[f"{control}_lesion_rate"] >= lesion_bar:
                 reasons.append(f"{control} control peak-inside "
