@@ -75,12 +75,8 @@ def audit_peak_mib(model: nn.Module, layer: nn.Module, images: torch.Tensor, mas
 
 
 def bench_architecture(arch: str, args, device: torch.device) -> dict:
-    torch.manual_seed(0)
-    model = networks.build_model(arch).eval().to(device)
-    layer_name, layer = networks.resolve_target_layer(model, arch)
-    images = torch.randn(args.batch, 3, args.image_size, args.image_size,
-                         generator=torch.Generator().manual_seed(1)).to(device)
-    masks = bench_kernels._disc_masks(args.batch, args.image_size, device)
+    model, layer_name, layer, images, masks = bench_kernels.random_weight_setup(
+        arch, args.batch, args.image_size, device)
     timing_args = argparse.Namespace(batch=args.batch, image_size=args.image_size, repeats=args.repeats)
     timings = bench_kernels.time_kernels(model, layer_name, layer, images, masks, timing_args, device)
     peak = audit_peak_mib(model, layer, images, masks, device)

@@ -163,13 +163,19 @@ def time_kernels(model, layer_name: str, layer, images: torch.Tensor, masks: tor
             "audit/floor": t_audit / (AUDIT_FORWARDS * t_forward)}
 
 
-def bench_architecture(arch: str, args, device: torch.device) -> dict:
+def random_weight_setup(arch: str, batch: int, image_size: int, device: torch.device):
+    """Seeded random-weight ``arch`` in eval mode on ``device``, its target layer, and a batch
+    of random frames with disc masks: (model, layer_name, layer, images, masks)."""
     torch.manual_seed(0)
     model = networks.build_model(arch).eval().to(device)
     layer_name, layer = networks.resolve_target_layer(model, arch)
-    images = torch.randn(args.batch, 3, args.image_size, args.image_size,
+    images = torch.randn(batch, 3, image_size, image_size,
                          generator=torch.Generator().manual_seed(1)).to(device)
-    masks = _disc_masks(args.batch, args.image_size, device)
+    return model, layer_name, layer, images, _disc_masks(batch, image_size, device)
+
+
+def bench_architecture(arch: str, args, device: torch.device) -> dict:
+    model, layer_name, layer, images, masks = random_weight_setup(arch, args.batch, args.image_size, device)
     timings = time_kernels(model, layer_name, layer, images, masks, args, device)
 
     memory = {}

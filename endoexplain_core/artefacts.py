@@ -101,13 +101,17 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     return [csv, md, tex]
 
 
+def integer_valued(column: pd.Series) -> bool:
+    """A float column that holds only whole numbers (counts read back from CSV as 139.0)."""
+    values = column.dropna()
+    return (pd.api.types.is_float_dtype(column) and len(values) > 0
+            and bool(np.all(np.isfinite(values)) and np.all(values == np.round(values))))
+
+
 def _is_count(column, values: pd.Series) -> bool:
     """A count column: named ``n`` or ``n_*`` and whole-numbered wherever it has a value."""
     name = str(column)
-    if not (name == "n" or name.startswith("n_")):
-        return False
-    present = values.dropna()
-    return bool(np.all(np.isfinite(present)) and np.all(present == np.round(present)))
+    return (name == "n" or name.startswith("n_")) and integer_valued(values)
 
 
 def _markdown(table: pd.DataFrame, index: bool) -> str:

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-import numpy as np
 import pandas as pd
 
 from endoexplain_core.analysis import summaries
@@ -332,13 +331,6 @@ def _format_number(value, digits: int = 3) -> str:
     return "" if pd.isna(value) else f"{value:.{digits}f}"
 
 
-def _integer_valued(column: pd.Series) -> bool:
-    """A float column that holds only whole numbers (counts read back from CSV as 139.0)."""
-    values = column.dropna()
-    return (pd.api.types.is_float_dtype(column) and len(values) > 0
-            and bool(np.all(np.isfinite(values)) and np.all(values == np.round(values))))
-
-
 def _format_integer(value) -> str:
     return "" if pd.isna(value) else f"{int(value):,}"
 
@@ -398,7 +390,7 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
             is_p = name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name
             if is_p:
                 shown[column] = shown[column].map(_format_p)
-            elif _integer_valued(shown[column]) and not _is_rate(name):
+            elif artefacts.integer_valued(shown[column]) and not _is_rate(name):
                 shown[column] = shown[column].map(_format_integer)
             else:
                 shown[column] = shown[column].map(lambda v: _format_number(v, digits))
