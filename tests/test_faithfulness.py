@@ -40,17 +40,57 @@ def dense_imputation(image: np.ndarray, removed: np.ndarray) -> np.ndarray:
     return out
 
 
-def test_imputation_equals_a_dense_solve_on_small_images():
+@pytest.mark.parametrize("solver", ["direct", "cg"])
+def test_imputation_equals_a_dense_solve_on_small_images(solver):
     rng = np.random.default_rng(0)
     images = rng.normal(size=(3, 3, 11, 9))
     removed = rng.random((3, 11, 9)) < 0.45
     removed[2, 3:8, 2:7] = True  # one solid block: interior pixels see only unknowns
     filled, info = imputation.solve_linear_imputation(torch.tensor(images), torch.tensor(removed),
-                                                      tolerance=1e-12)
+                                                      solver=solver, tolerance=1e-12)
     for b in range(3):
         np.testing.assert_allclose(filled[b].numpy(), dense_imputation(images[b], removed[b]),
                                    atol=1e-9)
-    assert info.max_relative_residual <= 1e-12
+    assert info.max_relative_residual <= 1e-12 and info.solver == solver
+
+
+def test_direct_and_conjugate_gradient_solvers_agree_on_solid_removals():
+    # Smooth saliency -> MoRF removes a solid blob, the case CG is slow on; both solvers must
+    # give the same fill to within CG's tolerance (pixel errors far below the added noise).
+    generator = torch.Generator().manual_seed(3)
+    images = torch.nn.functional.interpolate(torch.randn(4, 3, 6, 6, generator=generator),
+                                             size=(48, 48), mode="bilinear", align_corners=False)
+    saliency = torch.nn.functional.interpolate(torch.rand(4, 1, 3, 3, generator=generator),
+                                               size=(48, 48), mode="bilinear", align_corners=False)[:, 0]
+    fov = torch.ones(4, 48, 48, dtype=torch.bool)
+    removed = road.road_removal_masks(saliency, fov, "morf", (0.2,))[0]
+    direct, direct_info = imputation.solve_linear_imputation(images, removed, solver="direct")
+    iterative, cg_info = imputation.solve_linear_imputation(images, removed, solver="cg",
+                                                            tolerance=1e-6)
+    assert direct_info.solver == "direct" and cg_info.solver == "cg" and cg_info.iterations > 10
+    assert direct_info.max_relative_residual < 1e-6
+    assert (direct - iterative).abs().max() < 1e-3
+    assert torch.equal(direct[~removed[:, None].expand_as(direct)],
+                       images[~removed[:, None].expand_as(images)])
+
+
+def test_auto_solver_is_direct_on_the_cpu_and_unknown_solvers_are_refused():
+    images, removed = torch.randn(1, 3, 8, 8), torch.zeros(1, 8, 8, dtype=torch.bool)
+    removed[0, 2:5, 3:6] = True
+    assert imputation.solve_linear_imputation(images, removed)[1].solver == "direct"
+    with pytest.raises(ValueError, match="unknown imputation solver"):
+        imputation.solve_linear_imputation(images, removed, solver="lu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_conjugate_gradient_matches_the_cpu_direct_solve():
+    images = torch.randn(3, 3, 40, 40, generator=torch.Generator().manual_seed(4))
+    removed = torch.zeros(3, 40, 40, dtype=torch.bool)
+    removed[:, 10:30, 8:26] = True
+    cpu, _ = imputation.solve_linear_imputation(images, removed)
+    cuda, info = imputation.solve_linear_imputation(images.cuda(), removed.cuda(), tolerance=1e-6)
+    assert info.solver == "cg"
+    assert (cuda.cpu() - cpu).abs().max() < 1e-3
 
 
 def test_imputation_keeps_kept_pixels_and_fills_a_smooth_ramp_exactly():
@@ -77,10 +117,26 @@ def test_imputation_noise_is_seeded_per_image_not_per_batch():
     torch.testing.assert_close(together[1:2], alone)
 
 
-def test_a_fully_removed_frame_keeps_zero():
+@pytest.mark.parametrize("solver", ["direct", "cg"])
+def test_a_fully_removed_frame_keeps_zero(solver):
     filled, _ = imputation.solve_linear_imputation(torch.randn(1, 3, 5, 5),
-                                                   torch.ones(1, 5, 5, dtype=torch.bool))
+                                                   torch.ones(1, 5, 5, dtype=torch.bool),
+                                                   solver=solver)
     assert torch.equal(filled, torch.zeros_like(filled))
+
+
+def test_a_fully_removed_frame_beside_a_partly_removed_one():
+    # The whole-frame group is singular (no kept neighbour) and stays 0; the other image is
+    # solved as if alone.
+    images = torch.randn(2, 3, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    removed = torch.zeros(2, 7, 7, dtype=torch.bool)
+    removed[0] = True
+    removed[1, 2:5, 1:6] = True
+    filled, info = imputation.solve_linear_imputation(images, removed, solver="direct")
+    assert torch.equal(filled[0], torch.zeros_like(filled[0]))
+    np.testing.assert_allclose(filled[1].numpy(), dense_imputation(images[1].numpy(), removed[1].numpy()),
+                               atol=1e-10)
+    assert info.max_relative_residual < 1e-12
 
 
 # --- ROAD and SRG ------------------------------------------------------------------------------
@@ -353,3 +409,15 @@ def test_shape_deletion_table_means_are_over_the_same_images():
     assert row["n"] == 2 and row["no_shift"] == 1
     assert row["cam_drop"] == pytest.approx(1.5) and row["shifted_drop"] == pytest.approx(0.75)
     assert row["cam_minus_shifted"] == pytest.approx(row["cam_drop"] - row["shifted_drop"])
+
+
+def test_cost_table_reports_road_and_lsr_apart_and_together():
+    timings = {"road": {"forwards": 40, "imputation_s": 1.0, "forward_s": 4.0},
+               "lsr": {"forwards": 6, "imputation_s": 3.0, "forward_s": 1.0}, "total_s": 12.0}
+    table = faithfulness.cost_table({"ckpt": timings}).set_index("part")
+    assert list(table.index) == ["road", "lsr", "all"]
+    assert table.loc["road", "imputation_per_forward_time"] == pytest.approx(0.25)
+    assert table.loc["lsr", "imputation_per_forward_time"] == pytest.approx(3.0)
+    assert table.loc["all", "forwards_fed"] == 46
+    assert table.loc["all", "imputation_per_forward_time"] == pytest.approx(4.0 / 5.0)
+    assert table.loc["all", "total_s"] == 12.0 and np.isnan(table.loc["road", "total_s"])

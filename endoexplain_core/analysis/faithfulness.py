@@ -105,6 +105,10 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
               ``zone_area_fraction`` (|D_r| / |B|)
     ``shape`` per (sample_id, CAM method): ``cam_drop``, ``shifted_drop_mean``, ``n_shifts``,
               ``cam_minus_shifted`` (positive logit, as the deletion test), and the z drops
+
+    ``timings`` (optional): accumulates imputation and forward seconds per part, under
+    ``timings["road"]`` and ``timings["lsr"]`` (the two parts that impute; their zones differ,
+    so do their solver costs).
     """
     keys = [deletion.sample_key(s) for s in sample_ids]
     methods = tuple(dict.fromkeys([*settings.road_methods, *CAM_METHODS]))
@@ -115,7 +119,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
     drops = road.road_drops(model, images, road_maps, fov, keys, temperature=temperature,
                             fractions=settings.road_fractions,
                             noise_std=settings.imputation_noise_std, reference_z=reference_z,
-                            timings=timings)
+                            timings=None if timings is None else timings.setdefault("road", {}))
     ids = np.asarray(sample_ids, dtype=object)
     road_rows, srg_rows = [], []
     for method, by_order in drops.items():
@@ -134,7 +138,8 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
     lsr = reliance.lesion_specific_reliance(model, images, zones, fov, keys, temperature=temperature,
                                             n_regions=settings.lsr_regions,
                                             noise_std=settings.imputation_noise_std,
-                                            reference_z=reference_z, timings=timings)
+                                            reference_z=reference_z,
+                                            timings=None if timings is None else timings.setdefault("lsr", {}))
     lsr_table = pd.DataFrame({
         "sample_id": ids, "zone_drop": lsr["zone_drop"].numpy(),
         "region_drop_mean": lsr["region_drop_mean"].numpy(), "n_regions": lsr["n_regions"].numpy(),
@@ -165,8 +170,9 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
     """Run ``faithfulness_batch`` over all prepared cases of one checkpoint.
 
     Returns ``{"road", "srg", "lsr", "shape"}`` DataFrames (with ``dataset`` and
-    ``checkpoint_id`` columns) and ``timings`` (seconds of imputation and of the forwards it
-    feeds, the number of those forwards, and the total).
+    ``checkpoint_id`` columns) and ``timings``: per imputing part (``"road"``, ``"lsr"``) the
+    seconds of imputation and of the forwards it feeds and the number of those forwards, plus
+    ``total_s`` for the whole checkpoint. ``cost_table`` turns it into rows.
     """
     started = time.perf_counter()
     torch_device = resolve_device(device)
@@ -187,6 +193,36 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
     timings["total_s"] = time.perf_counter() - started
     result["timings"] = timings
     return result
+
+
+IMPUTING_PARTS = ("road", "lsr")
+
+
+def cost_table(timings_by_checkpoint: dict[str, dict]) -> pd.DataFrame:
+    """Imputation cost next to the forwards it feeds, one row per checkpoint and part.
+
+    ``timings_by_checkpoint``: checkpoint_id -> ``faithfulness_checkpoint(...)["timings"]``.
+    Columns: checkpoint_id, part (road / lsr / all), forwards_fed, imputation_s, forward_s,
+    imputation_per_forward_time (the issue's goal: < 1) and total_s (whole checkpoint, on the
+    ``all`` row only). ROAD's removals are scattered pixels whose conjugate-gradient solve
+    converges in a few iterations; LSR fills solid lesion zones, a harder system, so the two
+    are reported apart as well as together.
+    """
+    rows = []
+    for checkpoint_id, timings in timings_by_checkpoint.items():
+        parts = {part: timings.get(part, {}) for part in IMPUTING_PARTS}
+        parts["all"] = {key: sum(p.get(key, 0) for p in parts.values())
+                        for key in ("forwards", "imputation_s", "forward_s")}
+        for part, values in parts.items():
+            forward_s = float(values.get("forward_s", 0.0))
+            rows.append({"checkpoint_id": checkpoint_id, "part": part,
+                         "forwards_fed": int(values.get("forwards", 0)),
+                         "imputation_s": float(values.get("imputation_s", 0.0)),
+                         "forward_s": forward_s,
+                         "imputation_per_forward_time": (float(values.get("imputation_s", 0.0)) / forward_s
+                                                         if forward_s > 0 else np.nan),
+                         "total_s": float(timings["total_s"]) if part == "all" else np.nan})
+    return pd.DataFrame(rows)
 
 
 # --- summaries ------------------------------------------------------------------------------

@@ -19,10 +19,21 @@ definite on every connected group of removed pixels that touches a kept pixel. A
 no kept pixel anywhere around it (e.g. a whole frame removed) has b = 0 and keeps the value 0
 (the ImageNet mean colour in normalised space), as plain deletion would give.
 
-The solver is matrix-free Jacobi-preconditioned conjugate gradient in torch over the removed
-pixels only (their 8 neighbour indices are gathered once; a product A x is 8 gathers), one
-system per image and channel, all images of a batch at once, on the CPU or the GPU. After the solve, seeded Gaussian noise (standard deviation
-``noise_std`` in the images' units, one CPU generator per image, so device- and
+Two solvers, chosen by the images' device (``solver="auto"``) or by name:
+
+``direct`` (CPU): a sparse LU factorisation per image (SciPy's SuperLU, minimum-degree
+    ordering of A + A^T), exact to rounding in float64, all channels as one right-hand side.
+    Removed regions from CAM maps are solid blobs tens of pixels across; there Jacobi-
+    preconditioned CG needs 100+ iterations (measured 116 on 160-px EfficientNet-B0 maps) and
+    cost about twice the forwards it feeds, while the factorisation of a few thousand unknowns
+    on a 2-D grid is cheap (nested fill, about 4x faster than CG on the same systems).
+``cg`` (any device; the default off the CPU): Jacobi-preconditioned conjugate gradient in
+    torch over the removed pixels only (one sparse CSR product with at most 9 entries per row
+    per iteration), every image and channel of a batch at once, stopped at a relative
+    residual of ``tolerance``.
+
+The two agree to ``tolerance`` (tested). After the solve, seeded Gaussian noise (standard
+deviation ``noise_std`` in the images' units, one CPU generator per image, so device- and
 batch-independent) is added to the removed pixels only. Kept pixels are never changed.
 """
 
@@ -31,6 +42,10 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
+import scipy.sparse
+import scipy.sparse.csgraph
+import scipy.sparse.linalg
 import torch
 
 EDGE_WEIGHT = 1.0 / 6.0
@@ -41,6 +56,7 @@ DEFAULT_NOISE_STD = 0.01        # small next to a normalised pixel's spread (abo
 # below the added noise (0.01), so a tighter solve would buy nothing but time.
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_MAX_ITERATIONS = 2000
+SOLVERS = ("auto", "direct", "cg")
 
 
 class ImputationError(RuntimeError):
@@ -49,10 +65,12 @@ class ImputationError(RuntimeError):
 
 @dataclass(frozen=True)
 class SolveInfo:
-    """How the solve went: CG iterations run and the worst relative residual reached."""
+    """How the solve went: the solver used (``direct`` or ``cg``), CG iterations run (0 for
+    the direct solver) and the worst relative residual per (image, channel) system."""
 
     iterations: int
     max_relative_residual: float
+    solver: str = "cg"
 
 
 NEIGHBOUR_OFFSETS = (  # (row offset, column offset, weight) of the 8 neighbours
@@ -121,7 +139,7 @@ def _sparse_system(images: torch.Tensor, removed: torch.Tensor):
 
 
 def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
-                            tolerance: float = DEFAULT_TOLERANCE,
+                            solver: str = "auto", tolerance: float = DEFAULT_TOLERANCE,
                             max_iterations: int = DEFAULT_MAX_ITERATIONS
                             ) -> tuple[torch.Tensor, SolveInfo]:
     """Noise-free imputation: ``images`` with the ``removed`` pixels replaced by the solution
@@ -129,22 +147,29 @@ def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
 
     images : float (B, C, H, W), any units (normalised model input in the audit).
     removed : bool (B, H, W), True = unknown pixel.
-    tolerance : stop when every (image, channel) system's residual is at most ``tolerance``
-        times its right-hand side's norm (float32 reaches about 1e-6; the default 1e-4 keeps
-        pixel errors far below ``DEFAULT_NOISE_STD``).
+    solver : "auto" (``direct`` for CPU tensors, ``cg`` otherwise), "direct" or "cg".
+    tolerance : ``cg`` only: stop when every (image, channel) system's residual is at most
+        ``tolerance`` times its right-hand side's norm (float32 reaches about 1e-6; the default
+        1e-4 keeps pixel errors far below ``DEFAULT_NOISE_STD``).
+    max_iterations : ``cg`` only.
     Returns (filled images, same dtype and device; ``SolveInfo``). Raises ``ImputationError``
-    when ``max_iterations`` pass before every system converged.
+    when CG does not converge in ``max_iterations``.
 
-    Cost: only removed pixels enter the solve (one sparse CSR product with at most 9 entries
-    per row per iteration, all images of the batch as one block-diagonal matrix), whatever
-    the frame size.
+    Cost: only removed pixels enter the solve, whatever the frame size.
     """
     _check_inputs(images, removed)
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown imputation solver {solver!r}; choose one of {SOLVERS}")
+    if solver == "auto":
+        solver = "direct" if images.device.type == "cpu" else "cg"
     batch, channels = images.shape[:2]
     image_index, flat_pixel, matrix, rhs = _sparse_system(images, removed)
     n_unknown = rhs.shape[0]
     if n_unknown == 0:
-        return images.clone(), SolveInfo(0, 0.0)
+        return images.clone(), SolveInfo(0, 0.0, solver)
+    if solver == "direct":
+        solution, info = _direct_solve(matrix, rhs, image_index, batch)
+        return _fill(images, flat_pixel, solution), info
 
     def per_system(values: torch.Tensor) -> torch.Tensor:      # (n, C) -> (B, C) sums
         return torch.zeros(batch, channels, dtype=values.dtype,
@@ -179,10 +204,54 @@ def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
     if worst > tolerance:
         raise ImputationError(f"linear imputation did not converge in {max_iterations} "
                               f"iterations (worst relative residual {worst:.2e} > {tolerance:.0e})")
+    return _fill(images, flat_pixel, solution), SolveInfo(iterations, worst, "cg")
+
+
+def _fill(images: torch.Tensor, flat_pixel: torch.Tensor, solution: torch.Tensor) -> torch.Tensor:
+    """``images`` with the unknowns (``flat_pixel`` into B*H*W) set to ``solution`` (n, C)."""
+    channels = images.shape[1]
     pixels = images.permute(0, 2, 3, 1).reshape(-1, channels).clone()
-    pixels[flat_pixel] = solution
+    pixels[flat_pixel] = solution.to(pixels.dtype)
     filled = pixels.reshape(images.shape[0], *images.shape[2:], channels).permute(0, 3, 1, 2)
-    return filled.contiguous(), SolveInfo(iterations, worst)
+    return filled.contiguous()
+
+
+def _direct_solve(matrix: torch.Tensor, rhs: torch.Tensor, image_index: torch.Tensor, batch: int
+                  ) -> tuple[torch.Tensor, SolveInfo]:
+    """Solve the block-diagonal system image by image with a sparse LU (float64, CPU).
+
+    A connected group of unknowns with no kept neighbour (all its row sums are 0: e.g. a whole
+    frame removed) makes A singular there; its right-hand side is 0 too, so it keeps the value
+    0 (as CG gives) and is left out of the factorisation. Returns (solution (n, C) as ``rhs``,
+    ``SolveInfo`` with the worst relative residual per image and channel).
+    """
+    a = scipy.sparse.csr_matrix((matrix.values().double().cpu().numpy(),
+                                 matrix.col_indices().cpu().numpy(),
+                                 matrix.crow_indices().cpu().numpy()), shape=tuple(matrix.shape))
+    b = rhs.double().cpu().numpy()
+    leak = np.asarray(a.sum(axis=1)).ravel()            # weight of each unknown's kept neighbours
+    n_groups, group = scipy.sparse.csgraph.connected_components(a, directed=False)
+    # Weights are multiples of 1/12, so a group touching a kept pixel leaks at least 1/12.
+    anchored = (np.bincount(group, weights=leak, minlength=n_groups) > 1.0 / 24.0)[group]
+    solution = np.zeros_like(b)
+    bounds = np.searchsorted(image_index.cpu().numpy(), np.arange(batch + 1))
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        rows = start + np.flatnonzero(anchored[start:stop])
+        if rows.size == 0:
+            continue
+        block = (a[start:stop, start:stop] if rows.size == stop - start else a[rows][:, rows])
+        factor = scipy.sparse.linalg.splu(block.tocsc(), permc_spec="MMD_AT_PLUS_A",
+                                          options={"SymmetricMode": True})
+        solution[rows] = factor.solve(b[rows])
+    residual = b - a @ solution
+    per_system = np.zeros((batch, b.shape[1]))
+    norms = np.zeros((batch, b.shape[1]))
+    index = image_index.cpu().numpy()
+    np.add.at(per_system, index, residual ** 2)
+    np.add.at(norms, index, b ** 2)
+    relative = np.sqrt(per_system) / np.where(norms > 0, np.sqrt(norms), 1.0)
+    result = torch.from_numpy(solution).to(device=rhs.device, dtype=rhs.dtype)
+    return result, SolveInfo(0, float(relative.max()), "direct")
 
 
 def _diagonal_slots(matrix: torch.Tensor, n_unknown: int) -> torch.Tensor:
@@ -215,7 +284,7 @@ def imputation_noise(noise_keys, removed: torch.Tensor, channels: int, dtype=tor
 
 
 def noisy_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *, noise_keys,
-                            noise_std: float = DEFAULT_NOISE_STD,
+                            noise_std: float = DEFAULT_NOISE_STD, solver: str = "auto",
                             tolerance: float = DEFAULT_TOLERANCE,
                             max_iterations: int = DEFAULT_MAX_ITERATIONS
                             ) -> tuple[torch.Tensor, SolveInfo]:
@@ -230,7 +299,7 @@ def noisy_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *, nois
     keys = list(noise_keys)
     if len(keys) != images.shape[0]:
         raise ValueError(f"{len(keys)} noise keys for {images.shape[0]} images")
-    filled, info = solve_linear_imputation(images, removed, tolerance=tolerance,
+    filled, info = solve_linear_imputation(images, removed, solver=solver, tolerance=tolerance,
                                            max_iterations=max_iterations)
     if noise_std > 0:
         filled = filled + noise_std * imputation_noise(keys, removed, images.shape[1], images.dtype)
