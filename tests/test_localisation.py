@@ -190,12 +190,32 @@ def test_pointing_peak_is_restricted_to_the_field_of_view_and_smoothed():
     assert not unsmoothed.item() and smoothed.item()
 
 
-def test_gaussian_smooth_matches_scipy_inside():
+@pytest.mark.parametrize("edges, scipy_mode", [("replicate", "nearest"), ("wrap", "wrap")])
+def test_gaussian_smooth_matches_scipy(edges, scipy_mode):
     generator = torch.Generator().manual_seed(1)
     maps = torch.rand(2, H, W, generator=generator)
-    ours = loc.gaussian_smooth(maps, 1.5).numpy()
-    reference = np.stack([ndimage.gaussian_filter(m, 1.5, mode="nearest", truncate=3.0) for m in maps.numpy()])
+    ours = loc.gaussian_smooth(maps, 1.5, edges=edges).numpy()
+    reference = np.stack([ndimage.gaussian_filter(m, 1.5, mode=scipy_mode, truncate=3.0) for m in maps.numpy()])
     np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def test_pointing_peaks_of_noise_maps_are_uniform_so_they_hit_at_chance():
+    # The random-heatmap reference must hit the tolerance zone at |D_r| / |B|. Replicated edges
+    # drew 89% of these peaks into the 3-px frame border, which covers 23% of the frame.
+    size, count = 48, 600
+    maps = torch.rand(count, size, size, generator=torch.Generator().manual_seed(2))
+    fov = torch.ones(count, size, size, dtype=torch.bool)
+    lesion = torch.zeros(count, size, size, dtype=torch.bool)
+    lesion[:, 10:30, 14:34] = True
+    hits, chance = loc.pointing_hits(maps, lesion, fov, radius_px=2, smooth_sigma_px=1.6)
+    expected = float(chance[0]) * count
+    spread = math.sqrt(expected * (1 - float(chance[0])))
+    assert abs(int(hits.sum()) - expected) < 4 * spread
+    smoothed = loc.gaussian_smooth(maps, 1.6, edges="wrap").flatten(1).argmax(dim=1)
+    rows, cols = smoothed // size, smoothed % size
+    near_edge = (torch.minimum(rows, size - 1 - rows) < 3) | (torch.minimum(cols, size - 1 - cols) < 3)
+    border_share = 1 - (size - 6) ** 2 / size ** 2
+    assert abs(float(near_edge.float().mean()) - border_share) < 0.08
 
 
 # --- DoG conspicuity ------------------------------------------------------------------------------

@@ -311,11 +311,13 @@ def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.Da
     """(ranks: method x metric, 1 = best mean; agreement: per metric, Kendall tau against the
     AUC-IoU ranking and the number of method pairs whose order it reverses, out of all pairs).
 
-    ``summary`` is an ``auc_iou_table``. Ties share the average rank.
+    ``summary`` is an ``auc_iou_table``. Ties share the average rank (e.g. 2.5); a metric
+    without ties has whole-number ranks, stored as integers so tables print "4", not "4.000".
     """
     ranks = summary[["method"]].copy()
     for metric in metrics:
-        ranks[metric] = summary[metric].rank(ascending=False, method="average")
+        rank = summary[metric].rank(ascending=False, method="average")
+        ranks[metric] = rank.astype(int) if bool((rank == rank.round()).all()) else rank
     reference = summary["auc_iou"].to_numpy()
     pairs = list(itertools.combinations(range(len(summary)), 2))
     rows = []
