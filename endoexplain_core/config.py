@@ -267,7 +267,7 @@ class ExtendedLocalisationSettings(StageSettings):
     dog_sigma_small_fraction: float = Field(0.01, gt=0, lt=1, description="DoG small blur sigma, fraction of the input size")
     dog_sigma_large_fraction: float = Field(0.08, gt=0, lt=1, description="DoG large blur sigma, fraction of the input size")
     pointing_radius_fraction: float = Field(0.03, ge=0, lt=1, description="pointing tolerance radius, fraction of the input size")
-    pointing_smooth_fraction: float = Field(0.01, ge=0, lt=1, description="pointing smoothing sigma, fraction of the input size")
+    pointing_smooth_fraction: float = Field(0.01, ge=0, le=0.25, description="pointing smoothing sigma, fraction of the input size")
     energy_alpha: float = Field(0.01, gt=0, lt=1, description="uniform share mixed in before the energy lift")
     matrix_checkpoints: bool = Field(True, description="score every learned checkpoint of the matrix, not only the primary")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
@@ -296,7 +296,7 @@ class FaithfulnessSettings(StageSettings):
     randomisation_images: int = Field(32, ge=1, description="images of the cascading randomisation")
     subgroup_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="external cohorts of the subgroup analysis")
-    pointing_smooth_fraction: float = Field(0.01, ge=0.0, lt=1.0,
+    pointing_smooth_fraction: float = Field(0.01, ge=0.0, le=0.25,
                                             description="smoothing before the pointing peak")
     dog_sigma_small_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="DoG small sigma")
     dog_sigma_large_fraction: float = Field(0.08, gt=0.0, lt=1.0, description="DoG large sigma")

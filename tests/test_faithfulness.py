@@ -47,7 +47,7 @@ def test_imputation_equals_a_dense_solve_on_small_images(solver):
     removed = rng.random((3, 11, 9)) < 0.45
     removed[2, 3:8, 2:7] = True  # one solid block: interior pixels see only unknowns
     filled, info = imputation.solve_linear_imputation(torch.tensor(images), torch.tensor(removed),
-                                                      solver=solver, tolerance=1e-12)
+                                                      solver=solver, tolerance=1e-12)  # direct: checked
     for b in range(3):
         np.testing.assert_allclose(filled[b].numpy(), dense_imputation(images[b], removed[b]),
                                    atol=1e-9)
@@ -421,3 +421,23 @@ def test_cost_table_reports_road_and_lsr_apart_and_together():
     assert table.loc["all", "forwards_fed"] == 46
     assert table.loc["all", "imputation_per_forward_time"] == pytest.approx(4.0 / 5.0)
     assert table.loc["all", "total_s"] == 12.0 and np.isnan(table.loc["road", "total_s"])
+
+
+def test_direct_solve_with_untouched_images_in_the_batch_and_low_precision_inputs():
+    # Images with nothing removed sit between and after solved ones; a float32 / bfloat16
+    # 160-px frame removed but for one pixel is anchored by that pixel (a group-sum test in
+    # low precision once mistook it for a frame with no kept pixel and left it at 0).
+    images = torch.randn(4, 3, 160, 160, generator=torch.Generator().manual_seed(6))
+    removed = torch.zeros(4, 160, 160, dtype=torch.bool)
+    removed[1] = True
+    removed[1, 80, 80] = False
+    removed[3, 40:90, 30:100] = True
+    for dtype in (torch.float32, torch.bfloat16):
+        filled, info = imputation.solve_linear_imputation(images.to(dtype), removed, solver="direct")
+        reference, _ = imputation.solve_linear_imputation(images.double(), removed, solver="direct")
+        assert info.max_relative_residual < 1e-10
+        assert torch.equal(filled[[0, 2]], images.to(dtype)[[0, 2]])
+        # one kept pixel: the whole frame takes (about) its value, not 0
+        kept_value = images.to(dtype)[1, :, 80, 80].double()
+        assert torch.allclose(filled[1].double().mean(dim=(1, 2)), kept_value, atol=0.05)
+        assert torch.allclose(filled[3].double(), reference[3].to(dtype).double(), atol=1e-2)

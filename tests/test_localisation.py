@@ -393,7 +393,10 @@ def test_ranking_reversal_count_on_a_hand_case():
     summary = pd.DataFrame({"method": ["a", "b", "c"], "auc_iou": [0.3, 0.2, 0.1],
                             "iou_at_0.3": [0.1, 0.2, 0.3], "iou_at_0.5": [0.3, 0.2, 0.1],
                             "iou_at_0.7": [0.2, 0.3, 0.1], "top20_iou": [0.3, 0.2, 0.1]})
-    _, agreement = ext.ranking_table(summary)
+    ranks, agreement = ext.ranking_table(summary)
+    assert ranks["auc_iou"].tolist() == [1, 2, 3] and ranks["auc_iou"].dtype.kind == "i"
+    tied = ext.ranking_table(summary.assign(auc_iou=[0.3, 0.3, 0.1]))[0]["auc_iou"]
+    assert tied.tolist() == [1.5, 1.5, 3.0]
     reversed_pairs = agreement.set_index("metric")["reversed_pairs"]
     assert reversed_pairs["iou_at_0.3"] == 3 and reversed_pairs["iou_at_0.7"] == 1
     assert agreement.set_index("metric").loc["iou_at_0.3", "kendall_tau_vs_auc_iou"] == pytest.approx(-1)
@@ -412,3 +415,9 @@ def test_curve_and_sweep_from_one_ranking_equal_the_separate_kernels(seed):
     reference = loc.top_k_sweep(maps, masks)
     torch.testing.assert_close(sweep["iou"], reference["iou"])
     torch.testing.assert_close(sweep["energy"], reference["energy"])
+
+
+def test_wrapped_blur_refuses_a_kernel_wider_than_the_map():
+    with pytest.raises(ValueError, match="too wide to wrap"):
+        loc.gaussian_smooth(torch.rand(1, 8, 8), 3.0, edges="wrap")
+    assert loc.gaussian_smooth(torch.rand(1, 8, 8), 3.0).shape == (1, 8, 8)  # replicated: any width

@@ -203,10 +203,10 @@ def cost_table(timings_by_checkpoint: dict[str, dict]) -> pd.DataFrame:
 
     ``timings_by_checkpoint``: checkpoint_id -> ``faithfulness_checkpoint(...)["timings"]``.
     Columns: checkpoint_id, part (road / lsr / all), forwards_fed, imputation_s, forward_s,
-    imputation_per_forward_time (the issue's goal: < 1) and total_s (whole checkpoint, on the
-    ``all`` row only). ROAD's removals are scattered pixels whose conjugate-gradient solve
-    converges in a few iterations; LSR fills solid lesion zones, a harder system, so the two
-    are reported apart as well as together.
+    imputation_per_forward_time (goal: < 1, the imputation cheaper than the forwards it feeds)
+    and total_s (whole checkpoint, on the ``all`` row only). ROAD fills a CAM's most- or
+    least-salient pixels, LSR the lesion zone and its same-shaped controls; their systems
+    differ in size and shape, so their costs are reported apart as well as together.
     """
     rows = []
     for checkpoint_id, timings in timings_by_checkpoint.items():

@@ -237,6 +237,10 @@ def gaussian_smooth(maps: torch.Tensor, sigma_px: float, edges: str = "replicate
     if sigma_px == 0:
         return maps
     reach = max(1, int(math.ceil(3 * sigma_px)))
+    if edges == "wrap" and reach >= min(maps.shape[-2:]):
+        raise ValueError(f"sigma_px {sigma_px} is too wide to wrap around a "
+                         f"{maps.shape[-2]}x{maps.shape[-1]} map (kernel radius {reach} px must be "
+                         f"smaller than both sides)")
     mode = "replicate" if edges == "replicate" else "circular"
     offsets = torch.arange(-reach, reach + 1, dtype=torch.float32, device=maps.device)
     weights = torch.exp(-offsets ** 2 / (2 * sigma_px ** 2))

@@ -19,8 +19,9 @@ edges. Each filled image is re-scored. Conventions:
   the map, so every method of an image sees the same noise draw (common random numbers make
   method contrasts less noisy); the seed is ``deletion.sample_key`` of a string naming them.
 
-Cost per image and map: 10 forwards (5 fractions x 2 orders) plus one batched conjugate-
-gradient solve over the removed pixels; ``timings`` reports both parts.
+Cost per image and map: 10 forwards (5 fractions x 2 orders) plus the imputation solve over
+the removed pixels (``imputation``: sparse LU per image on the CPU, batched conjugate gradient
+elsewhere); ``timings`` reports both parts.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def road_drops(model: nn.Module, images: torch.Tensor, maps: dict[str, torch.Ten
     (B, H, W). fov : bool (B, H, W). sample_keys : B ints (``deletion.sample_key``).
     chunk_size : images per forward (default B, the caller's batch size).
     reference_z : z / T of the intact images (B,), if already known (saves a forward).
-    Each method's 2 x F removals are imputed in one solve and scored in B-sized forwards.
+    Each method's 2 x F removals are imputed in one call and scored in B-sized forwards.
     """
     batch = images.shape[0]
     keys = [int(key) for key in sample_keys]
