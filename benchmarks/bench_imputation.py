@@ -72,8 +72,8 @@ def bench(arch: str, args, device: torch.device) -> None:
     timings: dict = {}
     total, _ = _seconds(lambda: road.road_drops(model, images, maps, fov, keys, temperature=1.0,
                                                 timings=timings))
-    solver = "direct" if device.type == "cpu" else "cg"
-    print(f"{arch:16s} ROAD  {args.batch} images x {args.maps} maps x 10 removals ({solver} solver): "
+    print(f"{arch:16s} ROAD  {args.batch} images x {args.maps} maps x 10 removals "
+          f"({imputation.default_solver(device)} solver): "
           f"imputation {timings['imputation_s']:.2f} s, forwards {timings['forward_s']:.2f} s "
           f"({timings['forwards']} images), total {total:.2f} s; "
           f"imputation/forwards = {timings['imputation_s'] / timings['forward_s']:.3f}")

@@ -214,13 +214,12 @@ def cost_table(timings_by_checkpoint: dict[str, dict]) -> pd.DataFrame:
         parts["all"] = {key: sum(p.get(key, 0) for p in parts.values())
                         for key in ("forwards", "imputation_s", "forward_s")}
         for part, values in parts.items():
+            imputation_s = float(values.get("imputation_s", 0.0))
             forward_s = float(values.get("forward_s", 0.0))
             rows.append({"checkpoint_id": checkpoint_id, "part": part,
                          "forwards_fed": int(values.get("forwards", 0)),
-                         "imputation_s": float(values.get("imputation_s", 0.0)),
-                         "forward_s": forward_s,
-                         "imputation_per_forward_time": (float(values.get("imputation_s", 0.0)) / forward_s
-                                                         if forward_s > 0 else np.nan),
+                         "imputation_s": imputation_s, "forward_s": forward_s,
+                         "imputation_per_forward_time": imputation_s / forward_s if forward_s > 0 else np.nan,
                          "total_s": float(timings["total_s"]) if part == "all" else np.nan})
     return pd.DataFrame(rows)
 
