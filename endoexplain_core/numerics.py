@@ -1,19 +1,50 @@
 """The numerical settings every stage runs under, in one place.
 
-GPU kernels may pick algorithms by speed (cuDNN benchmark mode), use TF32 matrix products and
-reduce in a non-deterministic order. Each of these changes results in low bits from run to
-run; for an audit whose tables must match between runs and against a float32 CPU reference
-(pytorch-grad-cam parity), the package turns them off. On the CPU they have no effect.
+**CPU: one instruction set on every machine.** The CPU libraries under torch choose their code
+by the machine they find: oneDNN (convolutions) JIT-compiles kernels for the best instruction
+set it detects, MKL (matrix products) picks a code branch per processor, and ATen's vectorised
+kernels are compiled once per instruction set and chosen at run time. Kernels for different
+instruction sets sum in different orders, so the same seeded training differs in the last bits
+between machines, and a from-scratch training run amplifies last-bit differences into different
+models. The package therefore caps all three at AVX2, which every x86-64 processor since 2013
+(Intel Haswell, AMD Excavator/Zen) has:
 
-``configure_torch`` applies the policy (``models.training.resolve_device`` calls it for every
-CUDA device); ``torch_settings`` reads what is in force, for the run's provenance.
+``ONEDNN_MAX_CPU_ISA=AVX2``   oneDNN's JIT kernels (convolutions, reorders, eltwise);
+``MKL_CBWR=AVX2``             MKL's conditional numerical reproducibility on its AVX2 branch;
+``ATEN_CPU_CAPABILITY=avx2``  ATen's vectorised kernels (activations, reductions, BatchNorm).
+
+Each is read by its library at its first use, not at ``import torch``, so setting them before
+any tensor work is enough; ``pin_cpu_environment`` runs when ``endoexplain_core`` is imported
+(the package's ``__init__``), which puts the orchestrator, every notebook kernel, Dask workers,
+the CLI and the tests under the same pin, and child processes inherit it. The pin's cost and the
+experiment behind it are in docs/protocol.md ("CPU numerics"). ``ENDOEXPLAIN_CPU_PIN=off``
+leaves the libraries' own choice (for measuring that cost); provenance records which was in
+force. Dropout and stochastic-depth masks are drawn vendor-independently by
+``models.networks`` (torch's scalar Bernoulli uses MKL's generator on Intel CPUs only).
+
+**CUDA.** GPU kernels may pick algorithms by speed (cuDNN benchmark mode), use TF32 matrix
+products and reduce in a non-deterministic order; the package turns them off
+(``configure_torch``, applied by ``models.training.resolve_device`` for every CUDA device).
+
+``cpu_numerics`` and ``torch_settings`` read what is in force, for the run's provenance.
+This module does not import torch at import time (the pin must precede torch's first use).
 """
 
 from __future__ import annotations
 
-import torch
+import os
+import platform
 
-# flag -> value the package sets; names are the torch attributes below.
+# environment variable -> value the package sets before torch's first use.
+CPU_PIN = {
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+}
+PIN_SWITCH = "ENDOEXPLAIN_CPU_PIN"   # "off": keep the libraries' own dispatch (cost measurement)
+PINNED_CAPABILITY = "AVX2"          # what torch.backends.cpu.get_cpu_capability() reports pinned
+
+# flag -> value the package sets on CUDA; names are the torch attributes below.
 POLICY = {
     "cudnn_benchmark": False,       # no speed-dependent algorithm choice
     "cudnn_deterministic": True,    # deterministic convolution algorithms
@@ -21,9 +52,86 @@ POLICY = {
     "cudnn_allow_tf32": False,        # full float32 convolutions
 }
 
+# CPU feature flags (/proc/cpuinfo names) from the oldest to the newest level that matters here.
+_ISA_LEVELS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX-512 BF16"),
+               ("amx_tile", "AMX"))
+
+
+class CpuPinError(RuntimeError):
+    """The CPU pin cannot be in force in this process (tensor work ran before it was set)."""
+
+
+def pin_enabled() -> bool:
+    """False only when ``ENDOEXPLAIN_CPU_PIN=off`` (case-insensitive) is set."""
+    return os.environ.get(PIN_SWITCH, "on").strip().lower() != "off"
+
+
+def pin_cpu_environment() -> dict[str, str]:
+    """Set ``CPU_PIN`` in ``os.environ`` (overriding other values) unless the pin is switched
+    off; return the variables set. Idempotent; child processes inherit them."""
+    if not pin_enabled():
+        return {}
+    os.environ.update(CPU_PIN)
+    return dict(CPU_PIN)
+
+
+def detected_cpu() -> dict[str, object]:
+    """What this machine's CPU offers: vendor, model name and its best instruction-set level
+    (from /proc/cpuinfo on Linux; ``platform`` elsewhere)."""
+    vendor, model, flags = None, platform.processor() or None, set()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and vendor is None:
+                    vendor = value.strip()
+                elif key == "model name" and (model is None or model == platform.processor()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    levels = [name for flag, name in _ISA_LEVELS if flag in flags]
+    return {"vendor": vendor, "model": model, "best_isa": levels[-1] if levels else None,
+            "isa_levels": levels}
+
+
+def cpu_numerics() -> dict[str, object]:
+    """The CPU numerics in force: pin on/off, the pinned variables, ATen's active capability,
+    the detected CPU and torch's thread count (results depend on it too: record it)."""
+    import torch
+
+    active = torch.backends.cpu.get_cpu_capability()
+    return {"pin": "on" if pin_enabled() else "off",
+            "pinned": {k: os.environ.get(k) for k in CPU_PIN},
+            "aten_capability": active,
+            "detected": detected_cpu(),
+            "torch_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__,
+            "machine": platform.machine()}
+
+
+def check_cpu_pin() -> None:
+    """Raise ``CpuPinError`` when the pin should be in force but ATen runs another capability
+    (torch did tensor work before ``endoexplain_core`` was imported). On a CPU without AVX2,
+    ATen's best is below the pin and nothing can be matched: that is reported, not refused."""
+    if not pin_enabled() or platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    import torch
+
+    active = torch.backends.cpu.get_cpu_capability()
+    if active != PINNED_CAPABILITY and "AVX2" in detected_cpu()["isa_levels"]:
+        raise CpuPinError(
+            f"ATen runs {active} kernels, not the pinned {PINNED_CAPABILITY}: torch did tensor "
+            f"work before endoexplain_core was imported. Import endoexplain_core first (or "
+            f"start Python with {' '.join(f'{k}={v}' for k, v in CPU_PIN.items())}).")
+
 
 def configure_torch() -> dict[str, bool]:
     """Apply ``POLICY`` to the torch backends of this process; return ``torch_settings()``."""
+    import torch
+
     torch.backends.cudnn.benchmark = POLICY["cudnn_benchmark"]
     torch.backends.cudnn.deterministic = POLICY["cudnn_deterministic"]
     torch.backends.cuda.matmul.allow_tf32 = POLICY["cuda_matmul_allow_tf32"]
@@ -33,9 +141,12 @@ def configure_torch() -> dict[str, bool]:
 
 def torch_settings() -> dict[str, bool | int | str | None]:
     """The backend flags in force in this process, the thread count and the cuDNN version."""
+    import torch
+
     return {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
             "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
             "torch_threads": torch.get_num_threads(),
             "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+

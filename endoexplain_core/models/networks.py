@@ -6,6 +6,11 @@ index 1 = positive). Each has one CAM target layer, given here as a module path 
 
 Models are always built with ``weights=None``: nothing is ever downloaded. ImageNet weights
 are used only when a local file exists (``find_local_imagenet_weights``) or is given.
+
+Dropout and stochastic depth draw their masks with ``torch.rand`` (``PortableDropout``,
+``PortableStochasticDepth``): torch's scalar ``bernoulli_``, which ``nn.Dropout`` and
+torchvision's stochastic depth use, takes MKL's random stream on Intel CPUs and ATen's on
+others, so the same seed would drop different units on different machines.
 """
 
 from __future__ import annotations
@@ -34,6 +39,42 @@ AUDIT_ONLY_TARGET_LAYERS = {
     "resnet50": "layer4.2",
 }
 AUDITABLE_ARCHITECTURES = ARCHITECTURES + tuple(AUDIT_ONLY_TARGET_LAYERS)
+
+
+class PortableDropout(nn.Dropout):
+    """``nn.Dropout`` whose mask is ``torch.rand(x.shape) >= p`` (torch's own generator on
+    every CPU); kept units are scaled by 1 / (1 - p) as in ``nn.Dropout``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = torch.rand(x.shape, device=x.device) >= self.p
+        return x * keep.to(x.dtype) / (1.0 - self.p)
+
+
+class PortableStochasticDepth(torchvision.ops.StochasticDepth):
+    """torchvision's ``StochasticDepth`` ("row": one draw per sample; "batch": one draw) with
+    the survival mask drawn as ``torch.rand(size) < 1 - p``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        survival = 1.0 - self.p
+        size = [x.shape[0]] + [1] * (x.ndim - 1) if self.mode == "row" else [1] * x.ndim
+        keep = (torch.rand(size, device=x.device) < survival).to(x.dtype)
+        return x * keep / survival
+
+
+def portable_random_masks(model: nn.Module) -> nn.Module:
+    """In place: swap every ``nn.Dropout`` and torchvision ``StochasticDepth`` of ``model`` for
+    its portable twin (same p, same mode, no parameters: state dicts are unchanged)."""
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is nn.Dropout:
+                setattr(parent, name, PortableDropout(child.p, child.inplace))
+            elif type(child) is torchvision.ops.StochasticDepth:
+                setattr(parent, name, PortableStochasticDepth(child.p, child.mode))
+    return model
 
 
 def _check_arch(arch: str) -> None:
@@ -69,13 +110,15 @@ def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None
         replaced by a new ``num_classes`` head (initialised from torch's global RNG, so seed it
         first). When None the model is randomly initialised (torch's global RNG).
 
-    Returns the model in train mode on the CPU. Never downloads anything.
+    Returns the model in train mode on the CPU, with portable dropout / stochastic-depth masks
+    (``portable_random_masks``). Never downloads anything.
     Raises ValueError for an unknown architecture, FileNotFoundError for a missing file and
     ValueError naming the file when its state dict does not fit the architecture.
     """
     _check_arch(arch)
     if weights_path is None:
-        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+        return portable_random_masks(
+            torchvision.models.get_model(arch, weights=None, num_classes=num_classes))
     weights_path = Path(weights_path)
     if not weights_path.is_file():
         raise FileNotFoundError(f"ImageNet weights file not found: {weights_path}")
@@ -86,7 +129,7 @@ def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None
     except Exception as error:  # unreadable or mismatched file: say which and why
         raise ValueError(f"{weights_path}: not an ImageNet state dict for {arch}: {error}") from error
     _replace_head(model, arch, num_classes)
-    return model
+    return portable_random_masks(model)
 
 
 def find_local_imagenet_weights(arch: str) -> Path | None:
