@@ -207,6 +207,8 @@ class ValidityGateSettings(StageSettings):
     train_images: int = Field(256, ge=8, description="planted training frames per gate model")
     val_images: int = Field(64, ge=8, description="held-out planted frames for the accuracy rule")
     pool_images: int = Field(48, ge=8, description="common audited pool (polyp + separate cue)")
+    replicate_seeds: list[int] = Field([1, 2, 3], min_length=1,
+                                       description="one gate replicate (frames, models, pool) per seed")
     steps: int = Field(60, ge=1, description="optimiser steps per trained gate model")
     batch_size: int = Field(16, ge=2, description="frames per optimiser step")
     learning_rate: float = Field(0.004, gt=0, description="AdamW peak learning rate")

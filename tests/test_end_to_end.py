@@ -56,6 +56,21 @@ def test_every_stage_ran_and_left_its_record(smoke_run):
     assert (run_dir / "index.html").is_file()
 
 
+def test_the_run_records_its_cpu_numerics_and_writes_a_summary(smoke_run):
+    from endoexplain_core import numerics
+    from endoexplain_core.pipeline import summary
+
+    provenance = json.loads((smoke_run / "runs" / "smoke" / "provenance.json").read_text())
+    facts = provenance["device"]["cpu_numerics"]
+    assert facts["pin"] == "on" and facts["pinned"] == numerics.CPU_PIN
+    assert facts["detected"]["best_isa"] == numerics.detected_cpu()["best_isa"]
+    assert "CPU numerics: pin on" in (smoke_run / "runs" / "smoke" / "index.html").read_text()
+    text = (smoke_run / "figures" / "smoke" / summary.SUMMARY_NAME).read_text()
+    assert text.startswith("# Run summary: smoke profile, embedded synthetic cohort")
+    assert "**Validity gate**" in summary.headline_part(text)
+    assert "CPU pin: on" in text.split(summary.MACHINE_HEADING)[1]
+
+
 def test_the_paper_artefacts_exist(smoke_run):
     figures = smoke_run / "figures" / "smoke"
     missing = [name for name in EXPECTED_FIGURE_FILES if not (figures / name).is_file()]

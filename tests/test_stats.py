@@ -94,6 +94,13 @@ def test_holm_matches_hand_case_and_statsmodels():
         stats.holm_adjust([0.5, 1.5])
 
 
+def test_holm_over_defined_tests_leaves_untestable_pairs_out_of_the_family():
+    # The NaN (no test possible) is not a member: the other three are adjusted as a family of 3.
+    adjusted = stats.holm_adjust_defined([0.01, np.nan, 0.03, 0.20])
+    np.testing.assert_allclose(adjusted, [0.03, np.nan, 0.06, 0.20])
+    assert np.isnan(stats.holm_adjust_defined([np.nan, np.nan])).all()
+
+
 def _simulated_logistic(n, coefficients, seed):
     rng = np.random.default_rng(seed)
     design = np.column_stack([np.ones(n), rng.normal(size=(n, len(coefficients) - 1))])

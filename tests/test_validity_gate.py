@@ -61,26 +61,34 @@ READER = {"lesion": lambda i, m: (8, 8), "shortcut": lambda i, m: (24, 24),
           "untrained": _scattered, "shuffled": _scattered}
 
 
+def _gate(case_rows, facts):
+    return validity_gate.gate_table(case_rows, facts, margin=0.25)
+
+
 def test_gate_passes_a_map_that_reads_the_planted_evidence():
-    gate = validity_gate.gate_table(_case_rows(READER), _facts())
+    gate = _gate(_case_rows(READER), _facts())
     verdict = gate.set_index("method")
     assert verdict.loc["gradcam", "passes"] and verdict.loc["gradcam", "reason"] == "passes"
+    assert verdict.loc["gradcam", "verdict"] == "passes"
+    assert verdict.loc["gradcam", "lesion_ci_low"] == pytest.approx(
+        validity_gate.stats.wilson_interval(40, 40)[0])
     assert verdict.loc["gradcam", "lesion_rate"] == 1.0 and verdict.loc["gradcam", "cue_rate"] == 1.0
     assert verdict.loc["gradcam", "lesion_chance"] == pytest.approx(64 / 1024)
     assert validity_gate.failing_methods(gate) == []
 
 
 def test_gate_fails_when_the_models_did_not_learn():
-    gate = validity_gate.gate_table(_case_rows(READER), _facts(ok=False))
+    gate = _gate(_case_rows(READER), _facts(ok=False))
     assert not gate["passes"].any()
+    assert (gate["verdict"] == "inconclusive").all()   # nothing learned: no evidence either way
     assert gate["reason"].str.contains("accuracy rule").all()
 
 
 def test_gate_fails_an_untrained_looking_model_and_a_fixed_corner_prior():
     untrained = {m: _scattered for m in validity_gate.GATE_MODELS}
-    assert not validity_gate.gate_table(_case_rows(untrained), _facts())["passes"].any()
+    assert not _gate(_case_rows(untrained), _facts())["passes"].any()
     corner = {m: (lambda i, method: (31, 31)) for m in validity_gate.GATE_MODELS}
-    gate = validity_gate.gate_table(_case_rows(corner), _facts())
+    gate = _gate(_case_rows(corner), _facts())
     assert not gate["passes"].any()
     assert (gate["lesion_rate"] == 0).all() and (gate["cue_rate"] == 0).all()
 
@@ -88,30 +96,70 @@ def test_gate_fails_an_untrained_looking_model_and_a_fixed_corner_prior():
 def test_gate_fails_when_a_control_finds_the_lesion_too():
     # An edge detector: the untrained control peaks on the lesion as often as the trained one.
     models = dict(READER, untrained=lambda i, m: (8, 8))
-    gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
-    assert not gate.loc["gradcam", "passes"]
-    assert "untrained control peak-inside 1.000 (40/40) >= 0.312" in gate.loc["gradcam", "reason"]
+    gate = _gate(_case_rows(models), _facts()).set_index("method")
+    assert gate.loc["gradcam", "verdict"] == "fails"
+    assert "untrained control peak-inside 1.000 (40/40; 95% CI 0.912-1.000): lower bound clears the bar 0.312" \
+        in gate.loc["gradcam", "reason"]
 
 
-def test_reason_gives_the_count_so_a_one_image_verdict_is_visible():
-    # 13 of 40 shortcut peaks on the cue: 0.325 against a bar of 64/1024 + 0.25 = 0.3125 passes;
-    # 12 of 40 (0.300) fails, and the reason must show 12/40 beside the bar, not "0.30 < 0.31".
-    for hits, passes in ((13, True), (12, False)):
+def test_verdict_has_three_states_decided_by_the_interval_not_the_point():
+    # Bar 64/1024 + 0.25 = 0.3125 over 40 frames. 13/40 (0.325) clears the bar as a point, but
+    # its Wilson interval (0.20-0.48) straddles it: inconclusive, never "passes" by one frame.
+    # 30/40 clears it with the lower bound (0.60): passes; 4/40 (upper 0.23): fails.
+    expected = {13: "inconclusive", 30: "passes", 4: "fails", 12: "inconclusive"}
+    for hits, verdict in expected.items():
         models = dict(READER, shortcut=lambda i, m, hits=hits: (24, 24) if i < hits else (8, 8))
-        gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
-        assert gate.loc["gradcam", "passes"] == passes
-    assert gate.loc["gradcam", "reason"] == "shortcut model peak-on-cue 0.300 (12/40) < 0.312 (needs 13/40)"
+        gate = _gate(_case_rows(models), _facts()).set_index("method")
+        assert gate.loc["gradcam", "verdict"] == verdict, hits
+        assert gate.loc["gradcam", "passes"] == (verdict == "passes")
+    models = dict(READER, shortcut=lambda i, m: (24, 24) if i < 12 else (8, 8))
+    reason = _gate(_case_rows(models), _facts()).set_index("method").loc["gradcam", "reason"]
+    assert reason == ("shortcut model peak-on-cue 0.300 (12/40; 95% CI 0.181-0.454): "
+                      "interval straddles the bar 0.312")
+
+
+def test_replicates_pool_and_leave_one_out_reports_an_unstable_verdict():
+    """Three replicates: two read the cue in 20 of 40 frames, one in 40. Pooled (80/120, lower
+    bound 0.58) the method passes; without the strong replicate (40/80, 0.39-0.61) it still
+    passes, without either weak one too: held. A fourth replicate that hits 0 of 40 leaves the
+    pooled verdict open and the leave-one-out verdicts disagree: not held."""
+    def replicate(seed, cue_hits):
+        models = dict(READER, shortcut=lambda i, m: (24, 24) if i < cue_hits else (8, 8))
+        return _case_rows(models).assign(gate_seed=seed), _facts().assign(gate_seed=seed)
+    parts = [replicate(1, 20), replicate(2, 20), replicate(3, 40)]
+    cases = pd.concat([c for c, _ in parts]); facts = pd.concat([f for _, f in parts])
+    pooled = _gate(cases, facts).set_index("method")
+    assert pooled.loc["gradcam", "verdict"] == "passes" and pooled.loc["gradcam", "n"] == 120
+    assert pooled.loc["gradcam", "replicates_used"] == 3
+    stability = validity_gate.gate_leave_one_out(cases, facts, margin=0.25).set_index("method")
+    assert stability.loc["gradcam", "held"]
+    spread = validity_gate.gate_replicate_table(cases, facts, margin=0.25)
+    assert spread[spread["method"] == "gradcam"]["cue_rate"].tolist() == [0.5, 0.5, 1.0]
+    weak = replicate(4, 0)
+    cases, facts = pd.concat([cases, weak[0]]), pd.concat([facts, weak[1]])
+    stability = validity_gate.gate_leave_one_out(cases, facts, margin=0.25).set_index("method")
+    assert not stability.loc["gradcam", "held"]
+
+
+def test_a_replicate_whose_models_did_not_learn_is_left_out():
+    good = (_case_rows(READER).assign(gate_seed=1), _facts().assign(gate_seed=1))
+    corner = {m: (lambda i, method: (31, 31)) for m in validity_gate.GATE_MODELS}
+    bad = (_case_rows(corner).assign(gate_seed=2), _facts(ok=False).assign(gate_seed=2))
+    gate = _gate(pd.concat([good[0], bad[0]]), pd.concat([good[1], bad[1]])).set_index("method")
+    assert gate.loc["gradcam", "verdict"] == "passes"
+    assert gate.loc["gradcam", "replicates_used"] == 1 and gate.loc["gradcam", "n_replicates"] == 2
+    assert validity_gate.usable_replicates(pd.concat([good[1], bad[1]])) == [1]
 
 
 def test_constant_maps_are_neither_hits_nor_misses():
     # Half the lesion model's maps are constant: the rate is over the other half only.
     models = dict(READER, lesion=lambda i, m: None if i % 2 else (8, 8))
-    gate = validity_gate.gate_table(_case_rows(models), _facts()).set_index("method")
+    gate = _gate(_case_rows(models), _facts()).set_index("method")
     assert gate.loc["gradcam", "lesion_rate"] == 1.0
     assert gate.loc["gradcam", "n_constant_lesion"] == 20
     all_constant = dict(READER, shortcut=lambda i, m: None)
-    gate = validity_gate.gate_table(_case_rows(all_constant), _facts()).set_index("method")
-    assert np.isnan(gate.loc["gradcam", "cue_rate"]) and not gate.loc["gradcam", "passes"]
+    gate = _gate(_case_rows(all_constant), _facts()).set_index("method")
+    assert np.isnan(gate.loc["gradcam", "cue_rate"]) and gate.loc["gradcam", "verdict"] == "inconclusive"
     assert "peak-on-cue undefined (all 40 maps constant)" in gate.loc["gradcam", "reason"]
     assert "nan" not in gate.loc["gradcam", "reason"]
 
@@ -139,6 +187,11 @@ def test_mark_table_adds_daggers_and_verdicts():
     assert marked["label"].tolist() == ["Grad-CAM", "XGrad-CAM\u2020", "Random heatmap"]
     assert marked["validity_gate"].tolist() == ["passes", "fails", "reference"]
     assert validity_gate.mark_table(table, None)["validity_gate"].tolist() == ["not run", "not run", "reference"]
+    # An inconclusive method is not validated: it carries the dagger and says why.
+    gate["verdict"] = ["passes", "fails", "inconclusive", "passes", "passes", "fails"]
+    marked = validity_gate.mark_table(table, gate)
+    assert marked["label"].tolist() == ["Grad-CAM", "XGrad-CAM\u2020", "Random heatmap"]
+    assert marked["validity_gate"].tolist() == ["passes", "inconclusive", "reference"]
 
 
 def test_learning_rule_is_halfway_from_prevalence_to_one():
@@ -280,11 +333,15 @@ def test_failure_by_threshold_and_paired_tests_skip_constant_maps():
 def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
     """The whole gate on a tiny budget: 2 steps cannot train EfficientNet-B0, so nothing passes."""
     settings = validity_gate.GateSettings(image_size=64, train_images=8, val_images=8, pool_images=4,
-                                          steps=2, batch_size=4, random_deletion_repetitions=1)
-    result = validity_gate.run_gate(tmp_path, arch="efficientnet_b0", settings=settings, batch_size=4)
+                                          steps=2, batch_size=4, random_deletion_repetitions=1,
+                                          seeds=(1, 2))
+    result = validity_gate.run_gate(tmp_path, arch="efficientnet_b0", settings=settings,
+                                    batch_size=4, top_fraction=0.20)
     assert result["layer"] == "features.8.0"
     assert not result["gate"]["passes"].any()
     assert set(result["cases"]["model"]) == set(validity_gate.GATE_MODELS)
+    assert set(result["cases"]["gate_seed"]) == {1, 2} and result["cases"]["sample_id"].nunique() == 8
+    assert set(result["replicates"]["gate_seed"]) == {1, 2}
     cases = result["cases"]
     assert (cases["feature_grid_height"] == 2).all()          # 64 px / 32
     assert cases["lesion_logit_drop"].notna().all()

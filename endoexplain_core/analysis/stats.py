@@ -216,6 +216,17 @@ def holm_adjust(p_values) -> np.ndarray:
     return adjusted
 
 
+def holm_adjust_defined(p_values) -> np.ndarray:
+    """``holm_adjust`` over the finite p-values; a NaN (no test possible, e.g. a pair with no
+    image on which both maps have a peak) stays NaN and is not counted in the family."""
+    p = np.asarray(p_values, dtype=np.float64)
+    adjusted = np.full(p.shape, np.nan)
+    finite = ~np.isnan(p)
+    if finite.any():
+        adjusted[finite] = holm_adjust(p[finite])
+    return adjusted
+
+
 def separation_directions(design, outcome, tolerance: float = 1e-6) -> np.ndarray:
     """Which logistic coefficients have an infinite maximum-likelihood estimate, and their sign.
 

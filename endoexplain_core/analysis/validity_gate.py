@@ -26,20 +26,29 @@ as the audit mask. Per CAM method the gate reports:
 Rates are over maps with a defined peak: a constant map has no peak and is counted apart
 (``n_constant_*``), never as a hit or a miss.
 
-**Pass rule.** A method passes when (1) the lesion and shortcut models learned their planted
-label (held-out accuracy >= ``min_accuracy``, default 0.90) and the shuffled-label control did
-not (held-out accuracy <= ``max_control_accuracy``, default 0.75); (2) ``lesion_rate`` >=
-lesion chance + ``margin`` and ``cue_rate`` >= cue chance + ``margin``; (3) no control clears
-either bar. The margin defaults to 0.25: the chance levels are area shares of 0.02-0.10, so a
-method passing needs at least a quarter of all maps to peak on the planted evidence beyond
-what a random peak achieves. With a pool of 48 frames and chance 0.10 the binomial standard
-deviation of a chance-level rate is 0.043, so 0.25 is almost six standard deviations; a
-smaller margin would let position priors that happen to overlap the lesion distribution pass,
-a larger one would demand more than coarse (4x4-7x7) feature grids can deliver for lesions
-that cover a tenth of a cell. A control clearing the bar means the method finds the planted
-region without the model using it (an edge or colour detector), so its hits on the trained
-models are not evidence either. Why both models: a fixed prior map (e.g. a corner) cannot be
-inside the lesion and on the cue of the same frame more often than chance, and a map that
+**Replicates.** The whole experiment (frames, the four models, the audited pool) is repeated
+for every seed in ``GateSettings.seeds``; a replicate whose lesion or shortcut model missed its
+held-out accuracy rule (``min_accuracy``), or whose shuffled control passed
+``max_control_accuracy``, is reported and left out. Rates are pooled over the remaining
+replicates (each has its own pool of frames) with Wilson 95% intervals, and the per-replicate
+rates are reported beside them (``gate_replicate_table``) so a reader sees the spread.
+
+**Verdict** per method, with bar = chance + ``margin`` for the lesion and for the cue:
+
+- **passes** when the lower bound of the lesion model's and of the shortcut model's rate clear
+  their bars and the upper bound of every control rate stays below them;
+- **fails** when the upper bound of either trained rate is below its bar, or the lower bound of
+  a control rate clears it (the method finds the planted region without the model using it);
+- **inconclusive** otherwise, and when no replicate met the accuracy rules.
+
+Downstream tables treat "inconclusive" as not validated (dagger). A verdict that an interval
+straddles the bar is not read either way: one frame more or less, or last-bit noise in training,
+must not turn "finds planted truth" into "does not". The margin defaults to 0.25: the chance
+levels are area shares of 0.02-0.10, so passing needs at least a quarter of all maps to peak on
+the planted evidence beyond what a random peak achieves; a smaller margin would let position
+priors that overlap the lesion distribution pass, a larger one would demand more than coarse
+(4x4-7x7) feature grids can deliver. Why both models: a fixed prior map (e.g. a corner) cannot
+be inside the lesion and on the cue of the same frame more often than chance, and a map that
 only highlights salient blobs cannot separate the lesion model from the shortcut model.
 
 The module also holds the rule for checkpoints that did not learn (``learning_status``).
@@ -50,7 +59,6 @@ experiment whose parts must use the same pool and masks.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,9 +78,11 @@ GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
 DAGGER = "\u2020"
-GATE_FOOTNOTE = (f"{DAGGER} fails the planted-truth validity gate at this architecture, layer and "
-                 "input size (table_validity_gate): its peaks do not find planted evidence, so its "
-                 "failure rates say nothing about lesion localisation.")
+GATE_FOOTNOTE = (f"{DAGGER} not validated by the planted-truth gate at this architecture, layer and "
+                 "input size (table_validity_gate: fails, or inconclusive when its interval straddles "
+                 "the bar): its peaks are not shown to find planted evidence, so its failure rates "
+                 "say nothing about lesion localisation.")
+VERDICTS = ("passes", "fails", "inconclusive")
 
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
 CUE_RADIUS = (0.20, 0.26)           # cue radius range, frame units (1 = half the shorter side)
@@ -88,8 +98,9 @@ class GateSettings:
     pool_images: common audited pool (polyp + separate cue). steps, batch_size, learning_rate,
     warmup_steps, weight_decay, label_smoothing: AdamW with warm-up and cosine decay (the
     study's recipe, from scratch, zero-initialised head). margin, min_accuracy,
-    max_control_accuracy: the pass rule (module docstring). seed: frames, weights, shuffling.
-    batchnorm_recalibration_images: training frames behind the eval-mode BatchNorm statistics
+    max_control_accuracy: the pass rule (module docstring). seeds: one replicate of the whole
+    gate per seed (frames, weights, shuffling, pool). level: confidence of the Wilson
+    intervals. batchnorm_recalibration_images: training frames behind the eval-mode BatchNorm statistics
     (``training.recalibrate_batchnorm``).
     """
 
@@ -106,7 +117,8 @@ class GateSettings:
     margin: float = 0.25
     min_accuracy: float = 0.90
     max_control_accuracy: float = 0.75
-    seed: int = 20260721
+    seeds: tuple[int, ...] = (20260721,)
+    level: float = 0.95
     random_deletion_repetitions: int = 2
     batchnorm_recalibration_images: int = 128
 
@@ -188,7 +200,7 @@ def gate_pool(n_images: int, size: int, seed: int) -> list[dict]:
     pool = []
     for i in range(n_images):
         image, lesion_mask, cue_mask = planted_frame(rng, size, lesion=True, cue=True)
-        pool.append({"sample_id": f"gate_{i:04d}", "image": image,
+        pool.append({"sample_id": f"gate_{seed}_{i:04d}", "image": image,
                      "lesion_mask": lesion_mask, "cue_mask": cue_mask})
     return pool
 
@@ -261,16 +273,16 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     return model.eval()
 
 
-def build_gate_models(arch: str, settings: GateSettings) -> tuple[dict[str, nn.Module], pd.DataFrame]:
-    """The four gate models and a table of their training facts.
+def build_gate_models(arch: str, settings: GateSettings, seed: int
+                      ) -> tuple[dict[str, nn.Module], pd.DataFrame]:
+    """The four gate models of one replicate (``seed``) and a table of their training facts.
 
-    Returns ({model name: model}, DataFrame with columns model, task, labels, steps,
+    Returns ({model name: model}, DataFrame with columns gate_seed, model, task, labels, steps,
     train_accuracy, held_out_accuracy, accuracy_required, accuracy_ok, seconds). ``task`` is
     the frames the model is evaluated on (the lesion task for the controls); ``accuracy_ok``
     applies the gate's accuracy rule (trained models learn, the shuffled control does not;
     the untrained model has no requirement).
     """
-    seed = settings.seed
     data = {task: task_frames(task, settings.train_images, settings.image_size, seed)
             for task in ("lesion", "shortcut")}
     held_out = {task: task_frames(task, settings.val_images, settings.image_size, seed + 1)
@@ -299,7 +311,7 @@ def build_gate_models(arch: str, settings: GateSettings) -> tuple[dict[str, nn.M
         else:
             required, ok = "none", True
         models[name] = model
-        rows.append({"model": name, "task": task, "labels": label_text, "steps": steps,
+        rows.append({"gate_seed": seed, "model": name, "task": task, "labels": label_text, "steps": steps,
                      "train_accuracy": train_acc, "held_out_accuracy": held_acc,
                      "accuracy_required": required, "accuracy_ok": bool(ok),
                      "seconds": round(time.perf_counter() - started, 1)})
@@ -309,12 +321,13 @@ def build_gate_models(arch: str, settings: GateSettings) -> tuple[dict[str, nn.M
 # --- audit and rates --------------------------------------------------------------------------
 
 def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir: str | Path, *,
-                      arch: str, layer_name: str, settings: GateSettings,
+                      arch: str, layer_name: str, settings: GateSettings, seed: int,
                       top_fraction: float = 0.20, batch_size: int = 16) -> pd.DataFrame:
-    """Audit every gate model on the pool; return case rows with the cue columns added.
+    """Audit every gate model of replicate ``seed`` on its pool; return case rows with the cue
+    columns added.
 
     Each model's audit table goes to ``<output_dir>/gate_<model>.parquet``. Added columns:
-    ``model``, ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
+    ``gate_seed``, ``model``, ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
     ``peak_on_cue`` (float 1/0, NaN without a defined peak), ``cue_area_fraction``.
     """
     output_dir = Path(output_dir)
@@ -324,7 +337,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
     for name, model in models.items():
         checkpoint_id = f"gate_{name}"
         audit.audit_checkpoint(
-            model, {"checkpoint_id": checkpoint_id, "arch": arch, "seed": settings.seed,
+            model, {"checkpoint_id": checkpoint_id, "arch": arch, "seed": seed,
                     "control": name, "target_layer": layer_name},
             1.0, cases, dataset=GATE_DATASET, image_size=settings.image_size,
             table_path=output_dir / f"{checkpoint_id}.parquet",
@@ -332,7 +345,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
             top_fraction=top_fraction, repetitions=settings.random_deletion_repetitions,
             batch_size=batch_size, total=len(cases))
         table = audit.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
-        tables.append(table.assign(model=name))
+        tables.append(table.assign(gate_seed=seed, model=name))
     rows = pd.concat(tables, ignore_index=True)
     return add_cue_columns(rows, cue_masks)
 
@@ -354,118 +367,215 @@ def add_cue_columns(rows: pd.DataFrame, cue_masks: dict[str, np.ndarray]) -> pd.
     return rows
 
 
-def _rate(rows: pd.DataFrame, column: str) -> tuple[float, int, int]:
-    """(mean over defined peaks, n defined, n constant) of a 0/1/NaN column."""
+def _count(rows: pd.DataFrame, column: str) -> tuple[int, int, int]:
+    """(hits, n defined, n constant) of a 0/1/NaN column."""
     values = rows[column]
     defined = values.notna()
-    rate = float(values[defined].mean()) if defined.any() else np.nan
-    return rate, int(defined.sum()), int((~defined).sum())
+    return int(values[defined].sum()), int(defined.sum()), int((~defined).sum())
 
 
-def _rate_text(rows: pd.DataFrame, column: str) -> str:
-    """A rate for the reason column, with its count ("0.292 (14/48)": a verdict decided by one
-    image must be visible as such); a rate with no defined peak says so."""
-    rate, n_defined, n_constant = _rate(rows, column)
-    if not np.isfinite(rate):
+def _interval(hits: int, n: int, level: float) -> tuple[float, float, float]:
+    """(rate, Wilson low, Wilson high); NaN when no map has a defined peak."""
+    if n == 0:
+        return np.nan, np.nan, np.nan
+    low, high = stats.wilson_interval(hits, n, level)
+    return hits / n, low, high
+
+
+def _rate_text(hits: int, n: int, n_constant: int, low: float, high: float) -> str:
+    """A rate for the reason column with its count and interval ("0.292 (14/48; 0.18-0.43)"):
+    a verdict decided by a few frames must be visible as such."""
+    if n == 0:
         return f"undefined (all {n_constant} maps constant)"
-    return f"{rate:.3f} ({int(rows[column].sum())}/{n_defined})"
+    return f"{hits / n:.3f} ({hits}/{n}; 95% CI {low:.3f}-{high:.3f})"
 
 
-def _bar_text(bar: float, rows: pd.DataFrame, column: str) -> str:
-    """A bar for the reason column, with the count it asks for: "0.292 (needs 15/48)"; at three
-    decimals a rate one frame short and its bar can print alike."""
-    _, n_defined, _ = _rate(rows, column)
-    if n_defined == 0:
-        return f"{bar:.3f}"
-    return f"{bar:.3f} (needs {math.ceil(bar * n_defined - 1e-9)}/{n_defined})"
+def usable_replicates(model_facts: pd.DataFrame) -> list[int]:
+    """Gate seeds whose four models all met their accuracy rule (``accuracy_ok``)."""
+    facts = _with_seed(model_facts)
+    ok = facts.groupby("gate_seed")["accuracy_ok"].all()
+    return [int(seed) for seed, passed in ok.items() if bool(passed)]
 
 
-def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float = 0.25,
-               methods=MAP_METHODS) -> pd.DataFrame:
-    """Per map method: the gate's rates, chance levels and verdict.
+def _with_seed(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with a ``gate_seed`` column (0 for a one-replicate table without it)."""
+    return table if "gate_seed" in table.columns else table.assign(gate_seed=0)
 
-    ``case_rows``: ``add_cue_columns`` output for the four gate models (column ``model``);
-    ``model_facts``: ``build_gate_models`` table (``model``, ``accuracy_ok``). Columns: method,
-    label, passes (bool), lesion_rate, lesion_chance, cue_rate, cue_chance, untrained_lesion_rate,
-    untrained_cue_rate, shuffled_lesion_rate, shuffled_cue_rate, n, n_constant_<model>, margin,
-    models_ok and reason (why it fails, or "passes"). Baseline maps (random, centre) are
-    reported as references; the rule is the same, so the random heatmap should fail (its rates
-    sit at chance). A method whose maps are all constant for a model has NaN rates and fails.
+
+def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
+               level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
+    """Per map method: pooled rates with Wilson intervals, chance levels and the verdict.
+
+    ``case_rows``: ``add_cue_columns`` output for the four gate models (columns ``model`` and,
+    for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
+    (``gate_seed``, ``model``, ``accuracy_ok``). Rates pool the replicates whose models met
+    their accuracy rules (``usable_replicates``; with none, all replicates, and every verdict is
+    "inconclusive"). Columns: method, label, verdict ("passes",
+    "fails", "inconclusive"), passes (verdict == "passes"), lesion_rate / _ci_low / _ci_high,
+    lesion_chance, lesion_bar, cue_rate / _ci_low / _ci_high, cue_chance, cue_bar, for each
+    control <control>_lesion_rate / _ci_low / _ci_high and <control>_cue_rate / ..., n (maps
+    per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok, reason.
+    Baseline maps (random, centre) are judged by the same rule as references: the random
+    heatmap's rates sit at chance, so it fails.
     """
+    case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
     missing = sorted(set(GATE_MODELS) - set(case_rows["model"]))
     if missing:
         raise ValueError(f"gate case rows lack models {missing}")
-    facts = model_facts.set_index("model")
-    models_ok = bool(facts.loc[list(GATE_MODELS), "accuracy_ok"].all())
-    bad_models = [m for m in GATE_MODELS if not facts.loc[m, "accuracy_ok"]]
+    seeds = sorted(int(s) for s in model_facts["gate_seed"].unique())
+    usable = usable_replicates(model_facts)
+    bad = model_facts[~model_facts["accuracy_ok"].astype(bool)]
+    # Pooled over the usable replicates; with none, over all (shown, but never a verdict).
+    pooled = case_rows[case_rows["gate_seed"].isin(usable)] if usable else case_rows
     rows = []
     for method in methods:
-        of_method = case_rows[case_rows["method"] == method]
-        if of_method.empty:
+        of_method = pooled[pooled["method"] == method]
+        if case_rows[case_rows["method"] == method].empty:
             continue
-        row = {"method": method, "label": method_label(method),
-               "n": of_method["sample_id"].nunique(), "margin": margin, "models_ok": models_ok}
         per_model = {m: of_method[of_method["model"] == m] for m in GATE_MODELS}
-        lesion_chance = float(per_model["lesion"].groupby("sample_id")["lesion_area_fraction"].first().mean())
-        cue_chance = float(per_model["lesion"].groupby("sample_id")["cue_area_fraction"].first().mean())
-        row["lesion_rate"], _, row["n_constant_lesion"] = _rate(per_model["lesion"], "peak_inside_lesion")
-        row["cue_rate"], _, row["n_constant_shortcut"] = _rate(per_model["shortcut"], "peak_on_cue")
-        row["lesion_chance"], row["cue_chance"] = lesion_chance, cue_chance
-        for control in CONTROL_MODELS:
-            row[f"{control}_lesion_rate"], _, row[f"n_constant_{control}"] = _rate(
-                per_model[control], "peak_inside_lesion")
-            row[f"{control}_cue_rate"], _, _ = _rate(per_model[control], "peak_on_cue")
-        lesion_bar, cue_bar = lesion_chance + margin, cue_chance + margin
-        reasons = []
-        if not models_ok:
-            reasons.append("gate models failed their accuracy rule: " + ", ".join(bad_models))
-        if not row["lesion_rate"] >= lesion_bar:   # NaN (no defined peak) fails too
-            reasons.append(f"lesion model peak-inside {_rate_text(per_model['lesion'], 'peak_inside_lesion')}"
-                           f" < {_bar_text(lesion_bar, per_model['lesion'], 'peak_inside_lesion')}")
-        if not row["cue_rate"] >= cue_bar:
-            reasons.append(f"shortcut model peak-on-cue {_rate_text(per_model['shortcut'], 'peak_on_cue')}"
-                           f" < {_bar_text(cue_bar, per_model['shortcut'], 'peak_on_cue')}")
-        for control in CONTROL_MODELS:
-            if row[f"{control}_lesion_rate"] >= lesion_bar:
-                reasons.append(f"{control} control peak-inside "
-                               f"{_rate_text(per_model[control], 'peak_inside_lesion')} >= {lesion_bar:.3f}")
-            if row[f"{control}_cue_rate"] >= cue_bar:
-                reasons.append(f"{control} control peak-on-cue "
-                               f"{_rate_text(per_model[control], 'peak_on_cue')} >= {cue_bar:.3f}")
-        row["passes"] = not reasons
-        row["reason"] = "passes" if not reasons else "; ".join(reasons)
+        images = per_model["lesion"].groupby(["gate_seed", "sample_id"])
+        lesion_chance = float(images["lesion_area_fraction"].first().mean())
+        cue_chance = float(images["cue_area_fraction"].first().mean())
+        bars = {"lesion": lesion_chance + margin, "cue": cue_chance + margin}
+        row = {"method": method, "label": method_label(method),
+               "n": len(per_model["lesion"]), "n_replicates": len(seeds),
+               "replicates_used": len(usable), "margin": margin, "models_ok": bool(usable),
+               "lesion_chance": lesion_chance, "cue_chance": cue_chance,
+               "lesion_bar": bars["lesion"], "cue_bar": bars["cue"]}
+        passing, failing, open_reasons = [], [], []
+        checks = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
+                  ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
+        checks += [(c, target, column, f"{c} control {text}") for c in CONTROL_MODELS
+                   for target, column, text in (("lesion", "peak_inside_lesion", "peak-inside"),
+                                                ("cue", "peak_on_cue", "peak-on-cue"))]
+        for model, target, column, text in checks:
+            hits, n, n_constant = _count(per_model[model], column)
+            rate, low, high = _interval(hits, n, level)
+            prefix = target if model in ("lesion", "shortcut") else f"{model}_{target}"
+            row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high})
+            row.setdefault(f"n_constant_{model}", n_constant)
+            bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high)}"
+            if model in CONTROL_MODELS:
+                if low >= bar:
+                    failing.append(f"{described}: lower bound clears the bar {bar:.3f}")
+                elif not high < bar:
+                    open_reasons.append(f"{described}: upper bound reaches the bar {bar:.3f}")
+            elif high < bar:
+                failing.append(f"{described}: upper bound below the bar {bar:.3f}")
+            elif not low >= bar:   # also NaN: no defined peak
+                open_reasons.append(f"{described}: interval straddles the bar {bar:.3f}")
+        if not usable:
+            verdict = "inconclusive"
+            reasons = ["no gate replicate met the accuracy rules: " + ", ".join(
+                f"{r['model']} (seed {r['gate_seed']}"
+                + (f", held-out accuracy {r['held_out_accuracy']:.2f}, required {r['accuracy_required']}"
+                   if "held_out_accuracy" in r else "") + ")" for _, r in bad.iterrows())]
+        elif failing:
+            verdict, reasons = "fails", failing
+        elif open_reasons:
+            verdict, reasons = "inconclusive", open_reasons
+        else:
+            verdict, reasons = "passes", ["passes"]
+        row.update(verdict=verdict, passes=verdict == "passes", reason="; ".join(reasons))
         rows.append(row)
-    columns = ["method", "label", "passes", "lesion_rate", "lesion_chance", "cue_rate", "cue_chance",
-               "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
-               "shuffled_cue_rate", "n", "n_constant_lesion", "n_constant_shortcut",
-               "n_constant_untrained", "n_constant_shuffled", "margin", "models_ok", "reason"]
+    columns = ["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
+               "lesion_ci_high", "lesion_chance", "lesion_bar", "cue_rate", "cue_ci_low",
+               "cue_ci_high", "cue_chance", "cue_bar"]
+    columns += [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
+                for k in ("rate", "ci_low", "ci_high")]
+    columns += ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
+    columns += ["margin", "models_ok", "reason"]
     return pd.DataFrame(rows)[columns]
 
 
-def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
-             layer_name: str | None = None, top_fraction: float = 0.20, batch_size: int = 16
-             ) -> dict:
-    """Build, audit and judge the four gate models at ``arch``'s target layer.
+def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
+                         level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
+    """The gate of each replicate on its own (``gate_table`` per ``gate_seed``): rows method,
+    label, gate_seed, models_ok, verdict, lesion_rate, cue_rate, control rates and n. The
+    spread a reader needs beside the pooled verdict."""
+    case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
+    frames = []
+    for seed in sorted(model_facts["gate_seed"].unique()):
+        table = gate_table(case_rows[case_rows["gate_seed"] == seed],
+                           model_facts[model_facts["gate_seed"] == seed], margin=margin, level=level)
+        table.insert(2, "gate_seed", int(seed))
+        frames.append(table)
+    keep = ["method", "label", "gate_seed", "models_ok", "verdict", "lesion_rate", "cue_rate",
+            "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
+            "shuffled_cue_rate", "lesion_bar", "cue_bar", "n"]
+    return pd.concat(frames, ignore_index=True)[keep]
 
-    Writes the per-model audit tables under ``output_dir``. Returns a dict with ``gate``
-    (``gate_table``), ``models`` (``build_gate_models`` facts), ``cases`` (case rows),
-    ``layer`` (target layer name), ``settings`` (dict) and ``seconds``.
+
+def gate_leave_one_out(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
+                       level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
+    """Does the pooled verdict hold when one replicate is left out? Rows method, verdict (all
+    replicates), verdicts_without_one ("seed: verdict; ..."), held (every leave-one-out verdict
+    equals the pooled one; NaN with fewer than two usable replicates)."""
+    case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
+    pooled = gate_table(case_rows, model_facts, margin=margin, level=level).set_index("method")
+    usable = usable_replicates(model_facts)
+    rows = []
+    for method in pooled.index:
+        verdicts = {}
+        if len(usable) >= 2:
+            for seed in usable:
+                keep_cases = case_rows[(case_rows["gate_seed"] != seed) & (case_rows["method"] == method)]
+                keep_facts = model_facts[model_facts["gate_seed"] != seed]
+                verdicts[seed] = gate_table(keep_cases, keep_facts, margin=margin, level=level,
+                                            methods=(method,))["verdict"].iloc[0]
+        held = (all(v == pooled.loc[method, "verdict"] for v in verdicts.values())
+                if verdicts else np.nan)
+        rows.append({"method": method, "verdict": pooled.loc[method, "verdict"],
+                     "verdicts_without_one": "; ".join(f"without {s}: {v}" for s, v in verdicts.items()),
+                     "held": held})
+    return pd.DataFrame(rows)
+
+
+def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
+             layer_name: str | None = None, top_fraction: float, batch_size: int = 16,
+             progress=None) -> dict:
+    """Build, audit and judge the gate models of every replicate at ``arch``'s target layer.
+
+    Writes the per-model audit tables under ``<output_dir>/seed_<seed>/``. Returns a dict with
+    ``gate`` (``gate_table``), ``replicates`` (``gate_replicate_table``), ``stability``
+    (``gate_leave_one_out``), ``models`` (model facts of every replicate), ``cases`` (case
+    rows), ``layer`` (target layer name), ``settings`` (dict) and ``seconds``. ``progress``:
+    optional callable(message) told when each replicate starts.
     """
     started = time.perf_counter()
-    models, facts = build_gate_models(arch, settings)
-    layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
-    pool = gate_pool(settings.pool_images, settings.image_size, settings.seed + 2)
-    cases = audit_gate_models(models, pool, output_dir, arch=arch, layer_name=layer_name,
-                              settings=settings, top_fraction=top_fraction, batch_size=batch_size)
-    gate = gate_table(cases, facts, margin=settings.margin)
-    return {"gate": gate, "models": facts, "cases": cases, "layer": layer_name,
+    cases, facts = [], []
+    for index, seed in enumerate(settings.seeds):
+        if progress is not None:
+            progress(f"gate replicate {index + 1}/{len(settings.seeds)} (seed {seed})")
+        models, model_facts = build_gate_models(arch, settings, seed)
+        layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
+        pool = gate_pool(settings.pool_images, settings.image_size, seed + 2)
+        cases.append(audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
+                                       layer_name=layer_name, settings=settings, seed=seed,
+                                       top_fraction=top_fraction, batch_size=batch_size))
+        facts.append(model_facts)
+    cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
+    judged = {"margin": settings.margin, "level": settings.level}
+    return {"gate": gate_table(cases, facts, **judged),
+            "replicates": gate_replicate_table(cases, facts, **judged),
+            "stability": gate_leave_one_out(cases, facts, **judged),
+            "models": facts, "cases": cases, "layer": layer_name,
             "settings": asdict(settings), "seconds": round(time.perf_counter() - started, 1)}
 
 
 def failing_methods(gate: pd.DataFrame) -> list[str]:
-    """CAM methods that fail the gate (in ``CAM_METHODS`` order); baselines are not listed."""
+    """CAM methods the gate does not validate (fails or inconclusive), in ``CAM_METHODS``
+    order; baselines are not listed."""
     verdict = gate.set_index("method")["passes"]
     return [m for m in CAM_METHODS if m in verdict.index and not bool(verdict[m])]
+
+
+def gate_verdicts(gate: pd.DataFrame) -> dict[str, str]:
+    """method -> "passes" / "fails" / "inconclusive" (tables without a ``verdict`` column,
+    written before replicates existed, give "passes" / "fails")."""
+    if "verdict" in gate.columns:
+        return dict(zip(gate["method"], gate["verdict"]))
+    return {m: "passes" if bool(p) else "fails" for m, p in zip(gate["method"], gate["passes"])}
 
 
 def read_gate_table(figures_dir: str | Path) -> pd.DataFrame | None:
@@ -483,22 +593,23 @@ def read_gate_table(figures_dir: str | Path) -> pd.DataFrame | None:
 
 def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column: str = "method",
                label_column: str | None = "label") -> pd.DataFrame:
-    """Copy of ``table`` with a ``validity_gate`` column and daggers on failing CAM labels.
+    """Copy of ``table`` with a ``validity_gate`` column and daggers on CAM labels the gate does
+    not validate.
 
-    ``validity_gate`` per row: "passes" / "fails" for CAM methods, "reference" for other rows
-    (baselines, random deletion), "not run" when ``gate`` is None. Failing CAM methods get
-    ``DAGGER`` appended to ``label_column`` (when given and present); the footnote to print
-    beside the table is ``GATE_FOOTNOTE``.
+    ``validity_gate`` per row: "passes" / "fails" / "inconclusive" for CAM methods, "reference"
+    for other rows (baselines, random deletion), "not run" when ``gate`` is None. Methods that
+    do not pass get ``DAGGER`` appended to ``label_column`` (when given and present); the
+    footnote to print beside the table is ``GATE_FOOTNOTE``.
     """
     table = table.copy()
     methods = table[method_column].astype(str)
     if gate is None:
         table["validity_gate"] = np.where(methods.isin(CAM_METHODS), "not run", "reference")
         return table
-    verdict = gate.set_index("method")["passes"]
+    verdicts = gate_verdicts(gate)
     failing = set(failing_methods(gate))
-    table["validity_gate"] = [("fails" if m in failing else "passes" if m in verdict.index else "not run")
-                              if m in CAM_METHODS else "reference" for m in methods]
+    table["validity_gate"] = [verdicts.get(m, "not run") if m in CAM_METHODS else "reference"
+                              for m in methods]
     if label_column and label_column in table.columns:
         table[label_column] = [f"{label}{DAGGER}" if m in failing else label
                                for label, m in zip(table[label_column], methods)]
@@ -541,16 +652,6 @@ def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFra
     table["learning_threshold"] = prevalence + 0.5 * (1.0 - prevalence)
     table["learned"] = learning_status(table["val_auprc"].to_numpy(), prevalence).to_numpy()
     return table
-
-
-def bootstrap_rate_ci(values, replicates: int = 2000, seed: int = stats.BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile CI of a 0/1 rate over defined values (NaN dropped); (NaN, NaN) when empty."""
-    array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    if array.size == 0:
-        return np.nan, np.nan
-    result = stats.bootstrap_mean_ci(array, replicates=replicates, seed=seed)
-    return result["ci_low"], result["ci_high"]
 
 
 # --- resolution sensitivity ---------------------------------------------------------------------

@@ -265,7 +265,9 @@ def device_description() -> dict[str, Any]:
                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                    "cuda_available": torch.cuda.is_available(),
                    # the flags every stage's CUDA device runs under (models.training.resolve_device)
-                   "numerics_policy": dict(numerics.POLICY), "torch_settings": numerics.torch_settings()}
+                   "numerics_policy": dict(numerics.POLICY), "torch_settings": numerics.torch_settings(),
+                   # the CPU pin every stage ran under and what this CPU offers (numerics)
+                   "cpu_numerics": numerics.cpu_numerics()}
     if torch.cuda.is_available():
         description["cuda_device"] = torch.cuda.get_device_name(0)
     return description

@@ -238,6 +238,18 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
     return blocks if len(blocks) > 1 else []
 
 
+def _cpu_numerics_text(provenance: dict) -> str:
+    """One line for the record's header: the CPU pin in force and what the CPU offers."""
+    facts = (provenance.get("device") or {}).get("cpu_numerics")
+    if not facts:
+        return "not recorded"
+    detected = facts.get("detected") or {}
+    pinned = ", ".join(f"{k}={v}" for k, v in (facts.get("pinned") or {}).items())
+    return (f"pin {facts.get('pin')} ({pinned}); ATen kernels {facts.get('aten_capability')}; "
+            f"detected {detected.get('model')} (best {detected.get('best_isa')}); "
+            f"{facts.get('torch_threads')} torch threads; torch {facts.get('torch_version')}")
+
+
 def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: dict) -> Path:
     """Write ``<run_dir>/index.html`` linking the executed notebooks' HTML exports (with their
     parameters, status and duration), ``provenance.json``, the figure index and a thumbnail of
@@ -254,6 +266,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
             f"{' (working tree dirty)' if git.get('dirty') else ''}</li>",
             f"<li>manifest digest <code>{escape(str(provenance.get('manifest_digest')))}</code></li>",
             f"<li>data: {escape(str(provenance.get('data_root', '')))}</li>",
+            f"<li>CPU numerics: {escape(_cpu_numerics_text(provenance))}</li>",
             f"<li>provenance record: {_link(run_dir / 'provenance.json', run_dir, 'provenance.json')}"
             "</li>",
             f"<li>figure index: {_link(figures_dir / INDEX_NAME, run_dir, INDEX_NAME)}</li>",
