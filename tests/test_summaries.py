@@ -254,6 +254,24 @@ def test_firth_table_is_finite_for_separated_terms_and_matches_firthmodels():
     np.testing.assert_allclose(firth["odds_ratio"].to_numpy(), np.exp(reference.coef_), rtol=1e-6)
 
 
+def test_firth_table_reports_a_fit_that_did_not_converge_instead_of_stopping(monkeypatch):
+    """A sensitivity analysis that cannot be fitted is printed as not converged (NaN odds
+    ratios), never as numbers and never as a stopped stage."""
+    import firthmodels
+
+    original = firthmodels.FirthLogisticRegression.fit
+
+    def no_convergence(self, *args, **kwargs):
+        fitted = original(self, *args, **kwargs)
+        fitted.converged_ = False
+        return fitted
+
+    monkeypatch.setattr(firthmodels.FirthLogisticRegression, "fit", no_convergence)
+    firth = summaries.table5_firth(_separated_frame())
+    assert firth["odds_ratio"].isna().all()
+    assert (firth["interval"] == "not converged in 200 iterations").all()
+
+
 def test_lesion_strata_cut_the_high_score_subset_at_full_pool_cut_points():
     areas = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]          # tertiles: {1,2}, {3,4}, {5,6}
     scores = [0.95, 0.5, 0.97, 0.96, 0.2, 0.91]           # high score: images 0, 2, 3, 5

@@ -256,12 +256,14 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
     assert registry["path"].tolist()[0] == "checkpoints/efficientnet_b0_s1129.safetensors"
     logits = training.export_logits(registry, manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
                                     show_progress=False)
-    assert list(logits.columns) == training.LOGIT_COLUMNS and len(logits) == 2 * len(manifest)
+    exported = manifest[manifest["role"].isin(training.LOGIT_ROLES)]
+    assert list(logits.columns) == training.LOGIT_COLUMNS and len(logits) == 2 * len(exported)
+    assert set(logits["role"]) == set(exported["role"]) and "train" not in set(logits["role"])
     assert pd.read_parquet(tmp_path / "logits" / "logits.parquet").equals(logits)
     # The exported logits agree with a fresh forward pass of the loaded checkpoint.
     model, metadata = training.load_model(tmp_path / registry["path"][0], DIGEST, IMAGE_SIZE)
     assert metadata["target_layer"] == "features.8.0"
-    first_image = datasets.ManifestDataset(manifest.iloc[:1], root, IMAGE_SIZE)[0][0]
+    first_image = datasets.ManifestDataset(exported.iloc[:1], root, IMAGE_SIZE)[0][0]
     with torch.no_grad():
         expected = model(first_image[None])[0].numpy()
     np.testing.assert_allclose(logits.iloc[0][["logit_neg", "logit_pos"]].to_numpy(dtype=float),

@@ -118,11 +118,11 @@ def test_verdict_has_three_states_decided_by_the_interval_not_the_point():
                       "interval straddles the bar 0.312")
 
 
-def test_replicates_pool_and_leave_one_out_reports_an_unstable_verdict():
-    """Three replicates: two read the cue in 20 of 40 frames, one in 40. Pooled (80/120, lower
-    bound 0.58) the method passes; without the strong replicate (40/80, 0.39-0.61) it still
-    passes, without either weak one too: held. A fourth replicate that hits 0 of 40 leaves the
-    pooled verdict open and the leave-one-out verdicts disagree: not held."""
+def test_replicates_pool_and_a_replicate_that_disagrees_makes_the_verdict_inconclusive():
+    """Three replicates reading the cue in 20, 20 and 40 of 40 frames: pooled 80/120 (lower bound
+    0.58) passes and every replicate's own point rate clears the bar: held. A fourth replicate
+    whose shortcut-model maps never reach the cue leaves the pooled rate above the bar (80/160,
+    lower bound 0.42) but contradicts it: inconclusive, not held, and the reason names it."""
     def replicate(seed, cue_hits):
         models = dict(READER, shortcut=lambda i, m: (24, 24) if i < cue_hits else (8, 8))
         return _case_rows(models).assign(gate_seed=seed), _facts().assign(gate_seed=seed)
@@ -131,14 +131,18 @@ def test_replicates_pool_and_leave_one_out_reports_an_unstable_verdict():
     pooled = _gate(cases, facts).set_index("method")
     assert pooled.loc["gradcam", "verdict"] == "passes" and pooled.loc["gradcam", "n"] == 120
     assert pooled.loc["gradcam", "replicates_used"] == 3
-    stability = validity_gate.gate_leave_one_out(cases, facts, margin=0.25).set_index("method")
+    assert pooled.loc["gradcam", "replicate_verdicts"] == "1: passes; 2: passes; 3: passes"
+    stability = validity_gate.gate_stability(_gate(cases, facts)).set_index("method")
     assert stability.loc["gradcam", "held"]
     spread = validity_gate.gate_replicate_table(cases, facts, margin=0.25)
     assert spread[spread["method"] == "gradcam"]["cue_rate"].tolist() == [0.5, 0.5, 1.0]
     weak = replicate(4, 0)
     cases, facts = pd.concat([cases, weak[0]]), pd.concat([facts, weak[1]])
-    stability = validity_gate.gate_leave_one_out(cases, facts, margin=0.25).set_index("method")
-    assert not stability.loc["gradcam", "held"]
+    gate = _gate(cases, facts).set_index("method")
+    assert gate.loc["gradcam", "cue_ci_low"] > gate.loc["gradcam", "cue_bar"]   # pooled alone: passes
+    assert gate.loc["gradcam", "verdict"] == "inconclusive"
+    assert "replicates disagree: seed 4: shortcut model 0/40 below the cue bar 0.312" in gate.loc["gradcam", "reason"]
+    assert not validity_gate.gate_stability(gate.reset_index()).set_index("method").loc["gradcam", "held"]
 
 
 def test_a_replicate_whose_models_did_not_learn_is_left_out():

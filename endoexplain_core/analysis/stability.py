@@ -3,8 +3,8 @@
 A verdict that flips under a reseed is not a finding in either direction. This module reruns the
 decisive parts of the audit under a perturbed seed, using what the run already computed:
 
-- **validity gate**: the pooled verdict with one gate replicate left out at a time
-  (``validity_gate.gate_leave_one_out``);
+- **validity gate**: each replicate's own verdict (another seed for frames, models and pool)
+  beside the pooled one (``validity_gate.gate_stability``);
 - **primary selection**: the validation images resampled (bootstrap); how often the same
   EfficientNet-B0 seed has the best validation AUPRC (ties: lowest seed, as ``select_primary``);
 - **Table 4 panel A**: per CAM, whether its peak-failure rate lies above the centre baseline's,
@@ -112,9 +112,11 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
     if gate_stability is not None:
         for row in gate_stability.itertuples():
             if row.method in CAM_METHODS:
-                reruns = row.verdicts_without_one if isinstance(row.verdicts_without_one, str) else ""
+                reruns = row.replicate_verdicts if isinstance(row.replicate_verdicts, str) else ""
                 rows.append({"part": "validity gate", "subject": row.method, "verdict": row.verdict,
-                             "under_perturbation": reruns or "fewer than two usable replicates",
+                             "under_perturbation": (f"replicates (seed: own verdict) {reruns}"
+                                                    if reruns.count(":") >= 2 else
+                                                    "fewer than two usable replicates"),
                              "held": row.held})
     share = selection["share_same"]
     rows.append({"part": "primary selection", "subject": primary_id, "verdict": "selected",
@@ -151,7 +153,7 @@ def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning
 
     ``tables``: audit rows of every checkpoint (``audit.read_audits``); ``registry``: the
     checkpoint registry; ``learning``: ``validity_gate.learning_table``; ``logits``: the logits
-    table of 01 (validation rows are used); ``gate_stability``: 03's leave-one-out table (None
+    table of 01 (validation rows are used); ``gate_stability``: 03's replicate table (None
     when the gate did not run). The perturbed seeds are the other learned, non-control
     checkpoints of the primary's architecture. Table 5 is refitted for its signs only (point
     estimates; 20 cluster replicates, whose CIs are not read).

@@ -716,7 +716,8 @@ def table5_firth(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL) -> 
     the rows as independent although each image contributes five CAM rows, so they are
     narrower than an image-cluster interval would be. Columns: term, odds_ratio, ci_low,
     ci_high, separated_in_mle (the ordinary MLE of this term is infinite), interval.
-    Empty frame or constant outcome: NaN rows.
+    Empty frame or constant outcome: NaN rows ("not fitted"); a fit that does not converge:
+    NaN rows whose interval says so.
     """
     from firthmodels import FirthLogisticRegression  # optional dependency of this one table
 
@@ -736,8 +737,8 @@ def table5_firth(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL) -> 
     model = FirthLogisticRegression(max_iter=200, backend="numpy")
     x = frame[terms].to_numpy(dtype=float)
     model.fit(x, frame["failure"].to_numpy(dtype=int))
-    if not model.converged_:
-        raise stats.ConvergenceError(f"Firth logistic did not converge in {model.max_iter} iterations")
+    if not model.converged_:   # a sensitivity analysis that cannot be fitted is reported, not used
+        return nan_table.assign(interval=f"not converged in {model.max_iter} iterations")
     bounds = model.conf_int(alpha=1.0 - level, method="pl")[: len(terms)]
     with np.errstate(over="ignore"):
         return pd.DataFrame({"term": labels, "odds_ratio": np.exp(model.coef_),

@@ -39,7 +39,9 @@ rates are reported beside them (``gate_replicate_table``) so a reader sees the s
   their bars and the upper bound of every control rate stays below them;
 - **fails** when the upper bound of either trained rate is below its bar, or the lower bound of
   a control rate clears it (the method finds the planted region without the model using it);
-- **inconclusive** otherwise, and when no replicate met the accuracy rules.
+- **inconclusive** otherwise; when no replicate met the accuracy rules; and when the pooled
+  rates decide but the replicates disagree (one replicate's own point rates say the opposite):
+  a decision that depends on the training seed is not a finding.
 
 Downstream tables treat "inconclusive" as not validated (dagger). A verdict that an interval
 straddles the bar is not read either way: one frame more or less, or last-bit noise in training,
@@ -414,7 +416,9 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     "fails", "inconclusive"), passes (verdict == "passes"), lesion_rate / _ci_low / _ci_high,
     lesion_chance, lesion_bar, cue_rate / _ci_low / _ci_high, cue_chance, cue_bar, for each
     control <control>_lesion_rate / _ci_low / _ci_high and <control>_cue_rate / ..., n (maps
-    per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok, reason.
+    per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
+    replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
+    replicates_agree (NaN with fewer than two usable replicates), reason.
     Baseline maps (random, centre) are judged by the same rule as references: the random
     heatmap's rates sit at chance, so it fails.
     """
@@ -464,19 +468,32 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                 failing.append(f"{described}: upper bound below the bar {bar:.3f}")
             elif not low >= bar:   # also NaN: no defined peak
                 open_reasons.append(f"{described}: interval straddles the bar {bar:.3f}")
+        per_replicate = {seed: _point_verdict(pooled[(pooled["gate_seed"] == seed)
+                                                     & (pooled["method"] == method)], bars)
+                         for seed in usable}
+        disagree = [f"seed {seed}: {text}" for seed, (said, text) in per_replicate.items()
+                    if said != ("fails" if failing else "passes")]
         if not usable:
             verdict = "inconclusive"
             reasons = ["no gate replicate met the accuracy rules: " + ", ".join(
                 f"{r['model']} (seed {r['gate_seed']}"
                 + (f", held-out accuracy {r['held_out_accuracy']:.2f}, required {r['accuracy_required']}"
                    if "held_out_accuracy" in r else "") + ")" for _, r in bad.iterrows())]
+        elif open_reasons and not failing:
+            verdict, reasons = "inconclusive", open_reasons
+        elif disagree:   # the pooled decision does not hold in every replicate: not a finding
+            verdict = "inconclusive"
+            reasons = [f"pooled rates say {'fails' if failing else 'passes'} but the replicates "
+                       "disagree: " + "; ".join(disagree)]
         elif failing:
             verdict, reasons = "fails", failing
-        elif open_reasons:
-            verdict, reasons = "inconclusive", open_reasons
         else:
             verdict, reasons = "passes", ["passes"]
-        row.update(verdict=verdict, passes=verdict == "passes", reason="; ".join(reasons))
+        row.update(verdict=verdict, passes=verdict == "passes",
+                   replicate_verdicts="; ".join(f"{seed}: {said}" for seed, (said, _) in per_replicate.items()),
+                   replicates_agree=(len({said for said, _ in per_replicate.values()}) == 1
+                                     if len(per_replicate) >= 2 else np.nan),
+                   reason="; ".join(reasons))
         rows.append(row)
     columns = ["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
                "lesion_ci_high", "lesion_chance", "lesion_bar", "cue_rate", "cue_ci_low",
@@ -484,8 +501,24 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     columns += [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
                 for k in ("rate", "ci_low", "ci_high")]
     columns += ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
-    columns += ["margin", "models_ok", "reason"]
+    columns += ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
     return pd.DataFrame(rows)[columns]
+
+
+def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str]:
+    """One replicate's verdict from its point rates: ("passes", "") when both trained models'
+    rates reach their bars and no control's does, else ("fails", the first reason)."""
+    for model, target, column in (("lesion", "lesion", "peak_inside_lesion"),
+                                  ("shortcut", "cue", "peak_on_cue")):
+        hits, n, _ = _count(rows[rows["model"] == model], column)
+        if n == 0 or hits / n < bars[target]:
+            return "fails", f"{model} model {hits}/{n} below the {target} bar {bars[target]:.3f}"
+    for control in CONTROL_MODELS:
+        for target, column in (("lesion", "peak_inside_lesion"), ("cue", "peak_on_cue")):
+            hits, n, _ = _count(rows[rows["model"] == control], column)
+            if n and hits / n >= bars[target]:
+                return "fails", f"{control} control {hits}/{n} reaches the {target} bar {bars[target]:.3f}"
+    return "passes", "passes"
 
 
 def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
@@ -506,29 +539,12 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
     return pd.concat(frames, ignore_index=True)[keep]
 
 
-def gate_leave_one_out(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
-                       level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
-    """Does the pooled verdict hold when one replicate is left out? Rows method, verdict (all
-    replicates), verdicts_without_one ("seed: verdict; ..."), held (every leave-one-out verdict
-    equals the pooled one; NaN with fewer than two usable replicates)."""
-    case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
-    pooled = gate_table(case_rows, model_facts, margin=margin, level=level).set_index("method")
-    usable = usable_replicates(model_facts)
-    rows = []
-    for method in pooled.index:
-        verdicts = {}
-        if len(usable) >= 2:
-            for seed in usable:
-                keep_cases = case_rows[(case_rows["gate_seed"] != seed) & (case_rows["method"] == method)]
-                keep_facts = model_facts[model_facts["gate_seed"] != seed]
-                verdicts[seed] = gate_table(keep_cases, keep_facts, margin=margin, level=level,
-                                            methods=(method,))["verdict"].iloc[0]
-        held = (all(v == pooled.loc[method, "verdict"] for v in verdicts.values())
-                if verdicts else np.nan)
-        rows.append({"method": method, "verdict": pooled.loc[method, "verdict"],
-                     "verdicts_without_one": "; ".join(f"without {s}: {v}" for s, v in verdicts.items()),
-                     "held": held})
-    return pd.DataFrame(rows)
+def gate_stability(gate: pd.DataFrame) -> pd.DataFrame:
+    """Did the gate's verdict hold under a reseed? Rows method, verdict, replicate_verdicts
+    (each replicate's own point verdict), held (every replicate says the same; NaN with fewer
+    than two usable replicates)."""
+    return gate[["method", "verdict", "replicate_verdicts", "replicates_agree"]].rename(
+        columns={"replicates_agree": "held"}).reset_index(drop=True)
 
 
 def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
@@ -538,7 +554,7 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
 
     Writes the per-model audit tables under ``<output_dir>/seed_<seed>/``. Returns a dict with
     ``gate`` (``gate_table``), ``replicates`` (``gate_replicate_table``), ``stability``
-    (``gate_leave_one_out``), ``models`` (model facts of every replicate), ``cases`` (case
+    (``gate_stability``), ``models`` (model facts of every replicate), ``cases`` (case
     rows), ``layer`` (target layer name), ``settings`` (dict) and ``seconds``. ``progress``:
     optional callable(message) told when each replicate starts.
     """
@@ -556,9 +572,9 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
         facts.append(model_facts)
     cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
     judged = {"margin": settings.margin, "level": settings.level}
-    return {"gate": gate_table(cases, facts, **judged),
+    gate = gate_table(cases, facts, **judged)
+    return {"gate": gate, "stability": gate_stability(gate),
             "replicates": gate_replicate_table(cases, facts, **judged),
-            "stability": gate_leave_one_out(cases, facts, **judged),
             "models": facts, "cases": cases, "layer": layer_name,
             "settings": asdict(settings), "seconds": round(time.perf_counter() - started, 1)}
 

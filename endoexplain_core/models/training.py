@@ -708,11 +708,18 @@ def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: st
 # ----------------------------------------------------------------------------- logits
 
 
+# The manifest roles whose logits are exported: calibration (02) fits on validation and reports
+# validation and test, the selection-stability check (05) resamples validation. Training and
+# audit images are never read from the logits table (the audits score their own images), and
+# exporting them for ten checkpoints cost more than the rest of the stage's inference.
+LOGIT_ROLES = ("val", "test")
+
+
 def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str | Path,
                   run_dir: str | Path, manifest_digest: str, image_size: int,
-                  batch_size: int = 64, device: str = "cpu", show_progress: bool = True
-                  ) -> pd.DataFrame:
-    """Both logits of every checkpoint for every manifest image (all roles).
+                  batch_size: int = 64, device: str = "cpu", show_progress: bool = True,
+                  roles: tuple[str, ...] = LOGIT_ROLES) -> pd.DataFrame:
+    """Both logits of every checkpoint for the manifest images of ``roles``.
 
     Returns (and writes to ``<run_dir>/logits/logits.parquet``) the ``LOGIT_COLUMNS`` table,
     rows ordered by registry then manifest order. ``target`` is the true label, also for the
@@ -720,6 +727,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
     """
     run_dir = Path(run_dir)
     device = resolve_device(device)
+    manifest = manifest[manifest["role"].isin(roles)].reset_index(drop=True)
     dataset = datasets.ManifestDataset(manifest, data_root, image_size, cache=datasets.ImageCache())
     frames = []
     for entry in tqdm(registry.itertuples(index=False), total=len(registry), desc="logits",
