@@ -78,9 +78,11 @@ def _gate_lines(figures_dir: Path) -> list[str]:
     replicates = _read(figures_dir, "table_validity_gate_replicates")
     gate = gate[gate["method"].isin(list(CAM_METHODS) + ["random", "centre"])]
     spread = {}
-    if replicates is not None:
+    if replicates is not None:   # a replicate whose models missed their accuracy rule: (excluded)
         for method, rows in replicates.groupby("method", sort=False):
-            spread[method] = " / ".join(_number(v, 2) for v in rows["cue_rate"])
+            spread[method] = " / ".join(
+                _number(v, 2) + ("" if str(ok).lower() == "true" else " (excluded)")
+                for v, ok in zip(rows["cue_rate"], rows["models_ok"]))
     table = pd.DataFrame({
         "map": gate["method"].map(method_label),
         "verdict": gate["verdict"],
