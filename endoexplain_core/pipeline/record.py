@@ -209,6 +209,7 @@ def _parameter_table(parameters: dict) -> str:
 HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary checkpoint",
                    "table4_panel_a": "Table 4, panel A: high-score population",
                    "table_validity_gate": "Validity gate",
+                   "table_verdict_stability": "Do the headline verdicts hold under a perturbed seed?",
                    "table5_adjusted_model_formatted": "Table 5: adjusted failure model",
                    "table_paper_comparison": "Paper versus this run"}
 HEADLINE_ROWS = 40
