@@ -344,7 +344,8 @@ and resizing. {record['n_high_score']} images reach a score of at least
 {record['score_threshold']:.2f} (panel A).</p>
 <p class="note">The score is sigmoid(z / T) with z = logit(positive) &minus; logit(negative);
 calibration: {html.escape(record['calibration'])}. It is a score, not a probability.
-CIs are image-bootstrap percentile 95% intervals.</p>
+Rates have Wilson 95% intervals, means image-bootstrap percentile 95% intervals. Every map is
+scored on the same images: a constant map (no peak) counts as a peak failure.</p>
 <h2>Settings</h2><table>{settings_rows}</table>
 <h2>Summary (Table 4 layout)</h2>{table_html(formatted)}
 <p class="note">Panel A: images with score &ge; threshold; panel B: all audited images.

@@ -236,6 +236,7 @@ class RobustnessSettings(StageSettings):
     prior_negatives: int = Field(48, ge=0, description="held-out negatives defining each prior map (as in 04)")
     resolution_check_size: int = Field(0, ge=0, description="second input size for the primary's panel A (0: skip)")
     resolution_check_repetitions: int = Field(1, ge=1, description="random deletions per image at the second size")
+    layer_check: bool = Field(True, description="the primary's panel A at the neighbouring layer, with channel-weight diagnostics")
 
     @field_validator("score_thresholds")
     @classmethod
@@ -304,7 +305,7 @@ class FaithfulnessSettings(StageSettings):
     dog_sigma_large_fraction: float = Field(0.08, gt=0.0, lt=1.0, description="DoG large sigma")
     energy_alpha: float = Field(0.01, gt=0.0, description="uniform share in the energy lift")
     decision_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="scaled-score threshold t")
-    min_subgroup_images: int = Field(3, ge=1, description="images needed on each side of a contrast")
+    min_subgroup_images: int = Field(8, ge=2, description="images needed on each side of a contrast")
     bootstrap_replicates: int = Field(2000, ge=100, description="replicates for SRG/LSR/curve CIs")
 
     @field_validator("road_fractions")

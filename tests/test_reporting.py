@@ -75,12 +75,12 @@ def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
     assert summaries.table5_footnote(table5, 10, summaries.temperature_statement(pinned)).startswith("WARNING")
 
 
-def test_source_category_audit_has_exact_intervals_per_category():
+def test_source_category_audit_has_wilson_intervals_per_category():
     table = calibration.source_category_audit(_scores(1.0), "c").set_index("source")
     standard = table.loc["polyps"]
     k = round(standard["sensitivity"] * standard["n"])
     assert (standard["sensitivity_ci_low"], standard["sensitivity_ci_high"]) == pytest.approx(
-        stats.clopper_pearson_interval(k, int(standard["n"])))
+        stats.wilson_interval(k, int(standard["n"])))
     negative = table.loc["cecum"]
     assert negative["false_positive_rate_ci_low"] <= negative["false_positive_rate"] <= negative["false_positive_rate_ci_high"]
     assert np.isnan(negative["sensitivity_ci_low"])

@@ -153,29 +153,47 @@ def test_ridge_logistic_is_finite_when_every_outcome_is_one():
 
 # --------------------------------------------------------------------------- issue 10: what the data support
 
-def test_exact_and_wilson_intervals_match_statsmodels():
+def test_wilson_rate_intervals_match_statsmodels_over_many_counts():
     from statsmodels.stats.proportion import proportion_confint
 
-    for k, n in [(59, 59), (0, 59), (3, 46), (1, 6), (18, 147), (5, 5)]:
-        low, high = stats.clopper_pearson_interval(k, n)
-        ref_low, ref_high = proportion_confint(k, n, alpha=0.05, method="beta")
-        assert (low, high) == pytest.approx((ref_low, ref_high), abs=1e-10)
-        w_low, w_high = stats.wilson_interval(k, n)
-        assert (w_low, w_high) == pytest.approx(proportion_confint(k, n, alpha=0.05, method="wilson"), abs=1e-10)
-    assert stats.clopper_pearson_interval(59, 59)[0] == pytest.approx(0.9394, abs=1e-4)   # the issue's case
-    assert np.isnan(stats.clopper_pearson_interval(0, 0)[0])
+    rng = np.random.default_rng(22)
+    cases = [(59, 59), (0, 59), (3, 46), (1, 6), (18, 147), (5, 5), (0, 1), (1, 1)]
+    cases += [(int(k), int(n)) for n in rng.integers(1, 400, 60) for k in [rng.integers(0, n + 1)]]
+    for k, n in cases:
+        reference = proportion_confint(k, n, alpha=0.05, method="wilson")
+        assert stats.wilson_interval(k, n) == pytest.approx(reference, abs=1e-10)
+        outcomes = np.r_[np.ones(k), np.zeros(n - k)]
+        rate = stats.rate_ci(rng.permutation(outcomes))
+        assert (rate["ci_low"], rate["ci_high"]) == pytest.approx(reference, abs=1e-10)
+        assert rate["estimate"] == pytest.approx(k / n) and rate["successes"] == k and rate["n"] == n
+        assert rate["interval"] == stats.WILSON
+    assert np.isnan(stats.wilson_interval(0, 0)[0]) and np.isnan(stats.rate_ci(np.zeros(0))["estimate"])
 
 
-def test_degenerate_bootstrap_of_a_proportion_gets_the_exact_interval():
-    all_fail = stats.bootstrap_mean_ci(np.ones(59), replicates=200)
-    assert all_fail["interval"] == stats.EXACT_WHEN_DEGENERATE
-    assert (all_fail["ci_low"], all_fail["ci_high"]) == pytest.approx(stats.clopper_pearson_interval(59, 59))
+@pytest.mark.parametrize("n", [5, 16, 59, 172])
+def test_rate_interval_bounds_rise_with_the_count(n):
+    """The issue's counter-examples: a percentile bootstrap gave 0.0212 for 0/172 but 0.0174
+    for 1/172. Under the one rule both bounds rise strictly with k at fixed n."""
+    columns = np.array([np.r_[np.ones(k), np.zeros(n - k)] for k in range(n + 1)]).T
+    rate = stats.rate_ci(columns)                     # one column per k, same n images
+    assert np.all(np.diff(rate["ci_low"]) > 0) and np.all(np.diff(rate["ci_high"]) > 0)
+    assert rate["ci_low"][0] == 0.0 and rate["ci_high"][-1] == 1.0
+    assert np.all(rate["ci_low"] <= rate["estimate"]) and np.all(rate["estimate"] <= rate["ci_high"])
+    assert (rate["interval"] == stats.WILSON).all()
+
+
+def test_rate_refuses_undefined_or_non_binary_outcomes():
+    with pytest.raises(ValueError, match="0/1"):
+        stats.rate_ci(np.array([1.0, np.nan, 0.0]))
+    with pytest.raises(ValueError, match="0/1"):
+        stats.rate_ci(np.array([0.5, 1.0]))
+
+
+def test_bootstrap_of_means_is_a_percentile_interval_and_stays_a_point_when_constant():
     mixed = np.r_[np.ones(10), np.zeros(10)]
-    matrix = stats.bootstrap_mean_ci(np.column_stack([np.zeros(20), mixed]), replicates=200)
-    assert list(matrix["interval"]) == [stats.EXACT_WHEN_DEGENERATE, stats.PERCENTILE_BOOTSTRAP]
-    assert matrix["ci_high"][0] == pytest.approx(stats.clopper_pearson_interval(0, 20)[1])
-    # A constant non-binary outcome and a constant paired difference stay point intervals.
-    assert stats.bootstrap_mean_ci(np.full(9, 0.3), replicates=50)["ci_high"] == pytest.approx(0.3)
+    matrix = stats.bootstrap_mean_ci(np.column_stack([np.full(20, 0.3), mixed]), replicates=200)
+    assert list(matrix["interval"]) == [stats.PERCENTILE_BOOTSTRAP] * 2
+    assert matrix["ci_low"][0] == pytest.approx(0.3) and matrix["ci_high"][0] == pytest.approx(0.3)
     same = stats.paired_difference_ci(np.ones(9), np.ones(9), replicates=50)
     assert same["ci_low"] == same["ci_high"] == 0.0
 
@@ -243,7 +261,7 @@ def test_cluster_bootstrap_counts_separated_replicates_as_infinite():
     assert result["ci_low"][0] == 0.0 and np.isfinite(result["ci_high"][0])
 
 
-def test_classifier_intervals_weighted_ap_matches_sklearn_and_degenerate_rates_are_exact():
+def test_classifier_intervals_weighted_ap_matches_sklearn_and_rates_take_wilson():
     from sklearn.metrics import average_precision_score
 
     rng = np.random.default_rng(15)
@@ -254,8 +272,11 @@ def test_classifier_intervals_weighted_ap_matches_sklearn_and_degenerate_rates_a
                                [average_precision_score(target, z, sample_weight=w) for w in weights])
     result = stats.classifier_metric_intervals(np.abs(z) + 0.1, target, replicates=500)
     assert result["sensitivity"]["estimate"] == 1.0                    # every z >= 0: all called positive
-    assert result["sensitivity"]["interval"] == stats.EXACT_WHEN_DEGENERATE
+    assert result["sensitivity"]["interval"] == stats.WILSON
     assert result["sensitivity"]["ci_low"] == pytest.approx(
-        stats.clopper_pearson_interval(int(target.sum()), int(target.sum()))[0])
+        stats.wilson_interval(int(target.sum()), int(target.sum()))[0])
+    correct = int(((np.abs(z) + 0.1 >= 0) == target).sum())
+    assert (result["accuracy_at_0.5"]["ci_low"], result["accuracy_at_0.5"]["ci_high"]) == pytest.approx(
+        stats.wilson_interval(correct, len(z)))
     auprc = result["auprc"]
     assert auprc["ci_low"] <= auprc["estimate"] <= auprc["ci_high"]

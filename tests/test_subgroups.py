@@ -110,3 +110,66 @@ def test_a_method_with_a_constant_outcome_is_not_estimable_not_equivalent():
     assert eigen["gap"].isna().all() and eigen["constant_outcome"].all()
     assert not eigen["tost_equivalent"].any()
     assert gaps.loc[gaps["method"] == "gradcam", "gap"].notna().all()
+
+
+def _thin_contrast(subgroup_hits: int, subgroup_n: int, reference_hits: int, reference_n: int,
+                   second_method: bool = True) -> pd.DataFrame:
+    """Pointing hits of one separated method (``gradcam``) and, optionally, one ordinary
+    method (``eigencam``, half of each side hits) on the same images."""
+    n = subgroup_n + reference_n
+    subgroup = np.r_[np.ones(subgroup_n), np.zeros(reference_n)].astype(int)
+    hits = np.r_[np.ones(subgroup_hits), np.zeros(subgroup_n - subgroup_hits),
+                 np.ones(reference_hits), np.zeros(reference_n - reference_hits)]
+    methods = [("gradcam", hits)]
+    if second_method:
+        methods.append(("eigencam", (np.arange(n) % 2).astype(float)))
+    rng = np.random.default_rng(7)
+    return pd.concat([pd.DataFrame({
+        "cluster": np.arange(n), "method": method, "subgroup": subgroup, "pointing_hit": outcome,
+        "energy_lift": rng.normal(size=n), "log_lesion_area": rng.normal(size=n),
+        "centrality": rng.random(n), "fov_area": rng.random(n), "margin": rng.random(n),
+        "correct": 1.0, "dog_lift": rng.normal(size=n)}) for method, outcome in methods],
+        ignore_index=True)
+
+
+@pytest.mark.parametrize("subgroup_n, reference_hits, reference_n", [(3, 45, 50), (5, 48, 50)])
+def test_a_separated_subgroup_is_not_estimable_never_significant_or_equivalent(
+        subgroup_n, reference_hits, reference_n):
+    """The review's cases: 3 of 3 subgroup images hit against 90% of the reference gave a
+    'significant' +10 pp gap (its SE came from the reference side alone); 5 of 5 against 96%
+    was declared equivalent by TOST. Both are separated: no finite maximum-likelihood gap."""
+    frame = _thin_contrast(subgroup_n, subgroup_n, reference_hits, reference_n)
+    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+        frame, subgroups.Contrast("thin", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
+    separated = gaps[gaps["method"] == "gradcam"]
+    assert len(separated) == 3                       # M0, M1 shared, M1 method-specific
+    assert separated["separated"].all() and not separated["estimable"].any()
+    assert separated["gap"].isna().all() and separated["p_holm"].isna().all()
+    assert not separated["tost_equivalent"].any()
+    counts = f"{subgroup_n}/{subgroup_n} subgroup, {reference_hits}/{reference_n} reference"
+    assert separated["note"].str.contains(f"not estimable ({counts}; separation)", regex=False).all()
+    ordinary = gaps[gaps["method"] == "eigencam"]
+    assert ordinary["estimable"].all() and not ordinary["separated"].any()
+    # the crude gap keeps an honest interval: Newcombe's, wide for a side of 3 or 5
+    crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",)).set_index("method").loc["gradcam"]
+    from statsmodels.stats.proportion import confint_proportions_2indep
+    low, high = confint_proportions_2indep(subgroup_n, subgroup_n, reference_hits, reference_n,
+                                           method="newcomb")
+    assert (crude["crude_ci_low"], crude["crude_ci_high"]) == pytest.approx((100 * low, 100 * high))
+    assert crude["crude_ci_low"] < 0 < crude["crude_ci_high"]
+
+
+def test_separation_check_agrees_with_counts_and_leaves_ordinary_contrasts_alone():
+    frame = _thin_contrast(2, 4, 30, 50, second_method=False)        # 2/4 vs 30/50: not separated
+    assert subgroups.separated_methods(frame, "pointing_hit", [], ["gradcam"]) == {}
+    frame = _thin_contrast(0, 11, 30, 50, second_method=False)       # 0/11: the default run's C3
+    found = subgroups.separated_methods(frame, "pointing_hit", [], ["gradcam"])
+    assert list(found) == ["gradcam"] and "subgroup" in found["gradcam"]
+
+
+def test_every_method_separated_gives_not_estimable_rows_not_an_error():
+    frame = _thin_contrast(3, 3, 50, 50, second_method=False)       # 3/3 vs 50/50: the outcome is constant
+    frame.loc[frame.index[:2], "pointing_hit"] = 0.0                  # 1/3 vs 50/50: reference separated
+    gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("thin", "a", "b"),
+                                   outcomes=("pointing_hit",), models=("M0",))
+    assert not gaps["estimable"].any() and gaps["separated"].all() and gaps["p"].isna().all()

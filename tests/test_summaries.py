@@ -95,7 +95,7 @@ def test_paired_tests_match_scipy_and_statsmodels():
 
 def test_failure_by_threshold_counts_eligible_images():
     table = crafted_table(SCORES, FAILURES)
-    result = summaries.failure_by_threshold(table, thresholds=(0.80, 0.90, 0.96), replicates=50)
+    result = summaries.failure_by_threshold(table, thresholds=(0.80, 0.90, 0.96))
     counts = result.groupby("threshold")["n_eligible"].first()
     assert counts.to_dict() == {0.80: 4, 0.90: 3, 0.96: 1}
     gradcam = result[(result["method"] == "gradcam")].set_index("threshold")["failure_rate"]
@@ -106,7 +106,7 @@ def test_failure_by_threshold_counts_eligible_images():
 
 def test_lesion_tertiles_split_images_by_area():
     table = crafted_table(SCORES, FAILURES, areas=[0.30, 0.01, 0.20, 0.02, 0.10, 0.40])
-    result = summaries.lesion_tertiles(table, replicates=50)
+    result = summaries.lesion_tertiles(table)
     centre = result[result["method"] == "centre"].set_index("tertile")
     # small: images 1, 3 (areas .01, .02); medium: 4, 2; large: 0, 5.
     assert centre.loc["small", "failure_rate"] == 1.0
@@ -143,7 +143,8 @@ def test_table5_recovers_known_odds_ratios_on_simulated_cases():
             rows.append({"sample_id": f"s{i:03d}", "method": method,
                          "peak_outside_mask": rng.uniform() < 1 / (1 + np.exp(-eta)),
                          "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
-                         "scaled_score": 0.95, "dataset": "d", "checkpoint_id": "c"})
+                         "scaled_score": 0.95, "dataset": "d", "checkpoint_id": "c",
+                         "constant_map": False})
     frame = summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
     assert len(frame) == 5 * n_images
     # Constant score: drop it from this check (it is collinear with the intercept).
@@ -207,7 +208,8 @@ def _separated_frame(n_images=59, seed=16):
             failed = True if method in ("xgradcam", "hirescam") else rng.uniform() < (0.3 if method != "eigencam" else 0.6)
             rows.append({"sample_id": f"s{i:03d}", "method": method, "peak_outside_mask": failed,
                          "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
-                         "scaled_score": 0.9 + 0.1 * rng.uniform(), "dataset": "d", "checkpoint_id": "c"})
+                         "scaled_score": 0.9 + 0.1 * rng.uniform(), "dataset": "d", "checkpoint_id": "c",
+                         "constant_map": False})
     return summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
 
 
@@ -277,14 +279,14 @@ def test_lesion_strata_cut_the_high_score_subset_at_full_pool_cut_points():
     scores = [0.95, 0.5, 0.97, 0.96, 0.2, 0.91]           # high score: images 0, 2, 3, 5
     table = crafted_table(scores, FAILURES, areas=areas)
     assert summaries.lesion_area_cut_points(table) == (0.02, 0.04)
-    strata = summaries.lesion_strata_high_score(table, 0.90, replicates=50)
+    strata = summaries.lesion_strata_high_score(table, 0.90)
     n = strata.groupby("stratum", sort=False)["n"].first().to_dict()
     assert n == {"small": 1, "medium": 2, "large": 1}
     gradcam = strata[strata["method"] == "gradcam"].set_index("stratum")
     # Grad-CAM fails on images 2 and 3 (medium) and on 0 (small), not on 5 (large).
     assert gradcam["failure_rate"].to_dict() == {"small": 1.0, "medium": 1.0, "large": 0.0}
-    assert gradcam.loc["medium", "interval"] == "Clopper-Pearson (bootstrap degenerate)"
-    assert gradcam.loc["medium", "ci_low"] == pytest.approx(0.158, abs=1e-3)   # exact 2/2
+    assert gradcam.loc["medium", "interval"] == "Wilson score"
+    assert gradcam.loc["medium", "ci_low"] == pytest.approx(0.342, abs=1e-3)   # Wilson 2/2
     assert (strata["population"] == "scaled score >= 0.90").all()
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from endoexplain_core.analysis import map_diagnostics, summaries, validity_gate
+from endoexplain_core.analysis import map_diagnostics, stats, summaries, validity_gate
 from endoexplain_core.kernels import map_priors
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
@@ -309,26 +309,29 @@ def _audit_rows(constant_for=("xgradcam",), n=4):
     return pd.DataFrame(rows)
 
 
-def test_constant_maps_are_left_out_of_table4_rates_and_counted():
+def test_constant_maps_count_as_failures_in_table4_and_the_defined_rate_is_beside_it():
     table = _audit_rows()
     random_deletion = pd.DataFrame({"sample_id": [f"s{i}" for i in range(4)], "logit_drop_mean": 0.2})
     panel = summaries.panel_summary(table, random_deletion, [f"s{i}" for i in range(4)], replicates=200)
     row = panel.set_index("method").loc["xgradcam"]
     # Images s2, s3 have a peak: failures at s2 only -> 0.5; counting the constant ones: 3 / 4.
-    assert row["n_constant"] == 2 and row["n_defined"] == 2
-    assert row["peak_failure"] == 0.5 and row["peak_failure_constant_as_failure"] == 0.75
-    assert row["iou"] == 0.5
+    assert row["n"] == 4 and row["n_constant"] == 2 and row["n_defined"] == 2
+    assert row["peak_failure"] == 0.75 and row["peak_failure_defined"] == 0.5
+    # every method of the panel is scored on the same four images (the constant maps' IoU too)
+    assert row["iou"] == pytest.approx(0.25)
+    assert (row["peak_failure_ci_low"], row["peak_failure_ci_high"]) == pytest.approx(
+        stats.wilson_interval(3, 4))
     grad = panel.set_index("method").loc["gradcam"]
     assert grad["n_constant"] == 0 and grad["peak_failure"] == 0.5
     shown = summaries.format_table4(panel.assign(panel="A"))
     assert "Constant maps" in shown.columns
 
 
-def test_failure_by_threshold_and_paired_tests_skip_constant_maps():
+def test_failure_by_threshold_counts_constant_maps_and_paired_tests_skip_them():
     table = _audit_rows()
-    sensitivity = summaries.failure_by_threshold(table, thresholds=(0.9,), replicates=200)
+    sensitivity = summaries.failure_by_threshold(table, thresholds=(0.9,))
     row = sensitivity.set_index("method").loc["xgradcam"]
-    assert row["n_constant"] == 2 and row["failure_rate"] == 0.5
+    assert row["n_constant"] == 2 and row["failure_rate"] == 0.75
     paired = summaries.paired_tests(table, [f"s{i}" for i in range(4)], replicates=200)
     pair = paired[(paired["first"] == "gradcam") & (paired["second"] == "xgradcam")].iloc[0]
     assert pair["n"] == 2 and pair["n_constant_excluded"] == 2

@@ -204,9 +204,10 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
 
     Positive sources: sensitivity, mean scaled score, false negatives and their share of all
     false negatives. Negative sources: false-positive rate, mean scaled score, false positives
-    and their share of all false positives. Every rate has an exact Clopper-Pearson 95%
-    interval (``*_ci_low``/``*_ci_high``): categories are small (six standard polyps in the
-    paper's test split) and rates of 0 or 1 are common, where a bootstrap interval collapses.
+    and their share of all false positives. Every rate has a Wilson 95% interval
+    (``*_ci_low``/``*_ci_high``; the one rule for a proportion, ``stats``): categories are small
+    (six standard polyps in the paper's test split) and rates of 0 or 1 are common, where a
+    bootstrap interval collapses.
     The mean scaled score has an image-bootstrap percentile interval (2,000 replicates).
     """
     part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
@@ -221,7 +222,7 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
         positive_call = called_positive[group.index]
         n_errors = int((positive_call != (target == 1)).sum())
         total = total_fn if target == 1 else total_fp
-        low, high = stats.clopper_pearson_interval(int(positive_call.sum()), len(group))
+        low, high = stats.wilson_interval(int(positive_call.sum()), len(group))
         mean_score = stats.bootstrap_mean_ci(group["scaled_score"].to_numpy(float))
         rows.append({"target": int(target), "source": source, "n": len(group),
                      "sensitivity": float(positive_call.mean()) if target == 1 else np.nan,

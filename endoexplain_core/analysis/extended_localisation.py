@@ -363,7 +363,7 @@ def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = 
     """Energy lift and pointing against chance, per method (and lesion-size tertile).
 
     Columns: n, n_constant, n_saliency_free, lambda_E mean [bootstrap CI] and median (bits),
-    share with lambda_E > 0, pointing hit rate, mean chance pi_PG, hits above chance (rate -
+    share with lambda_E > 0, pointing hit rate with its Wilson CI, mean chance pi_PG, hits above chance (rate -
     chance), and the mean paired lambda_E difference from the DoG map with its CI (a method
     whose lift the DoG map also reaches is explained by the image alone).
     """
@@ -379,6 +379,7 @@ def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = 
         for index, method in enumerate(methods):
             rows_m = part[part["method"] == method]
             interval = stats.bootstrap_mean_ci(lift[:, index], replicates=replicates, seed=seed)
+            hit_interval = stats.rate_ci(rows_m["pointing_hit"].to_numpy(float))
             row = {"size_tertile": stratum, "method": method, "n": len(rows_m),
                    "n_constant": int(rows_m["constant_map"].sum()),
                    "n_saliency_free": int(rows_m["saliency_free"].sum()),
@@ -387,6 +388,7 @@ def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = 
                    "lambda_e_median": float(np.median(lift[:, index])),
                    "share_lambda_e_above_0": float((lift[:, index] > 0).mean()),
                    "hit_rate": float(rows_m["pointing_hit"].mean()),
+                   "hit_rate_ci_low": hit_interval["ci_low"], "hit_rate_ci_high": hit_interval["ci_high"],
                    "chance": float(rows_m["pointing_chance"].mean()),
                    "hits_above_chance": float(rows_m["pointing_hit"].mean() - rows_m["pointing_chance"].mean())}
             if dog is not None and method != "dog":

@@ -66,13 +66,13 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
 def panel_a_against_centre(table: pd.DataFrame, score_threshold: float) -> pd.DataFrame:
     """Per CAM: peak-failure rate on this checkpoint's high-score images beside the centre
     baseline's on the same images, and the verdict "above centre" / "not above centre"
-    ("no panel A" when no image reaches the threshold). Rates over maps with a defined peak."""
+    ("no panel A" when no image reaches the threshold). A constant map counts as a failure."""
     ids = summaries.high_score_ids(table, score_threshold)
     rows = table[table["sample_id"].isin(ids)]
-    centre = summaries.defined_rate(rows[rows["method"] == "centre"])
+    centre = summaries.failure_rate(rows[rows["method"] == "centre"])
     result = []
     for method in CAM_METHODS:
-        rate = summaries.defined_rate(rows[rows["method"] == method])
+        rate = summaries.failure_rate(rows[rows["method"] == method])
         verdict = ("no panel A" if not ids or np.isnan(rate) or np.isnan(centre) else
                    "above centre" if rate > centre else "not above centre")
         result.append({"method": method, "n": len(ids), "peak_failure": rate,

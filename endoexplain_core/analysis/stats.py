@@ -9,12 +9,11 @@ Conventions (docs/protocol.md, "Statistics"):
   figure-specific mean IoU, 500 image-cluster replicates for the adjusted logistic model.
 - Empty populations (n = 0) give NaN estimates and intervals rather than an error, so that an
   empty high-score panel can be shown as such.
-- Binary outcomes (proportions): the percentile bootstrap is kept where it is informative (it is
-  paired with the other outcomes of the same images, and the protocol's tables use it), but a
-  proportion of 0/n or n/n has a degenerate bootstrap distribution (every replicate equal), so
-  its interval is replaced by the exact Clopper-Pearson interval (59/59 -> 0.939 to 1.000).
-  Proportions that are not paired with anything (per source category) use Clopper-Pearson
-  throughout; ``wilson_interval`` is offered for comparison.
+- One interval rule for a single proportion (a rate k/n: peak failure, IoU < 0.10,
+  sensitivity, ...): the Wilson score interval (``rate_ci``), in every table, figure and report.
+  Its bounds rise with k at fixed n (tested), also at 0/n and n/n, where a percentile bootstrap
+  collapses to a point; a percentile bootstrap of a rate is not monotone in k. The image
+  bootstrap stays for means of continuous outcomes, for differences and for paired contrasts.
 - Separation: a logistic term whose maximum-likelihood estimate is infinite (complete or
   quasi-complete separation) is detected by the linear program of Konis (2007) before any fit
   (``separation_directions``) and is reported as not estimable, never as a penalty-set number.
@@ -39,29 +38,11 @@ CONFIDENCE_LEVEL = 0.95
 RIDGE_PENALTY = 1e-4
 INTERCEPT_PENALTY = 1e-8
 PERCENTILE_BOOTSTRAP = "percentile bootstrap"
-EXACT_WHEN_DEGENERATE = "Clopper-Pearson (bootstrap degenerate)"
-CLOPPER_PEARSON = "Clopper-Pearson"
+WILSON = "Wilson score"
 
 
 class ConvergenceError(ArithmeticError):
     """An iterative fit stopped before its convergence criterion was met."""
-
-
-def clopper_pearson_interval(successes, n, level: float = CONFIDENCE_LEVEL
-                             ) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """Exact (Clopper-Pearson) interval of a binomial proportion ``successes / n``.
-
-    Beta quantiles: low = B(a/2; k, n-k+1) (0 when k = 0), high = B(1-a/2; k+1, n-k) (1 when
-    k = n). Scalars or arrays of equal shape; n = 0 gives NaN.
-    """
-    k = np.asarray(successes, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    alpha = 1.0 - level
-    with np.errstate(invalid="ignore", divide="ignore"):
-        low = np.where(k > 0, scipy_stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
-        high = np.where(k < n, scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
-    low, high = np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
-    return (float(low), float(high)) if low.ndim == 0 else (low, high)
 
 
 def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
@@ -79,12 +60,35 @@ def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
     return (float(low), float(high)) if low.ndim == 0 else (low, high)
 
 
-def proportion_ci(successes: int, n: int, level: float = CONFIDENCE_LEVEL) -> dict:
-    """``{"estimate", "ci_low", "ci_high", "n", "successes", "interval"}`` with the exact
-    Clopper-Pearson interval (NaN when n = 0)."""
-    low, high = clopper_pearson_interval(successes, n, level)
-    return {"estimate": successes / n if n else float("nan"), "ci_low": low, "ci_high": high,
-            "n": int(n), "successes": int(successes), "interval": CLOPPER_PEARSON}
+def rate_ci(outcomes, level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
+    """Rate of a 0/1 outcome with its Wilson score interval (the one rule for a proportion).
+
+    ``outcomes``: 0/1 (or bool) array (n,) or (n, k) -- rows are images, columns are rates of
+    the same images (e.g. methods). NaN is rejected (decide what an undefined case counts as
+    before calling). Returns ``{"estimate", "ci_low", "ci_high", "n", "successes",
+    "interval"}``: scalars for 1-D input, (k,) arrays for 2-D input; NaN when n = 0.
+    """
+    array = np.asarray(outcomes, dtype=np.float64)
+    one_dimensional = array.ndim == 1
+    if one_dimensional:
+        array = array[:, None]
+    if array.ndim != 2:
+        raise ValueError(f"outcomes must be 1-D or 2-D (images x rates), got shape {array.shape}")
+    if not np.isin(array, (0.0, 1.0)).all():
+        raise ValueError("a rate needs 0/1 outcomes (NaN or other values found)")
+    n = array.shape[0]
+    successes = array.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = successes / n if n else np.full(array.shape[1], np.nan)
+    low, high = wilson_interval(successes, np.full(successes.shape, n), level)
+    result = {"estimate": estimate, "ci_low": np.atleast_1d(low), "ci_high": np.atleast_1d(high),
+              "n": n, "successes": successes.astype(int),
+              "interval": np.full(array.shape[1], WILSON, dtype=object)}
+    if one_dimensional:
+        return {"estimate": float(estimate[0]), "ci_low": float(result["ci_low"][0]),
+                "ci_high": float(result["ci_high"][0]), "n": n,
+                "successes": int(successes[0]), "interval": WILSON}
+    return result
 
 
 def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -104,17 +108,14 @@ def percentile_interval(replicate_values: np.ndarray, level: float = CONFIDENCE_
 
 
 def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = BOOTSTRAP_SEED,
-                      level: float = CONFIDENCE_LEVEL, exact_when_degenerate: bool = True
-                      ) -> dict[str, np.ndarray | float]:
+                      level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
     """Mean of ``values`` with an image-bootstrap percentile interval.
 
     ``values``: float array (n,) or (n, k) -- rows are images, columns are outcomes (e.g.
-    methods) resampled with the same image indices. Booleans count as 0/1. NaN is rejected:
-    drop undefined rows before calling. Returns ``{"estimate", "ci_low", "ci_high", "n",
-    "interval"}`` (scalars for 1-D input, (k,) arrays for 2-D input; NaN when n = 0).
-    ``interval`` names the method per column: a 0/1 column whose proportion is 0/n or n/n
-    has a degenerate bootstrap (every replicate equal), and with ``exact_when_degenerate``
-    its interval is the exact Clopper-Pearson one instead of the point "1.000 to 1.000".
+    methods) resampled with the same image indices. NaN is rejected: drop undefined rows
+    before calling. A single rate (0/1 outcome) takes ``rate_ci`` instead. Returns
+    ``{"estimate", "ci_low", "ci_high", "n", "interval"}`` (scalars for 1-D input, (k,) arrays
+    for 2-D input; NaN when n = 0).
     """
     array = np.asarray(values, dtype=np.float64)
     one_dimensional = array.ndim == 1
@@ -136,15 +137,6 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
         replicate_means = draw_counts @ array / n
         estimate = array.mean(axis=0)
         low, high = percentile_interval(replicate_means, level)
-        if exact_when_degenerate:
-            binary = np.all((array == 0) | (array == 1), axis=0)
-            degenerate = binary & ((estimate == 0) | (estimate == 1))
-            if degenerate.any():
-                successes = array[:, degenerate].sum(axis=0)
-                exact_low, exact_high = clopper_pearson_interval(successes, np.full(successes.shape, n), level)
-                low, high = low.copy(), high.copy()
-                low[degenerate], high[degenerate] = exact_low, exact_high
-                interval[degenerate] = EXACT_WHEN_DEGENERATE
     if one_dimensional:
         return {"estimate": float(estimate[0]), "ci_low": float(low[0]),
                 "ci_high": float(high[0]), "n": n, "interval": str(interval[0])}
@@ -158,9 +150,7 @@ def paired_difference_ci(first, second, replicates: int = SPATIAL_REPLICATES,
     second = np.asarray(second, dtype=np.float64)
     if first.shape != second.shape or first.ndim != 1:
         raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
-    # A difference is not a proportion: no exact binomial interval even when it is constant.
-    return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level,
-                             exact_when_degenerate=False)
+    return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level)
 
 
 def exact_paired_binomial(failure_first, failure_second) -> dict:
@@ -433,8 +423,8 @@ def classifier_metric_intervals(z, target, replicates: int = CLASSIFIER_REPLICAT
     accuracy at 0.5, sensitivity and specificity at 0.5. Images are resampled with
     ``bootstrap_indices``; a replicate without a positive (or negative) image leaves AUPRC and
     sensitivity (specificity) undefined and is skipped for that metric (counted in
-    ``undefined_replicates``). A proportion at 0 or 1 (degenerate bootstrap) gets the exact
-    Clopper-Pearson interval instead. Returns metric -> ``{"estimate", "ci_low", "ci_high",
+    ``undefined_replicates``). AUPRC has a percentile interval; accuracy, sensitivity and
+    specificity are single rates and take the Wilson interval (module docstring). Returns metric -> ``{"estimate", "ci_low", "ci_high",
     "interval", "undefined_replicates"}``.
     """
     from sklearn.metrics import average_precision_score
@@ -469,9 +459,9 @@ def classifier_metric_intervals(z, target, replicates: int = CLASSIFIER_REPLICAT
         low, high = (np.percentile(defined, [tail, 100.0 - tail]) if len(defined)
                      else (np.nan, np.nan))
         interval = PERCENTILE_BOOTSTRAP
-        if metric in successes and estimate[metric] in (0.0, 1.0):
-            low, high = clopper_pearson_interval(*successes[metric], level)
-            interval = EXACT_WHEN_DEGENERATE
+        if metric in successes:  # a single rate: the Wilson rule
+            low, high = wilson_interval(*successes[metric], level)
+            interval = WILSON
         result[metric] = {"estimate": estimate[metric], "ci_low": float(low), "ci_high": float(high),
                           "interval": interval, "undefined_replicates": int(replicates - len(defined))}
     return result

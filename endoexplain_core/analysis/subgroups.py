@@ -35,6 +35,18 @@ TOST equivalence (two one-sided tests at 5%): equivalent when the 90% interval l
 Clusters: images. A contrast that pools centres adjusts for centre by fixed effects rather
 than clustering on centre, because the cohorts have too few centres (3 to 6) for a cluster-
 robust variance.
+
+When a model cannot answer. Before each logistic fit the design is checked for (quasi-)complete
+separation term by term (``stats.separation_directions``, the Table 5 check): a method with a
+separated term (e.g. 3 of 3 subgroup images hit, or 0 of 11) has an infinite maximum-likelihood
+gap, and a GEE would print a finite gap with a standard error taken from the other side alone.
+Such a method is "not estimable (k/n subgroup, k/n reference hits; separation)", left out of the
+fit, and never enters Holm or TOST; a separated covariate makes every method of that fit not
+estimable. The crude gap (``crude_gaps``) keeps an interval that is valid at any count: the
+Newcombe hybrid score interval for a difference of two proportions (Welch for energy lift).
+A contrast needs ``min_images`` images on each side (the profile's ``min_subgroup_images``, 8
+by default; docs/architecture.md, "Subgroups", gives the coverage simulation behind it,
+``scripts/subgroup_coverage.py``).
 """
 
 from __future__ import annotations
@@ -49,8 +61,9 @@ from scipy import stats as scipy_stats
 from statsmodels.genmod import families
 from statsmodels.genmod.cov_struct import Exchangeable
 from statsmodels.genmod.generalized_estimating_equations import GEE
+from statsmodels.stats.proportion import confint_proportions_2indep
 
-from endoexplain_core.analysis.stats import holm_adjust
+from endoexplain_core.analysis.stats import holm_adjust, separation_directions
 
 OUTCOMES = {"energy_lift": "linear", "pointing_hit": "logistic"}
 OUTCOME_UNITS = {"energy_lift": "bit", "pointing_hit": "pp"}
@@ -62,6 +75,7 @@ MODELS = ("M0", "M1", "M2", "M3")
 MODEL_LABELS = {"M0": "subgroup only", "M1": "+ case mix", "M2": "+ classifier margin, correctness",
                 "M3": "+ DoG conspicuity"}
 TOST_ALPHA = 0.05
+SEPARATION_NOTE = "not estimable ({hits}; separation)"
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,40 @@ def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes:
     return result, exog.design_info
 
 
+def separated_methods(frame: pd.DataFrame, outcome: str, terms, methods, *,
+                      method_specific_slopes: bool = False) -> dict[str, str]:
+    """Methods whose logistic gap has no finite maximum-likelihood estimate in this design.
+
+    Builds the fit's design (``gee_formula``) and solves the separation linear program over
+    its rows. Returns method -> the separated term(s): a term of the method itself (its
+    intercept, its subgroup coefficient or its own slope), or, for every method, a separated
+    shared term (a covariate or fixed effect). Empty when nothing is separated. Raises
+    ValueError for a rank-deficient design.
+    """
+    data = frame.sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
+    endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
+                            data, return_type="dataframe", NA_action="raise")
+    directions = separation_directions(exog.to_numpy(), endog.to_numpy().ravel())
+    separated = [name for name, direction in zip(exog.columns, directions) if direction != 0]
+    shared = [name for name in separated if "C(method)[" not in name]
+    result = {}
+    for method in methods:
+        own = [name for name in separated if f"C(method)[{method}]" in name]
+        if own or shared:
+            result[method] = ", ".join(own + shared)
+    return result
+
+
+def hit_counts(frame: pd.DataFrame, outcome: str, method: str) -> str:
+    """``"3/3 subgroup, 40/57 reference"``: successes per side of one method's 0/1 outcome."""
+    part = frame[frame["method"] == method]
+    sides = []
+    for value, label in ((1, "subgroup"), (0, "reference")):
+        side = part.loc[part["subgroup"] == value, outcome]
+        sides.append(f"{int(side.sum())}/{len(side)} {label}")
+    return ", ".join(sides)
+
+
 def g_computation_gaps(result, design_info, frame: pd.DataFrame, outcome: str, methods
                        ) -> pd.DataFrame:
     """Per method: gap (subgroup 1 minus 0, predictions averaged over that method's rows;
@@ -182,14 +230,55 @@ def wald_columns(gaps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *,
+                  method_specific_slopes: bool) -> tuple[pd.DataFrame, dict[str, str], str]:
+    """One GEE of ``outcome`` over ``methods`` after the separation check.
+
+    For the logistic outcome, separated methods (``separated_methods``) are left out one round
+    at a time and the rest refitted: a separated method's rows would pull an infinite
+    coefficient into the shared slopes. Returns (gaps of the fitted methods: method, gap, se;
+    separated method -> terms; a note for the whole fit: covariates left out as constant, a
+    non-finite result or a failed fit).
+    """
+    fitted, separated = list(methods), {}
+    data = frame[frame["method"].isin(fitted)]
+    terms, dropped = informative_terms(data, candidate_terms) if fitted else ([], [])
+    note = f"constant, left out: {', '.join(dropped)}" if dropped else ""
+    try:
+        if not fitted:
+            raise ValueError("the outcome is constant for every method")
+        while OUTCOMES[outcome] == "logistic" and fitted:
+            found = separated_methods(data, outcome, terms, fitted,
+                                      method_specific_slopes=method_specific_slopes)
+            if not found:
+                break
+            separated.update(found)
+            fitted = [m for m in fitted if m not in found]
+            data = frame[frame["method"].isin(fitted)]
+            terms, dropped = informative_terms(data, candidate_terms) if fitted else ([], [])
+        if not fitted:
+            return pd.DataFrame(columns=["method", "gap", "se"]), separated, note
+        result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=method_specific_slopes)
+        gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
+        if not np.isfinite(gaps[["gap", "se"]].to_numpy(dtype=float)).all() or (gaps["se"] <= 0).any():
+            note = "; ".join(filter(None, [note, "not estimable (non-finite estimate or SE)"]))
+            gaps[["gap", "se"]] = np.nan
+        return gaps, separated, note
+    except Exception as error:  # singular design: report, do not stop
+        note = f"fit failed: {type(error).__name__}: {str(error)[:120]}"
+        return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
+
+
 def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUTCOMES),
                   models=MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
-    slopes fit of ``sensitivity_model``. A fit that fails (e.g. a method whose hits are all 0
-    in one group) gives NaN rows with the error in ``note``; a method whose outcome is constant
-    in this contrast is not fitted (``constant_outcome`` True, gap NaN). Columns: contrast,
-    outcome, unit, model, slopes, method, gap, se, constant_outcome, ci_low, ci_high,
-    ci90_low, ci90_high, p, n_images, n_subgroup, n_reference, note."""
+    slopes fit of ``sensitivity_model``. A logistic term with (quasi-)complete separation makes
+    its method not estimable (``separated`` True, gap NaN, the hit counts in ``note``; module
+    docstring); a fit that fails gives NaN rows with the error in ``note``; a method whose
+    outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN).
+    Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
+    separated, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
+    n_subgroup, n_reference."""
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
     per_image = frame.drop_duplicates("cluster")
     counts = {"n_images": len(per_image), "n_subgroup": int((per_image["subgroup"] == 1).sum()),
@@ -203,35 +292,41 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
         # every lift 0) carries no information on a gap; fitting it would report a spurious,
         # falsely precise 0. It is left out of the fit and reported not estimable.
         varying = frame.groupby("method", sort=False)[outcome].nunique() > 1
-        fitted = [m for m in methods if varying.get(m, False)]
-        constant = [m for m in methods if m not in fitted]
-        data = frame[frame["method"].isin(fitted)]
+        varying_methods = [m for m in methods if varying.get(m, False)]
+        constant = [m for m in methods if m not in varying_methods]
         for model, slopes, specific in fits:
-            terms, dropped = informative_terms(data, model_terms(model, contrast)) if fitted else ([], [])
-            note = f"constant, left out: {', '.join(dropped)}" if dropped else ""
-            try:
-                if not fitted:
-                    raise ValueError("the outcome is constant for every method")
-                result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=specific)
-                gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
-                if not np.isfinite(gaps[["gap", "se"]].to_numpy()).all() or (gaps["se"] <= 0).any():
-                    note = "; ".join(filter(None, [note, "not estimable (non-finite estimate or SE)"]))
-                    gaps[["gap", "se"]] = np.nan
-            except Exception as error:  # singular design, separation: report, do not stop
-                note = f"fit failed: {type(error).__name__}: {str(error)[:120]}"
-                gaps = pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan})
+            gaps, separated, note = fit_estimable(frame, outcome, model_terms(model, contrast),
+                                                  varying_methods, method_specific_slopes=specific)
+            gaps = gaps.assign(method_note="")
+            if separated:
+                gaps = pd.concat([gaps, pd.DataFrame({
+                    "method": list(separated), "gap": np.nan, "se": np.nan,
+                    "method_note": [SEPARATION_NOTE.format(hits=hit_counts(frame, outcome, m))
+                                    + f" along {term}" for m, term in separated.items()]})],
+                    ignore_index=True)
             if constant:
                 gaps = pd.concat([gaps, pd.DataFrame({"method": constant, "gap": np.nan, "se": np.nan,
-                                                      "constant_outcome": True})], ignore_index=True)
+                                                      "constant_outcome": True,
+                                                      "method_note": "not estimable (constant outcome)"})],
+                                 ignore_index=True)
             gaps["constant_outcome"] = gaps.get("constant_outcome", pd.Series(False, index=gaps.index)).fillna(False).astype(bool)
+            gaps["separated"] = gaps["method"].isin(list(separated))
             gaps = gaps.set_index("method").reindex(methods).reset_index()
+            gaps[["gap", "se"]] = gaps[["gap", "se"]].astype(float)
+            gaps["estimable"] = gaps["gap"].notna() & gaps["se"].notna()
             gaps = wald_columns(gaps)
             gaps.insert(0, "slopes", slopes)
             gaps.insert(0, "model", model)
             gaps.insert(0, "unit", OUTCOME_UNITS[outcome])
             gaps.insert(0, "outcome", outcome)
             gaps.insert(0, "contrast", contrast.name)
-            gaps = gaps.assign(**counts, note=note)
+            if OUTCOMES[outcome] == "logistic":
+                gaps["hits"] = [hit_counts(frame, outcome, m) for m in gaps["method"]]
+            else:
+                gaps["hits"] = ""
+            method_note = gaps.pop("method_note").fillna("")
+            gaps["note"] = ["; ".join(filter(None, [own, note])) for own in method_note]
+            gaps = gaps.assign(**counts)
             parts.append(gaps)
     return pd.concat(parts, ignore_index=True)
 
@@ -258,18 +353,39 @@ def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def crude_gaps(frame: pd.DataFrame, outcomes=tuple(OUTCOMES)) -> pd.DataFrame:
+def crude_gaps(frame: pd.DataFrame, outcomes=tuple(OUTCOMES), level: float = 0.95) -> pd.DataFrame:
     """Plain group means per method and outcome (subgroup mean minus reference mean; pointing
-    in pp): what the two groups of cases actually received, before any model."""
+    in pp): what the two groups of cases actually received, before any model.
+
+    Each method's rows are independent images, so the crude gap has a direct interval: for the
+    pointing hit the Newcombe hybrid score interval of a difference of two proportions
+    (``statsmodels`` ``confint_proportions_2indep(method="newcomb")``; valid at 0/n and n/n,
+    where the GEE is separated), for energy lift Welch's t interval. Columns: outcome, method,
+    n_subgroup, n_reference, subgroup_mean, reference_mean, crude_gap, crude_ci_low,
+    crude_ci_high, crude_interval (NaN interval when a side has fewer than 2 images)."""
     rows = []
     for outcome in outcomes:
-        scale = 100.0 if OUTCOMES[outcome] == "logistic" else 1.0
+        logistic = OUTCOMES[outcome] == "logistic"
+        scale = 100.0 if logistic else 1.0
         for method, part in frame.groupby("method", sort=False):
-            means = part.groupby("subgroup")[outcome].mean()
-            rows.append({"outcome": outcome, "method": method,
-                         "subgroup_mean": means.get(1, np.nan) * scale,
-                         "reference_mean": means.get(0, np.nan) * scale,
-                         "crude_gap": (means.get(1, np.nan) - means.get(0, np.nan)) * scale})
+            sub = part.loc[part["subgroup"] == 1, outcome].to_numpy(float)
+            ref = part.loc[part["subgroup"] == 0, outcome].to_numpy(float)
+            low = high = np.nan
+            if len(sub) >= 2 and len(ref) >= 2:
+                if logistic:
+                    low, high = confint_proportions_2indep(int(sub.sum()), len(sub), int(ref.sum()),
+                                                           len(ref), method="newcomb", alpha=1 - level)
+                elif np.var(sub) + np.var(ref) > 0:
+                    interval = scipy_stats.ttest_ind(sub, ref, equal_var=False).confidence_interval(level)
+                    low, high = interval.low, interval.high
+            sub_mean = sub.mean() if len(sub) else np.nan
+            ref_mean = ref.mean() if len(ref) else np.nan
+            rows.append({"outcome": outcome, "method": method, "n_subgroup": len(sub),
+                         "n_reference": len(ref), "subgroup_mean": sub_mean * scale,
+                         "reference_mean": ref_mean * scale,
+                         "crude_gap": (sub_mean - ref_mean) * scale,
+                         "crude_ci_low": float(low) * scale, "crude_ci_high": float(high) * scale,
+                         "crude_interval": "Newcombe hybrid score" if logistic else "Welch t"})
     return pd.DataFrame(rows)
 
 
@@ -283,7 +399,7 @@ def _labelled(frame: pd.DataFrame, subgroup: pd.Series) -> pd.DataFrame:
     return out.assign(cluster=out["dataset"].astype(str) + "/" + out["sample_id"].astype(str))
 
 
-def audit_contrasts(cases: pd.DataFrame, *, min_images: int = 3
+def audit_contrasts(cases: pd.DataFrame, *, min_images: int
                     ) -> tuple[list[tuple[Contrast, pd.DataFrame]], pd.DataFrame]:
     """The subgroup contrasts of the transfer cohorts and the audit pool.
 
@@ -329,7 +445,7 @@ def audit_contrasts(cases: pd.DataFrame, *, min_images: int = 3
     return contrasts, pd.DataFrame(skipped, columns=["contrast", "n_subgroup", "n_reference", "reason"])
 
 
-def subgroup_table(cases: pd.DataFrame, *, min_images: int = 3, models=MODELS
+def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=MODELS
                    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """All contrasts' gaps with Holm and TOST (``add_holm_and_tost``), their crude gaps, and
     the skipped contrasts."""

@@ -3,16 +3,18 @@
 Every function takes validated audit tables (``audit.validate_audit_table``) and returns a
 tidy ``pandas.DataFrame``. Conventions:
 - "Failure" is ``peak_outside_mask`` (pointing-game failure, first row-major maximum).
-- A constant map has no peak and no top set: every rate and mean (failure, IoU, energy,
-  deletion) is taken over maps with a defined peak (``constant_map`` False), and the number of
-  constant maps is reported beside it (``n_constant``). ``image_matrix`` returns NaN for a
-  constant map's cell in those columns; ``bootstrap_defined`` drops NaN per column. The old
-  convention (a constant map "peaks" at pixel (0, 0), outside the field of view, so it counts
-  as a failure) survives as the sensitivity column ``peak_failure_constant_as_failure``.
+- One denominator per panel: every method of a panel is scored on the same images, so
+  comparisons between methods stay paired. A constant map has no peak inside the lesion and
+  counts as a failure (the paper's Eq. 2; ``failure_matrix``); the rate over maps with a defined
+  peak is reported beside it (``peak_failure_defined``, with ``n_constant``). The other outcomes
+  take the kernels' values for a constant map (a uniform map: energy = lesion share, top set by
+  the fixed tie-break), so they too keep every image. Table 4, the checkpoint, threshold and
+  lesion-size tables, Table 5, the transfer tables and the CLI report use this one rule.
 - A high-score population is the set of images with ``scaled_score >= score_threshold`` under
   a given checkpoint; every outcome of a panel uses exactly the same images.
-- CIs are image-bootstrap percentile intervals (``stats``); outcomes of one population share
-  the same resampled images, so differences between methods are paired.
+- CIs: a single rate (failure, IoU < 0.10) takes the Wilson interval (``stats.rate_ci``);
+  means take image-bootstrap percentile intervals whose outcomes share the same resampled
+  images; paired tests use the images on which both maps have a peak and say how many.
 
 Size: over 400 lines on purpose: every Table 4/5 summary uses the same panel selection,
 constant-map rule and interval choice; split, those rules would be repeated.
@@ -34,67 +36,67 @@ SCORE_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)
 OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",
             "energy_in_mask": "energy_in_mask", "logit_drop": "logit_drop"}
 TERTILE_LABELS = ("small", "medium", "large")
-# Outcomes that need a peak or a top set: undefined (NaN) for a constant map.
-PEAK_DEPENDENT = ("peak_outside_mask", "iou", "iou_below_0_10", "energy_in_mask",
-                  "centre_of_mass_distance", "logit_drop", "score_drop")
+RATE_OUTCOMES = ("peak_outside_mask", "iou_below_0_10")
 
 
 def image_matrix(table: pd.DataFrame, column: str, methods, sample_ids) -> np.ndarray:
     """Values of ``column`` as float (n_images, n_methods), rows in ``sample_ids`` order.
 
     ``table`` holds one checkpoint on one dataset. Raises when a requested cell is missing.
-    For ``PEAK_DEPENDENT`` columns a constant map's cell is NaN (it has no peak / top set).
+    Values are the audit table's: a constant map's outcomes are those of a uniform map.
     """
     wide = table.pivot(index="sample_id", columns="method", values=column)
     missing = [m for m in methods if m not in wide.columns]
     if missing:
         raise ValueError(f"audit table has no rows for methods {missing}")
-    matrix = wide.reindex(index=list(sample_ids), columns=list(methods)).to_numpy(dtype=np.float64, copy=True)
-    if column in PEAK_DEPENDENT and "constant_map" in table.columns:
-        constant = table.pivot(index="sample_id", columns="method", values="constant_map")
-        constant = constant.reindex(index=list(sample_ids), columns=list(methods))
-        matrix[constant.fillna(False).to_numpy(dtype=bool)] = np.nan
-    return matrix
+    return wide.reindex(index=list(sample_ids), columns=list(methods)).to_numpy(dtype=np.float64, copy=True)
 
 
-def bootstrap_defined(matrix: np.ndarray, replicates: int = stats.SPATIAL_REPLICATES,
+def constant_matrix(table: pd.DataFrame, methods, sample_ids) -> np.ndarray:
+    """bool (n_images, n_methods): the map is constant (no peak, no top set of its own)."""
+    wide = table.pivot(index="sample_id", columns="method", values="constant_map")
+    wide = wide.reindex(index=list(sample_ids), columns=list(methods))
+    return wide.fillna(False).to_numpy(dtype=bool)
+
+
+def failure_matrix(table: pd.DataFrame, methods, sample_ids) -> np.ndarray:
+    """float 0/1 (n_images, n_methods): peak outside the lesion, a constant map counted as a
+    failure (it has no peak inside the lesion; the paper's Eq. 2)."""
+    failure = image_matrix(table, "peak_outside_mask", methods, sample_ids)
+    return np.where(constant_matrix(table, methods, sample_ids), 1.0, failure)
+
+
+def summarise_columns(matrix: np.ndarray, *, rate: bool, replicates: int = stats.SPATIAL_REPLICATES,
                       seed: int = stats.BOOTSTRAP_SEED) -> dict[str, np.ndarray]:
-    """``stats.bootstrap_mean_ci`` per column over its defined (non-NaN) rows.
-
-    Without NaN this is exactly one call on the whole matrix (paired columns); a column with
-    undefined rows is bootstrapped over its own rows with the same seed. Returns estimate,
-    ci_low, ci_high, interval and n as (k,) arrays.
-    """
+    """Per column of ``matrix`` (images x methods, same images): estimate, ci_low, ci_high,
+    interval and n as (k,) arrays. ``rate``: the columns are 0/1 rates (Wilson interval);
+    otherwise means with the paired image bootstrap."""
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim == 1:
         matrix = matrix[:, None]
+    result = (stats.rate_ci(matrix) if rate else
+              stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed))
     keys = ("estimate", "ci_low", "ci_high", "interval")
-    if not np.isnan(matrix).any():
-        result = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
-        return {k: np.atleast_1d(result[k]) for k in keys} | {
-            "n": np.full(matrix.shape[1], matrix.shape[0])}
-    out = {k: np.full(matrix.shape[1], np.nan) for k in keys[:3]}
-    out["interval"] = np.full(matrix.shape[1], stats.PERCENTILE_BOOTSTRAP, dtype=object)
-    out["n"] = np.zeros(matrix.shape[1], dtype=int)
-    for k in range(matrix.shape[1]):
-        column = matrix[~np.isnan(matrix[:, k]), k]
-        out["n"][k] = len(column)
-        if len(column):
-            result = stats.bootstrap_mean_ci(column, replicates=replicates, seed=seed)
-            for key in keys:
-                out[key][k] = result[key]
-    return out
+    return {k: np.atleast_1d(result[k]) for k in keys} | {"n": np.full(matrix.shape[1], matrix.shape[0])}
 
 
 def constant_counts(table: pd.DataFrame, methods, sample_ids) -> np.ndarray:
     """int (n_methods,): constant maps per method among ``sample_ids``."""
-    wide = table.pivot(index="sample_id", columns="method", values="constant_map")
-    wide = wide.reindex(index=list(sample_ids), columns=list(methods))
-    return wide.fillna(False).to_numpy(dtype=bool).sum(axis=0)
+    return constant_matrix(table, methods, sample_ids).sum(axis=0)
+
+
+def failure_rate(rows: pd.DataFrame) -> float:
+    """Peak-failure rate of ``rows`` (one method), a constant map counted as a failure (NaN
+    when there are no rows)."""
+    if not len(rows):
+        return np.nan
+    failure = rows["peak_outside_mask"].astype(bool) | rows["constant_map"].astype(bool)
+    return float(failure.mean())
 
 
 def defined_rate(rows: pd.DataFrame, column: str = "peak_outside_mask") -> float:
-    """Mean of ``column`` over rows whose map is not constant (NaN when none)."""
+    """Mean of ``column`` over rows whose map is not constant (NaN when none): the
+    defined-maps-only value reported beside the primary rate."""
     defined = rows.loc[~rows["constant_map"].astype(bool), column]
     return float(defined.astype(float).mean()) if len(defined) else np.nan
 
@@ -118,9 +120,10 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
 
     Rows: the five CAMs, random heatmap, random deletion (logit drop only: the per-image mean of
     the exact-area draws) and centre baseline. Outcomes that do not apply are NaN. An empty
-    population gives n = 0 and NaN everywhere. Outcomes are over maps with a defined peak;
-    ``n_constant`` counts the constant maps left out, ``n_defined`` the maps used, and
-    ``peak_failure_constant_as_failure`` is the sensitivity value counting them as failures.
+    population gives n = 0 and NaN everywhere. Every row uses the same ``n`` images (module
+    docstring): ``peak_failure`` counts a constant map as a failure (Wilson CI);
+    ``peak_failure_defined`` is the rate over the ``n_defined`` maps with a peak and
+    ``n_constant`` counts the others.
     """
     _single_checkpoint(table)
     sample_ids = sorted(sample_ids)
@@ -129,21 +132,23 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
     constant = dict(zip(MAP_METHODS, constant_counts(table, MAP_METHODS, sample_ids)))
     result["n_constant"] = result["method"].map(constant).fillna(0).astype(int)
     result["n_defined"] = result["n"] - result["n_constant"]
-    raw_failure = image_matrix(table.assign(constant_map=False), "peak_outside_mask", MAP_METHODS, sample_ids)
-    counted = np.where(image_matrix(table, "peak_outside_mask", MAP_METHODS, sample_ids) >= 0,
-                       raw_failure, 1.0)  # a constant map counts as a failure
-    sensitivity = dict(zip(MAP_METHODS, counted.mean(axis=0) if len(sample_ids) else [np.nan] * len(MAP_METHODS)))
-    result["peak_failure_constant_as_failure"] = result["method"].map(sensitivity).astype(float)
+    rows = table[table["sample_id"].isin(sample_ids)]
+    defined = {m: defined_rate(rows[rows["method"] == m]) for m in MAP_METHODS}
+    result["peak_failure_defined"] = result["method"].map(defined).astype(float)
     for outcome, column in OUTCOMES.items():
         methods = CAM_METHODS if outcome == "logit_drop" else MAP_METHODS
-        matrix = image_matrix(table, column, methods, sample_ids)
+        if outcome == "peak_failure":
+            matrix = failure_matrix(table, methods, sample_ids)
+        else:
+            matrix = image_matrix(table, column, methods, sample_ids)
         if outcome == "logit_drop":
             means = random_deletion.set_index("sample_id")["logit_drop_mean"]
             matrix = np.column_stack([matrix, means.reindex(sample_ids).to_numpy(float)])
             methods = CAM_METHODS + (RANDOM_DELETION,)
-        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+        summary = summarise_columns(matrix, rate=outcome == "peak_failure",
+                                    replicates=replicates, seed=seed)
         for key, suffix in (("estimate", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
-            values = dict(zip(methods, np.atleast_1d(summary[key])))
+            values = dict(zip(methods, summary[key]))
             result[outcome + suffix] = result["method"].map(values).astype(float)
     return result
 
@@ -204,10 +209,10 @@ def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
                         zip(table[outcome], table[outcome + "_ci_low"], table[outcome + "_ci_high"])]
     if "temperature_at_bound" in table.columns and table["temperature_at_bound"].any():
         shown["Panel"] = shown["Panel"].astype(str) + " (T at bound)"
-    if "n_constant" in table.columns:  # constant maps: left out of the rates, counted here
+    if "n_constant" in table.columns:  # constant maps count as failures; the rest shown beside
         shown["Constant maps"] = table["n_constant"].to_numpy()
-        shown["Peak failure, constant = failure"] = [
-            "\u2013" if v != v else f"{v:.{digits}f}" for v in table["peak_failure_constant_as_failure"]]
+        shown["Peak failure, maps with a peak"] = [
+            "\u2013" if v != v else f"{v:.{digits}f}" for v in table["peak_failure_defined"]]
     return shown.reset_index(drop=True)
 
 
@@ -216,6 +221,8 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
                  ) -> pd.DataFrame:
     """All pairs of CAMs on the same images: failure and IoU differences, tests, Holm p.
 
+    A pair is compared on the images where both maps have a peak (``n``; the others are
+    counted in ``n_constant_excluded``).
     Failure: difference of rates (first - second) with bootstrap CI and the exact binomial
     test on discordant images. IoU: mean difference with bootstrap CI and the paired Wilcoxon
     test. Holm adjustment is applied within each outcome over the ten pairs.
@@ -225,11 +232,12 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
     sample_ids = sorted(sample_ids)
     failure = image_matrix(table, "peak_outside_mask", CAM_METHODS, sample_ids)
     iou = image_matrix(table, "iou", CAM_METHODS, sample_ids)
+    has_peak = ~constant_matrix(table, CAM_METHODS, sample_ids)
     rows = []
     for i, j in combinations(range(len(CAM_METHODS)), 2):
         first, second = CAM_METHODS[i], CAM_METHODS[j]
         same = any(first in group and second in group for group in identical_groups)
-        both = ~np.isnan(failure[:, i]) & ~np.isnan(failure[:, j])  # both maps have a peak
+        both = has_peak[:, i] & has_peak[:, j]
         row = {"first": first, "second": second, "n": int(both.sum()),
                "n_constant_excluded": len(sample_ids) - int(both.sum()),
                "identical_by_construction": same}
@@ -289,28 +297,25 @@ def identical_statement(identical_groups, arch: str, layer_name: str) -> str:
             "They are one piece of evidence, not several.")
 
 
-def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS,
-                         replicates: int = stats.SPATIAL_REPLICATES,
-                         seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS) -> pd.DataFrame:
     """Failure rate per map method at each scaled-score threshold, with eligible counts.
 
-    Columns: threshold, method, n_eligible, n_constant (constant maps among them, left out of
-    the rate), failure_rate, ci_low, ci_high (NaN when no image is eligible). Methods: the five
-    CAMs and the two spatial baselines.
+    Columns: threshold, method, n_eligible, n_constant (constant maps among them, counted as
+    failures), failure_rate, ci_low, ci_high (Wilson; NaN when no image is eligible). Methods:
+    the five CAMs and the two spatial baselines.
     """
     _single_checkpoint(table)
     rows = []
     for score_threshold in thresholds:
         ids = high_score_ids(table, score_threshold)
-        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
-        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+        summary = summarise_columns(failure_matrix(table, MAP_METHODS, ids), rate=True)
         constant = constant_counts(table, MAP_METHODS, ids)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"threshold": float(score_threshold), "method": method,
                          "n_eligible": len(ids), "n_constant": int(constant[k]),
-                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
-                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
-                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k])})
+                         "failure_rate": float(summary["estimate"][k]),
+                         "ci_low": float(summary["ci_low"][k]),
+                         "ci_high": float(summary["ci_high"][k])})
     return pd.DataFrame(rows)
 
 
@@ -321,7 +326,8 @@ def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
 
     ``tables``: audit rows of several checkpoints on one dataset; ``random_deletion``: their
     per-image random-deletion rows. Columns: checkpoint_id, arch, seed, control, method,
-    n_own, failure_own, n_fixed, failure_fixed, logit_drop_all (CAMs: mean over all images),
+    n_own, n_constant_own, failure_own, n_fixed, n_constant_fixed, failure_fixed (a constant
+    map counts as a failure), logit_drop_all (CAMs: mean over all images),
     random_deletion_mean (the checkpoint's mean random-deletion logit drop over all images),
     temperature and temperature_at_bound (the fit stopped on a search bound, so this
     checkpoint's scaled scores, and with them its own high-score subset, are set by the bound),
@@ -345,19 +351,19 @@ def checkpoint_robustness(tables: pd.DataFrame, random_deletion: pd.DataFrame,
                          "seed": int(first["seed"]), "control": first["control"],
                          "method": method, "n_own": len(own),
                          "n_constant_own": int(own["constant_map"].sum()),
-                         "failure_own": defined_rate(own),
+                         "failure_own": failure_rate(own),
                          "n_fixed": len(fixed), "n_constant_fixed": int(fixed["constant_map"].sum()),
-                         "failure_fixed": defined_rate(fixed),
-                         "logit_drop_all": defined_rate(rows_of_method, "logit_drop"),
+                         "failure_fixed": failure_rate(fixed),
+                         "logit_drop_all": float(rows_of_method["logit_drop"].mean()),
                          "random_deletion_mean": float(drops.mean()) if len(drops) else np.nan,
                          "temperature": float(first["temperature"]),
                          "temperature_at_bound": (float(first["temperature"]) > 0
                                                   and calibration.at_bound(float(first["temperature"]))),
-                         "identical_with": _identical_with(method, (identical_by_arch or {}).get(first["arch"], ()))})
+                         "identical_with": identical_with_text(method, (identical_by_arch or {}).get(first["arch"], ()))})
     return pd.DataFrame(rows)
 
 
-def _identical_with(method: str, groups) -> str:
+def identical_with_text(method: str, groups) -> str:
     """The other methods of ``method``'s identical-by-construction group, joined by " = "."""
     for group in groups:
         if method in group:
@@ -365,13 +371,13 @@ def _identical_with(method: str, groups) -> str:
     return ""
 
 
-def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICATES,
-                    seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+def lesion_tertiles(table: pd.DataFrame) -> pd.DataFrame:
     """Failure per map method within lesion-area tertiles of this table's images.
 
     Tertiles are dataset-specific: images are ranked by lesion area (ties by sample id) and cut
     into three near-equal groups, small / medium / large. Columns: tertile, area_min, area_max,
-    method, n, failure_rate, ci_low, ci_high.
+    method, n, n_constant, failure_rate (a constant map counts as a failure), ci_low, ci_high
+    (Wilson).
     """
     _single_checkpoint(table)
     areas = table.groupby("sample_id")["lesion_area_fraction"].first()
@@ -380,15 +386,15 @@ def lesion_tertiles(table: pd.DataFrame, replicates: int = stats.SPATIAL_REPLICA
     rows = []
     for tertile, members in ranked.groupby("tertile", observed=False, sort=False):
         ids = sorted(members["sample_id"])
-        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, ids)
-        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+        summary = summarise_columns(failure_matrix(table, MAP_METHODS, ids), rate=True)
+        constant = constant_counts(table, MAP_METHODS, ids)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"tertile": tertile, "area_min": members["lesion_area_fraction"].min(),
                          "area_max": members["lesion_area_fraction"].max(), "method": method,
-                         "n": len(ids),
-                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
-                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
-                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k])})
+                         "n": len(ids), "n_constant": int(constant[k]),
+                         "failure_rate": float(summary["estimate"][k]),
+                         "ci_low": float(summary["ci_low"][k]),
+                         "ci_high": float(summary["ci_high"][k])})
     return pd.DataFrame(rows)
 
 
@@ -408,15 +414,14 @@ def lesion_area_cut_points(table: pd.DataFrame) -> tuple[float, float]:
     return float(by_group["small"]), float(by_group["medium"])
 
 
-def lesion_strata_high_score(table: pd.DataFrame, score_threshold: float,
-                             replicates: int = stats.SPATIAL_REPLICATES,
-                             seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+def lesion_strata_high_score(table: pd.DataFrame, score_threshold: float) -> pd.DataFrame:
     """Failure per map method by lesion-size stratum within the high-score subset.
 
     The protocol's definition: strata cut at the tertile cut-points of the *full* masked pool
     (``lesion_area_cut_points``), applied to the images with scaled score >= threshold, so
     strata within the subset need not be equal in size. Columns: population, stratum,
-    area_cut_low, area_cut_high, method, n, failures, failure_rate, ci_low, ci_high, interval.
+    area_cut_low, area_cut_high, method, n, failures (a constant map counts as one),
+    failure_rate, ci_low, ci_high (Wilson), interval.
     A stratum without images has n = 0 and NaN rates.
     """
     first, second = lesion_area_cut_points(table)
@@ -426,17 +431,17 @@ def lesion_strata_high_score(table: pd.DataFrame, score_threshold: float,
     rows = []
     for stratum, (low, high) in bounds.items():
         members = sorted(s for s in ids if low < areas[s] <= high)
-        matrix = image_matrix(table, "peak_outside_mask", MAP_METHODS, members)
-        summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+        matrix = failure_matrix(table, MAP_METHODS, members)
+        summary = summarise_columns(matrix, rate=True)
         for k, method in enumerate(MAP_METHODS):
             rows.append({"population": f"scaled score >= {score_threshold:.2f}",
                          "stratum": stratum, "area_cut_low": low, "area_cut_high": high,
                          "method": method, "n": len(members),
-                         "failures": int(np.nansum(matrix[:, k])) if len(members) else 0,
-                         "failure_rate": float(np.atleast_1d(summary["estimate"])[k]),
-                         "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
-                         "ci_high": float(np.atleast_1d(summary["ci_high"])[k]),
-                         "interval": str(np.atleast_1d(summary["interval"])[k])})
+                         "failures": int(matrix[:, k].sum()),
+                         "failure_rate": float(summary["estimate"][k]),
+                         "ci_low": float(summary["ci_low"][k]),
+                         "ci_high": float(summary["ci_high"][k]),
+                         "interval": str(summary["interval"][k])})
     return pd.DataFrame(rows)
 
 
@@ -452,8 +457,8 @@ def secondary_outcomes(table: pd.DataFrame, score_threshold: float,
 
     IoU < 0.10 (rate), centre-of-mass distance (the audit's normalised distance between the
     map's centre of mass and the lesion's) and the temperature-scaled score drop after the
-    top-20% deletion (CAMs only; NaN for baselines). Image-bootstrap CIs with the images of a
-    panel shared by every method. Columns: panel, population, outcome, label, method, n,
+    top-20% deletion (CAMs only; NaN for baselines). The rate takes the Wilson interval, the
+    means image-bootstrap CIs with the images of a panel shared by every method. Columns: panel, population, outcome, label, method, n,
     estimate, ci_low, ci_high, interval.
     """
     _single_checkpoint(table)
@@ -464,14 +469,15 @@ def secondary_outcomes(table: pd.DataFrame, score_threshold: float,
         for outcome, label in SECONDARY_OUTCOMES.items():
             methods = CAM_METHODS if outcome == "score_drop" else MAP_METHODS
             matrix = image_matrix(table, outcome, methods, ids)
-            summary = bootstrap_defined(matrix, replicates=replicates, seed=seed)
+            summary = summarise_columns(matrix, rate=outcome in RATE_OUTCOMES,
+                                        replicates=replicates, seed=seed)
             for k, method in enumerate(methods):
                 rows.append({"panel": panel, "population": population, "outcome": outcome,
                              "label": label, "method": method, "n": len(ids),
-                             "estimate": float(np.atleast_1d(summary["estimate"])[k]),
-                             "ci_low": float(np.atleast_1d(summary["ci_low"])[k]),
-                             "ci_high": float(np.atleast_1d(summary["ci_high"])[k]),
-                             "interval": str(np.atleast_1d(summary["interval"])[k])})
+                             "estimate": float(summary["estimate"][k]),
+                             "ci_low": float(summary["ci_low"][k]),
+                             "ci_high": float(summary["ci_high"][k]),
+                             "interval": str(summary["interval"][k])})
     return pd.DataFrame(rows)
 
 
@@ -527,17 +533,17 @@ TABLE5_TERMS = {
 def table5_model_frame(table: pd.DataFrame, score_threshold: float) -> pd.DataFrame:
     """Rows of the adjusted failure model: the five CAMs on the high-score images.
 
-    Columns: sample_id, method, failure (0/1), intercept, one indicator per non-reference CAM
+    Columns: sample_id, method, failure (0/1; a constant map counts as a failure), intercept, one indicator per non-reference CAM
     (Grad-CAM is the reference), lesion area, centre distance and scaled score per 0.10.
     """
     _single_checkpoint(table)
     ids = set(high_score_ids(table, score_threshold))
-    constant = table["constant_map"].astype(bool) if "constant_map" in table else False
-    rows = table[table["sample_id"].isin(ids) & table["method"].isin(CAM_METHODS)
-                 & ~constant]  # a constant map has no peak to model
+    rows = table[table["sample_id"].isin(ids) & table["method"].isin(CAM_METHODS)]
     rows = rows.sort_values(["sample_id", "method"]).reset_index(drop=True)
+    # one denominator (module docstring): a constant map has no peak inside the lesion
+    failure = rows["peak_outside_mask"].astype(bool) | rows["constant_map"].astype(bool)
     frame = pd.DataFrame({"sample_id": rows["sample_id"], "method": rows["method"],
-                          "failure": rows["peak_outside_mask"].astype(float),
+                          "failure": failure.astype(float),
                           "intercept": 1.0})
     for method in CAM_METHODS[1:]:
         frame[method] = (rows["method"] == method).astype(float)

@@ -216,13 +216,18 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
             eligible = part[part["scaled_score"] >= score_threshold]
             mean, low, high = _mean_ci(part["iou"].to_numpy(), replicates, seed)
             high_mean, high_low, high_high = _mean_ci(eligible["iou"].to_numpy(), replicates, seed)
+            # the Table 4 rule: a constant map counts as a failure; Wilson interval
+            failure = stats.rate_ci(eligible["peak_outside_mask"].astype(bool).to_numpy()
+                                    | eligible["constant_map"].astype(bool).to_numpy())
             rows.append({"dataset": dataset, "method": method, "n_cases": len(part),
                          "n_eligible": len(eligible), "mean_iou": mean, "ci_low": low,
                          "ci_high": high, "mean_iou_high_score": high_mean,
                          "mean_iou_high_score_ci_low": high_low,
                          "mean_iou_high_score_ci_high": high_high,
-                         "peak_outside_high_score": (eligible["peak_outside_mask"].mean()
-                                                     if len(eligible) else np.nan),
+                         "n_constant_high_score": int(eligible["constant_map"].sum()),
+                         "peak_outside_high_score": failure["estimate"],
+                         "peak_outside_high_score_ci_low": failure["ci_low"],
+                         "peak_outside_high_score_ci_high": failure["ci_high"],
                          "centre_baseline_iou": centre_iou})
     return pd.DataFrame(rows)
 
@@ -265,7 +270,9 @@ def table_transfer(summary: pd.DataFrame) -> pd.DataFrame:
     return table[["cohort", "method", "n_cases", "n_eligible", "mean_iou", "ci_low", "ci_high",
                   "mean_iou_high_score",
                   "mean_iou_high_score_ci_low", "mean_iou_high_score_ci_high",
-                  "peak_outside_high_score", "centre_baseline_iou"]]
+                  "n_constant_high_score", "peak_outside_high_score",
+                  "peak_outside_high_score_ci_low", "peak_outside_high_score_ci_high",
+                  "centre_baseline_iou"]]
 
 
 def no_negatives_statement(cohort_cases: dict[str, pd.DataFrame]) -> str:

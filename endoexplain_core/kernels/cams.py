@@ -100,19 +100,34 @@ def _channel_weight_cam(weights: torch.Tensor, activation: torch.Tensor) -> torc
     return torch.einsum("bc,bchw->bhw", weights, activation)
 
 
-def _gradient_cams(activation: torch.Tensor, gradient: torch.Tensor, methods) -> dict[str, torch.Tensor]:
-    cams: dict[str, torch.Tensor] = {}
+CHANNEL_WEIGHT_METHODS = ("gradcam", "gradcampp", "xgradcam")
+
+
+def channel_weights(activation: torch.Tensor, gradient: torch.Tensor, methods=CHANNEL_WEIGHT_METHODS
+                    ) -> dict[str, torch.Tensor]:
+    """Per-channel weights w[b, c] of the CAMs that weight whole channels, (B, C) each.
+
+    Grad-CAM: the spatial mean of the gradient. Grad-CAM++: the positive gradient weighted by
+    alpha = g^2 / (2 g^2 + S_c g^3 + eps), S_c the channel's activation sum. XGrad-CAM:
+    sum(g A) / (S_c + eps), which is ill-posed where S_c is near zero (pytorch-grad-cam's eps).
+    """
+    weights: dict[str, torch.Tensor] = {}
     channel_sum = activation.sum(dim=(2, 3), keepdim=True)  # S_c, (B, C, 1, 1)
     if "gradcam" in methods:
-        cams["gradcam"] = _channel_weight_cam(gradient.mean(dim=(2, 3)), activation)
+        weights["gradcam"] = gradient.mean(dim=(2, 3))
     if "gradcampp" in methods:
         gradient_2 = gradient.pow(2)
         alpha = gradient_2 / (2 * gradient_2 + channel_sum * gradient_2 * gradient + _GRADCAMPP_EPS)
         alpha = torch.where(gradient != 0, alpha, torch.zeros_like(alpha))
-        cams["gradcampp"] = _channel_weight_cam((gradient.clamp(min=0) * alpha).sum(dim=(2, 3)), activation)
+        weights["gradcampp"] = (gradient.clamp(min=0) * alpha).sum(dim=(2, 3))
     if "xgradcam" in methods:
-        weights = (gradient * activation / (channel_sum + _XGRADCAM_EPS)).sum(dim=(2, 3))
-        cams["xgradcam"] = _channel_weight_cam(weights, activation)
+        weights["xgradcam"] = (gradient * activation / (channel_sum + _XGRADCAM_EPS)).sum(dim=(2, 3))
+    return weights
+
+
+def _gradient_cams(activation: torch.Tensor, gradient: torch.Tensor, methods) -> dict[str, torch.Tensor]:
+    cams = {method: _channel_weight_cam(weights, activation)
+            for method, weights in channel_weights(activation, gradient, methods).items()}
     if "hirescam" in methods:
         cams["hirescam"] = (gradient * activation).sum(dim=1)
     if "layercam" in methods:

@@ -110,7 +110,7 @@ def _table4_lines(figures_dir: Path) -> list[str]:
     n_a = int(table4.loc[table4["panel"] == "A", "n"].iloc[0])
     n_b = int(table4.loc[table4["panel"] == "B", "n"].iloc[0])
     lines = [f"**Table 4 panel A** ({n_a} of {n_b} audit images with scaled score >= the threshold; "
-             "peak outside the lesion over maps with a defined peak, 95% bootstrap CIs):", ""]
+             "peak outside the lesion, a constant map counted as a failure, Wilson 95% CIs):", ""]
     if panel.empty:
         return lines[:1] + ["", "Panel A is empty in this run."]
     shown = pd.DataFrame({

@@ -1,0 +1,147 @@
+"""Does the primary's Table 4 depend on the target layer, and is XGrad-CAM well posed?
+
+Two layers of the primary checkpoint see the same images with the same weights and
+temperature (so Table 4's panels hold the same images at both): the protocol layer (``networks.TARGET_LAYERS``) and its neighbour
+(``NEIGHBOUR_LAYERS``: for EfficientNet-B0 the block output ``features.8``, after the BatchNorm
+and SiLU that follow the protocol's pre-BN convolution). A method whose rates move a lot
+between them reports the layer, not the lesion.
+
+Per layer and channel-weight method the table also gives how well posed the weights are.
+XGrad-CAM divides each channel's weighted gradient by the channel's activation sum S_c; before a
+BatchNorm, S_c takes both signs and some channels sum to almost zero, so their weights explode.
+Conventions:
+- a channel is *near zero* when |S_c| < ``NEAR_ZERO_FRACTION`` x the median |S_c| of the same
+  image (scale-free: activations differ in scale between layers);
+- the *weight ratio* of a method is |w_method| / |w_Grad-CAM| per channel (channels where the
+  Grad-CAM weight is 0 are left out), summarised by its median and 99th percentile over every
+  (image, channel); HiResCAM and Eigen-CAM have no channel weights (NaN);
+- XGrad-CAM is marked ill-posed at a layer where the near-zero share exceeds
+  ``ILL_POSED_SHARE``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from endoexplain_core.analysis import audit, stats, summaries
+from endoexplain_core.data.datasets import load_manifest
+from endoexplain_core.kernels import cams
+from endoexplain_core.methods import method_label
+from endoexplain_core.models import networks
+
+NEIGHBOUR_LAYERS = {"efficientnet_b0": "features.8", "resnet34": "layer4.1",
+                    "convnext_tiny": "features.7.1"}
+NEAR_ZERO_FRACTION = 0.01
+ILL_POSED_SHARE = 0.05
+
+
+def weight_diagnostics(activation: torch.Tensor, gradient: torch.Tensor) -> dict[str, np.ndarray]:
+    """Channel diagnostics of one batch: ``near_zero`` bool (B, C) and, per channel-weight
+    method, the weight ratio to Grad-CAM as float64 (B, C) (NaN where Grad-CAM's weight is 0).
+
+    ``activation``, ``gradient``: the target layer's A and d logit / dA, (B, C, h, w).
+    """
+    channel_sum = activation.double().sum(dim=(2, 3)).abs()                     # |S_c|, (B, C)
+    median = channel_sum.median(dim=1, keepdim=True).values
+    near_zero = (channel_sum < NEAR_ZERO_FRACTION * median).numpy()
+    weights = {m: w.double().abs().numpy() for m, w in cams.channel_weights(activation, gradient).items()}
+    reference = weights["gradcam"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = {m: np.where(reference > 0, w / reference, np.nan) for m, w in weights.items()}
+    return {"near_zero": near_zero, **ratios}
+
+
+def layer_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, batches) -> dict[str, float]:
+    """Over image ``batches`` (an iterable of normalised (B, 3, S, S) tensors on the model's
+    device): the share of near-zero channels and, per channel-weight method, the median and
+    99th percentile of its weight ratio to Grad-CAM over every (image, channel)."""
+    near_zero, ratios = [], {m: [] for m in cams.CHANNEL_WEIGHT_METHODS}
+    for images in batches:
+        activation, gradient = cams.activation_and_gradient(model, layer, images)
+        batch = weight_diagnostics(activation.cpu(), gradient.cpu())
+        near_zero.append(batch.pop("near_zero").ravel())
+        for method, values in batch.items():
+            ratios[method].append(values.ravel())
+    result = {"near_zero_channel_share": float(np.concatenate(near_zero).mean()) if near_zero else np.nan}
+    for method, parts in ratios.items():
+        values = np.concatenate(parts) if parts else np.array([])
+        values = values[np.isfinite(values)]
+        result[f"{method}_ratio_median"] = float(np.median(values)) if len(values) else np.nan
+        result[f"{method}_ratio_p99"] = float(np.percentile(values, 99)) if len(values) else np.nan
+    return result
+
+
+def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[str, dict],
+                            identical: dict[str, list]) -> pd.DataFrame:
+    """One row per (layer, panel, CAM): Table 4 columns (``summaries.table4``: panel A, the
+    high-score images, and B, all images) beside the layer's weight diagnostics. ``panels``,
+    ``diagnostics``, ``identical``: layer name -> Table 4 frame / ``layer_diagnostics`` dict /
+    groups identical by construction there.
+
+    Columns: layer, panel, method, label, n, n_constant, peak_failure (+ Wilson CI),
+    peak_failure_defined, iou (+ CI), near_zero_channel_share, weight_ratio_median,
+    weight_ratio_p99 (to Grad-CAM; NaN without channel weights), identical_with, ill_posed
+    (XGrad-CAM where the near-zero share exceeds ``ILL_POSED_SHARE``).
+    """
+    rows = []
+    for layer, panel in panels.items():
+        facts = diagnostics[layer]
+        for row in panel[panel["method"].isin(summaries.CAM_METHODS)].itertuples():
+            has_weights = row.method in cams.CHANNEL_WEIGHT_METHODS
+            rows.append({
+                "layer": layer, "panel": row.panel, "method": row.method, "label": method_label(row.method), "n": row.n,
+                "n_constant": row.n_constant, "peak_failure": row.peak_failure,
+                "peak_failure_ci_low": row.peak_failure_ci_low,
+                "peak_failure_ci_high": row.peak_failure_ci_high,
+                "peak_failure_defined": row.peak_failure_defined,
+                "iou": row.iou, "iou_ci_low": row.iou_ci_low, "iou_ci_high": row.iou_ci_high,
+                "near_zero_channel_share": facts["near_zero_channel_share"],
+                "weight_ratio_median": facts[f"{row.method}_ratio_median"] if has_weights else np.nan,
+                "weight_ratio_p99": facts[f"{row.method}_ratio_p99"] if has_weights else np.nan,
+                "identical_with": summaries.identical_with_text(row.method, identical.get(layer, ())),
+                "ill_posed": bool(row.method == "xgradcam"
+                                  and facts["near_zero_channel_share"] > ILL_POSED_SHARE)})
+    return pd.DataFrame(rows)
+
+
+def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: pd.DataFrame,
+                          random_deletion: pd.DataFrame, *, image_size: int, score_threshold: float,
+                          top_fraction: float, batch_size: int, device: str,
+                          replicates: int = stats.SPATIAL_REPLICATES,
+                          seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Audit the primary (``primary``: its audit rows at the protocol layer, with
+    ``random_deletion``) at its neighbour layer, compute both layers' weight diagnostics over
+    every audit image (they describe the layer, not a population) and return
+    ``layer_sensitivity_table`` with panels A and B. The neighbour audit is written to
+    ``<run_dir>/audit/hyperkvasir_layer_<name>/`` (one random deletion per image: only the map
+    outcomes are compared)."""
+    run_dir = Path(run_dir)
+    checkpoint_id = str(primary["checkpoint_id"].iloc[0])
+    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    protocol = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    neighbour = networks.resolve_target_layer(model, metadata["arch"], NEIGHBOUR_LAYERS[metadata["arch"]])
+    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
+    pool = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
+    paths = audit.audit_paths(run_dir, f"hyperkvasir_layer_{neighbour[0]}", checkpoint_id)
+    audit.audit_checkpoint(model, metadata, temperature, audit.manifest_cases(pool, data_root),
+                           dataset="hyperkvasir", image_size=image_size, table_path=paths["table"],
+                           random_deletion_path=paths["random_deletion"], top_fraction=top_fraction,
+                           repetitions=1, batch_size=batch_size, device=device,
+                           target_layer=neighbour, total=len(pool))
+    neighbour_table = audit.read_audit_table(paths["table"])
+    # the scores do not depend on the layer, so both layers' panels hold the same images
+    panels = {protocol[0]: summaries.table4(primary, random_deletion, score_threshold, replicates, seed),
+              neighbour[0]: summaries.table4(neighbour_table, pd.read_parquet(paths["random_deletion"]),
+                                             score_threshold, replicates, seed)}
+    torch_device = next(model.parameters()).device
+    diagnostics = {}
+    for name, module in (protocol, neighbour):   # the layer's weights over every audit image
+        batches = (images.to(torch_device) for _, images, _ in audit.prepared_batches(
+            audit.manifest_cases(pool, data_root), image_size, batch_size, excluded=[]))
+        diagnostics[name] = layer_diagnostics(model, module, batches)
+    identical = {name: networks.identical_methods(model, name) for name in (protocol[0], neighbour[0])}
+    return layer_sensitivity_table(panels, diagnostics, identical)

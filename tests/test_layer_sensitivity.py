@@ -1,0 +1,52 @@
+"""Layer sensitivity: channel-weight diagnostics on hand-checkable activations and gradients."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from endoexplain_core.analysis import layer_sensitivity
+from endoexplain_core.methods import CAM_METHODS
+
+
+def _one_image() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three channels of a 1x2 grid. S_c = 2, 0.001 and -4 (median |S| = 2, so only channel 1
+    is near zero). Channel 1's gradient varies over space: XGrad-CAM's weight there is
+    sum(g A) / S_c = 1 / 0.001 = 1000 against Grad-CAM's mean(g) = 0.5, a ratio of 2000."""
+    activation = torch.tensor([[[[1.0, 1.0]], [[1.0, -0.999]], [[-2.0, -2.0]]]])
+    gradient = torch.tensor([[[[1.0, 1.0]], [[1.0, 0.0]], [[0.5, 0.5]]]])
+    return activation, gradient
+
+
+def test_near_zero_channels_and_weight_ratios_by_hand():
+    result = layer_sensitivity.weight_diagnostics(*_one_image())
+    np.testing.assert_array_equal(result["near_zero"], [[False, True, False]])
+    np.testing.assert_allclose(result["gradcam"], [[1.0, 1.0, 1.0]])
+    # channel 0: 2 / 2 = 1 = Grad-CAM; channel 2: -2 / -4 = 0.5 = Grad-CAM
+    np.testing.assert_allclose(result["xgradcam"], [[1.0, 1.0 / (0.001 + 1e-7) / 0.5, 1.0]], rtol=1e-4)  # float32 A
+
+
+def test_ratio_is_undefined_where_grad_cam_weight_is_zero():
+    activation = torch.ones(1, 2, 2, 2)
+    gradient = torch.tensor([[[[1.0, -1.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]])  # channel 0: mean 0
+    result = layer_sensitivity.weight_diagnostics(activation, gradient)
+    assert np.isnan(result["xgradcam"][0, 0]) and result["xgradcam"][0, 1] == pytest.approx(1.0)
+
+
+def test_table_marks_xgradcam_ill_posed_only_above_the_bound():
+    panel = pd.DataFrame({"panel": "A", "method": list(CAM_METHODS) + ["centre"], "n": 10, "n_constant": 0,
+                          **{c: 0.5 for c in ("peak_failure", "peak_failure_ci_low", "peak_failure_ci_high",
+                                               "peak_failure_defined", "iou", "iou_ci_low", "iou_ci_high")}})
+    facts = {"near_zero_channel_share": 0.06, "gradcam_ratio_median": 1.0, "gradcam_ratio_p99": 1.0,
+             "gradcampp_ratio_median": 0.3, "gradcampp_ratio_p99": 2.0,
+             "xgradcam_ratio_median": 1.5, "xgradcam_ratio_p99": 70.0}
+    table = layer_sensitivity.layer_sensitivity_table(
+        {"a": panel, "b": panel}, {"a": facts, "b": facts | {"near_zero_channel_share": 0.01}},
+        {"a": [], "b": [("gradcam", "xgradcam")]})
+    assert len(table) == 10 and set(table["method"]) == set(CAM_METHODS)
+    ill = table[table["ill_posed"]]
+    assert list(zip(ill["layer"], ill["method"])) == [("a", "xgradcam")]
+    row = table.set_index(["layer", "method"])
+    assert row.loc[("a", "xgradcam"), "weight_ratio_p99"] == 70.0
+    assert np.isnan(row.loc[("a", "hirescam"), "weight_ratio_median"])
+    assert row.loc[("b", "gradcam"), "identical_with"] == "XGrad-CAM"
