@@ -168,6 +168,11 @@ def test_wilson_rate_intervals_match_statsmodels_over_many_counts():
         assert rate["estimate"] == pytest.approx(k / n) and rate["successes"] == k and rate["n"] == n
         assert rate["interval"] == stats.WILSON
     assert np.isnan(stats.wilson_interval(0, 0)[0]) and np.isnan(stats.rate_ci(np.zeros(0))["estimate"])
+    # the endpoints are exact, so an error bar drawn from (estimate - low, high - estimate) is
+    # never negative (rounding put the upper bound of 80/80 at 1 - 1e-16)
+    counts = np.arange(1, 400)
+    assert (stats.wilson_interval(counts, counts)[1] == 1.0).all()
+    assert (stats.wilson_interval(0 * counts, counts)[0] == 0.0).all()
 
 
 @pytest.mark.parametrize("n", [5, 16, 59, 172])

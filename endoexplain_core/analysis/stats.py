@@ -56,6 +56,10 @@ def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
         centre = (p + z * z / (2 * n)) / (1 + z * z / n)
         half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
         low, high = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+        # exact by the formula (0 at k = 0, 1 at k = n) and around p; rounding can miss both
+        # by 1e-16, which would draw a negative error bar
+        low = np.where(k == 0, 0.0, np.minimum(low, p))
+        high = np.where(k == n, 1.0, np.maximum(high, p))
     low, high = np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
     return (float(low), float(high)) if low.ndim == 0 else (low, high)
 
