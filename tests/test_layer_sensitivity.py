@@ -21,6 +21,7 @@ def _one_image() -> tuple[torch.Tensor, torch.Tensor]:
 def test_near_zero_channels_and_weight_ratios_by_hand():
     result = layer_sensitivity.weight_diagnostics(*_one_image())
     np.testing.assert_array_equal(result["near_zero"], [[False, True, False]])
+    np.testing.assert_array_equal(result["negative"], [[False, False, True]])
     np.testing.assert_allclose(result["gradcam"], [[1.0, 1.0, 1.0]])
     # channel 0: 2 / 2 = 1 = Grad-CAM; channel 2: -2 / -4 = 0.5 = Grad-CAM
     np.testing.assert_allclose(result["xgradcam"], [[1.0, 1.0 / (0.001 + 1e-7) / 0.5, 1.0]], rtol=1e-4)  # float32 A
@@ -37,9 +38,10 @@ def test_table_marks_xgradcam_ill_posed_only_above_the_bound():
     panel = pd.DataFrame({"panel": "A", "method": list(CAM_METHODS) + ["centre"], "n": 10, "n_constant": 0,
                           **{c: 0.5 for c in ("peak_failure", "peak_failure_ci_low", "peak_failure_ci_high",
                                                "peak_failure_defined", "iou", "iou_ci_low", "iou_ci_high")}})
-    facts = {"near_zero_channel_share": 0.06, "gradcam_ratio_median": 1.0, "gradcam_ratio_p99": 1.0,
-             "gradcampp_ratio_median": 0.3, "gradcampp_ratio_p99": 2.0,
-             "xgradcam_ratio_median": 1.5, "xgradcam_ratio_p99": 70.0}
+    facts = {"near_zero_channel_share": 0.06, "negative_channel_share": 0.4,
+             **{f"{m}_ratio_{s}": v for m, values in (("gradcam", (1.0, 1.0, 1.0)), ("gradcampp", (0.3, 2.0, 9.0)),
+                                                     ("xgradcam", (1.5, 70.0, 25042.0)))
+                for s, v in zip(("median", "p99", "max"), values)}}
     table = layer_sensitivity.layer_sensitivity_table(
         {"a": panel, "b": panel}, {"a": facts, "b": facts | {"near_zero_channel_share": 0.01}},
         {"a": [], "b": [("gradcam", "xgradcam")]})
@@ -48,5 +50,6 @@ def test_table_marks_xgradcam_ill_posed_only_above_the_bound():
     assert list(zip(ill["layer"], ill["method"])) == [("a", "xgradcam")]
     row = table.set_index(["layer", "method"])
     assert row.loc[("a", "xgradcam"), "weight_ratio_p99"] == 70.0
+    assert row.loc[("a", "xgradcam"), "weight_ratio_max"] == 25042.0
     assert np.isnan(row.loc[("a", "hirescam"), "weight_ratio_median"])
     assert row.loc[("b", "gradcam"), "identical_with"] == "XGrad-CAM"

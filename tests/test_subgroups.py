@@ -173,3 +173,17 @@ def test_every_method_separated_gives_not_estimable_rows_not_an_error():
     gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("thin", "a", "b"),
                                    outcomes=("pointing_hit",), models=("M0",))
     assert not gaps["estimable"].any() and gaps["separated"].all() and gaps["p"].isna().all()
+
+
+def test_a_pointing_interval_beyond_the_possible_range_is_named():
+    """PolypGen C1 in the default run: 2/8 against 22/30 hits gave -63.5 pp (M1), 95% CI -102
+    to -25. Here 1/8 against 29/30 (M0): about -84 pp with an SE near 12 pp."""
+    frame = _thin_contrast(1, 8, 29, 30, second_method=False)
+    row = subgroups.contrast_gaps(frame, subgroups.Contrast("c1", "a", "b"), outcomes=("pointing_hit",),
+                                  models=("M0",), sensitivity_model="").iloc[0]
+    assert row["estimable"] and row["ci_low"] < -100
+    assert "passes +-100 pp" in row["note"]
+    inside = subgroups.contrast_gaps(_thin_contrast(2, 8, 22, 30, second_method=False),
+                                     subgroups.Contrast("c", "a", "b"), outcomes=("pointing_hit",),
+                                     models=("M0",), sensitivity_model="").iloc[0]
+    assert inside["ci_low"] > -100 and "passes" not in inside["note"]

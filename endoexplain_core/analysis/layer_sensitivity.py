@@ -40,38 +40,43 @@ ILL_POSED_SHARE = 0.05
 
 
 def weight_diagnostics(activation: torch.Tensor, gradient: torch.Tensor) -> dict[str, np.ndarray]:
-    """Channel diagnostics of one batch: ``near_zero`` bool (B, C) and, per channel-weight
-    method, the weight ratio to Grad-CAM as float64 (B, C) (NaN where Grad-CAM's weight is 0).
+    """Channel diagnostics of one batch: ``near_zero`` and ``negative`` bool (B, C) (|S_c| near
+    zero; S_c < 0) and, per channel-weight method, the weight ratio to Grad-CAM as float64
+    (B, C) (NaN where Grad-CAM's weight is 0).
 
     ``activation``, ``gradient``: the target layer's A and d logit / dA, (B, C, h, w).
     """
-    channel_sum = activation.double().sum(dim=(2, 3)).abs()                     # |S_c|, (B, C)
-    median = channel_sum.median(dim=1, keepdim=True).values
-    near_zero = (channel_sum < NEAR_ZERO_FRACTION * median).numpy()
+    channel_sum = activation.double().sum(dim=(2, 3))                           # S_c, (B, C)
+    median = channel_sum.abs().median(dim=1, keepdim=True).values
+    near_zero = (channel_sum.abs() < NEAR_ZERO_FRACTION * median).numpy()
     weights = {m: w.double().abs().numpy() for m, w in cams.channel_weights(activation, gradient).items()}
     reference = weights["gradcam"]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = {m: np.where(reference > 0, w / reference, np.nan) for m, w in weights.items()}
-    return {"near_zero": near_zero, **ratios}
+    return {"near_zero": near_zero, "negative": (channel_sum < 0).numpy(), **ratios}
 
 
 def layer_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, batches) -> dict[str, float]:
     """Over image ``batches`` (an iterable of normalised (B, 3, S, S) tensors on the model's
-    device): the share of near-zero channels and, per channel-weight method, the median and
-    99th percentile of its weight ratio to Grad-CAM over every (image, channel)."""
-    near_zero, ratios = [], {m: [] for m in cams.CHANNEL_WEIGHT_METHODS}
+    device): the shares of near-zero and of negative channel sums and, per channel-weight
+    method, the median, 99th percentile and maximum of its weight ratio to Grad-CAM over every
+    (image, channel)."""
+    near_zero, negative, ratios = [], [], {m: [] for m in cams.CHANNEL_WEIGHT_METHODS}
     for images in batches:
         activation, gradient = cams.activation_and_gradient(model, layer, images)
         batch = weight_diagnostics(activation.cpu(), gradient.cpu())
         near_zero.append(batch.pop("near_zero").ravel())
+        negative.append(batch.pop("negative").ravel())
         for method, values in batch.items():
             ratios[method].append(values.ravel())
-    result = {"near_zero_channel_share": float(np.concatenate(near_zero).mean()) if near_zero else np.nan}
+    result = {"near_zero_channel_share": float(np.concatenate(near_zero).mean()) if near_zero else np.nan,
+              "negative_channel_share": float(np.concatenate(negative).mean()) if negative else np.nan}
     for method, parts in ratios.items():
         values = np.concatenate(parts) if parts else np.array([])
         values = values[np.isfinite(values)]
         result[f"{method}_ratio_median"] = float(np.median(values)) if len(values) else np.nan
         result[f"{method}_ratio_p99"] = float(np.percentile(values, 99)) if len(values) else np.nan
+        result[f"{method}_ratio_max"] = float(values.max()) if len(values) else np.nan
     return result
 
 
@@ -83,8 +88,9 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
     groups identical by construction there.
 
     Columns: layer, panel, method, label, n, n_constant, peak_failure (+ Wilson CI),
-    peak_failure_defined, iou (+ CI), near_zero_channel_share, weight_ratio_median,
-    weight_ratio_p99 (to Grad-CAM; NaN without channel weights), identical_with, ill_posed
+    peak_failure_defined, iou (+ CI), near_zero_channel_share, negative_channel_share,
+    weight_ratio_median, weight_ratio_p99, weight_ratio_max (to Grad-CAM; NaN without channel
+    weights), identical_with, ill_posed
     (XGrad-CAM where the near-zero share exceeds ``ILL_POSED_SHARE``).
     """
     rows = []
@@ -100,8 +106,10 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
                 "peak_failure_defined": row.peak_failure_defined,
                 "iou": row.iou, "iou_ci_low": row.iou_ci_low, "iou_ci_high": row.iou_ci_high,
                 "near_zero_channel_share": facts["near_zero_channel_share"],
+                "negative_channel_share": facts["negative_channel_share"],
                 "weight_ratio_median": facts[f"{row.method}_ratio_median"] if has_weights else np.nan,
                 "weight_ratio_p99": facts[f"{row.method}_ratio_p99"] if has_weights else np.nan,
+                "weight_ratio_max": facts[f"{row.method}_ratio_max"] if has_weights else np.nan,
                 "identical_with": summaries.identical_with_text(row.method, identical.get(layer, ())),
                 "ill_posed": bool(row.method == "xgradcam"
                                   and facts["near_zero_channel_share"] > ILL_POSED_SHARE)})

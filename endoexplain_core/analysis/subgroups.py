@@ -76,6 +76,8 @@ MODEL_LABELS = {"M0": "subgroup only", "M1": "+ case mix", "M2": "+ classifier m
                 "M3": "+ DoG conspicuity"}
 TOST_ALPHA = 0.05
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
+WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
+                          "approximation; read the crude gap's Newcombe interval")
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,9 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
                 gaps["hits"] = [hit_counts(frame, outcome, m) for m in gaps["method"]]
             else:
                 gaps["hits"] = ""
+            if OUTCOMES[outcome] == "logistic":   # a gap in pp cannot pass +-100
+                beyond = (gaps["ci_low"] < -100.0) | (gaps["ci_high"] > 100.0)
+                gaps.loc[beyond, "method_note"] = WALD_BEYOND_RANGE_NOTE
             method_note = gaps.pop("method_note").fillna("")
             gaps["note"] = ["; ".join(filter(None, [own, note])) for own in method_note]
             gaps = gaps.assign(**counts)
