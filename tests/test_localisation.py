@@ -421,3 +421,48 @@ def test_wrapped_blur_refuses_a_kernel_wider_than_the_map():
     with pytest.raises(ValueError, match="too wide to wrap"):
         loc.gaussian_smooth(torch.rand(1, 8, 8), 3.0, edges="wrap")
     assert loc.gaussian_smooth(torch.rand(1, 8, 8), 3.0).shape == (1, 8, 8)  # replicated: any width
+
+
+def test_binary_map_relative_difference_is_minus_ten_percent_by_construction():
+    """The kernel's AUC-IoU of any binary map is 0.9 x its IoU: the reference row says so."""
+    from endoexplain_core.analysis import extended_localisation as ext
+    mask = disc(6.0)[None]
+    for offset in (0, 4, 9):                                   # overlapping, partly, barely
+        binary = disc(7.0, centre=(20 + offset, 20))[None].float()
+        iou = loc.iou_curve(binary, mask)[0, 0].item()
+        assert loc.auc_iou(binary, mask).item() == pytest.approx(0.9 * iou, rel=1e-5)
+    row = ext.binary_map_reference().iloc[0]
+    for level in ext.IOU_LEVELS:
+        assert row[f"rel_diff_{level:.1f}_pct"] == pytest.approx(-10.0)
+
+
+def test_auc_iou_intervals_are_paired_bootstrap_of_the_means(scored):
+    from endoexplain_core.analysis import extended_localisation as ext
+    from endoexplain_core.analysis import stats
+    table = scored[0]
+    summary = ext.auc_iou_table(table, replicates=300, seed=5).set_index("method")
+    wide = table.pivot(index="sample_id", columns="method", values="auc_iou")[list(ext.EXTENDED_METHODS)]
+    reference = stats.bootstrap_mean_ci(wide.to_numpy(), replicates=300, seed=5)
+    np.testing.assert_allclose(summary.loc[list(ext.EXTENDED_METHODS), "auc_iou_ci_low"], reference["ci_low"])
+    assert (summary["auc_iou_ci_low"] <= summary["auc_iou"] + 1e-12).all()
+    assert (summary["top20_iou"] <= summary["top20_iou_ci_high"] + 1e-12).all()
+
+
+def test_ranking_stability_counts_how_often_a_reversal_holds():
+    """Two methods, 40 images: on AUC-IoU "a" beats "b" on every image; at IoU 0.5 "b" wins by a
+    wide margin (a reversal that holds in every replicate) and at 0.3 by a hair on one image."""
+    from endoexplain_core.analysis import extended_localisation as ext
+    rows = []
+    for i in range(40):
+        for method, auc, iou3, iou5 in (("a", 0.5, 0.30, 0.1), ("b", 0.2, 0.30 + (0.01 if i == 0 else 0.0), 0.6)):
+            rows.append({"dataset": "d", "checkpoint_id": "c", "sample_id": f"s{i}", "method": method,
+                         "auc_iou": auc, ext.iou_column(0.3): iou3, ext.iou_column(0.5): iou5,
+                         ext.iou_column(0.7): iou5, ext.topk_column("iou", 0.20): auc})
+    tau, reversals = ext.ranking_stability(pd.DataFrame(rows), methods=("a", "b"), replicates=400, seed=3)
+    by_metric = reversals.set_index("metric")
+    assert by_metric.loc["iou_at_0.5", "share_reversed"] == 1.0
+    # image s0 is the only one where b > a at 0.3: replicates without it tie (no reversal)
+    share = by_metric.loc["iou_at_0.3", "share_reversed"]
+    assert share == pytest.approx(1 - (1 - 1 / 40) ** 40, abs=0.06)
+    assert "top20_iou" not in by_metric.index
+    assert tau.set_index("metric").loc["auc_iou", "kendall_tau_vs_auc_iou"] == pytest.approx(1.0)

@@ -286,25 +286,63 @@ def _single_group(table: pd.DataFrame) -> None:
         raise ValueError(f"expected the rows of one dataset and checkpoint, got {groups} groups")
 
 
-def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
-    """Per method: n, mean AUC-IoU (raw, max 0.9), mean IoU at 0.3/0.5/0.7 with the relative
-    difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean top-20% IoU, n_constant."""
+def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *,
+                  replicates: int = stats.SPATIAL_REPLICATES,
+                  seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """Per method: n, mean AUC-IoU (raw, max 0.9) with its image-bootstrap 95% CI, mean IoU at
+    0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean top-20%
+    IoU with its CI, n_constant. The CIs resample the images shared by every method together.
+
+    The relative difference is -10% for any binary map by construction (``binary_map_reference``):
+    only its departure from -10% says something about a method.
+    """
     _single_group(table)
+    intervals = {}
+    for metric, column in (("auc_iou", "auc_iou"), ("top20_iou", topk_column("iou", 0.20))):
+        matrix, _ = _method_matrix(table, column, methods)
+        intervals[metric] = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
     rows = []
-    for method in methods:
+    for index, method in enumerate(methods):
         part = table[table["method"] == method]
         row = {"method": method, "n": len(part), "n_constant": int(part["constant_map"].sum()),
-               "auc_iou": part["auc_iou"].mean()}
+               "auc_iou": part["auc_iou"].mean(),
+               "auc_iou_ci_low": intervals["auc_iou"]["ci_low"][index],
+               "auc_iou_ci_high": intervals["auc_iou"]["ci_high"][index]}
         for level in IOU_LEVELS:
             mean = part[iou_column(level)].mean()
             row[f"iou_at_{level:.1f}"] = mean
             row[f"rel_diff_{level:.1f}_pct"] = (row["auc_iou"] - mean) / mean * 100 if mean > 0 else np.nan
         row["top20_iou"] = part[topk_column("iou", 0.20)].mean()
+        row["top20_iou_ci_low"] = intervals["top20_iou"]["ci_low"][index]
+        row["top20_iou_ci_high"] = intervals["top20_iou"]["ci_high"][index]
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+BINARY_REFERENCE = "binary map (reference)"
+
+
+def binary_map_reference() -> pd.DataFrame:
+    """The row a binary (0/1) map gets in ``auc_iou_table``'s relative differences, whatever its
+    IoU: every threshold keeps the same pixels, so IoU(t) is one value b and AUC-IoU is b times
+    the width of the threshold grid (0.95 - 0.05 = 0.9), a relative difference of -10% at every
+    threshold. A "threshold-invariant -10%" is this artefact, not a finding."""
+    levels = np.asarray(localisation.DEFAULT_IOU_THRESHOLDS)
+    width = float(levels[-1] - levels[0])
+    return pd.DataFrame([{"method": BINARY_REFERENCE,
+                          **{f"rel_diff_{level:.1f}_pct": (width - 1.0) * 100 for level in IOU_LEVELS}}])
+
+
 RANKING_METRICS = ("auc_iou", "iou_at_0.3", "iou_at_0.5", "iou_at_0.7", "top20_iou")
+
+
+def ranking_column(metric: str) -> str:
+    """The per-image column of a ``RANKING_METRICS`` name."""
+    if metric == "auc_iou":
+        return "auc_iou"
+    if metric == "top20_iou":
+        return topk_column("iou", 0.20)
+    return iou_column(float(metric.removeprefix("iou_at_")))
 
 
 def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -329,6 +367,46 @@ def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.Da
         rows.append({"metric": metric, "kendall_tau_vs_auc_iou": float(tau),
                      "reversed_pairs": reversed_pairs, "pairs": len(pairs)})
     return ranks, pd.DataFrame(rows)
+
+
+def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTENDED_METHODS, *,
+                      replicates: int = stats.SPATIAL_REPLICATES,
+                      seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """How much of ``ranking_table`` survives resampling the images.
+
+    Every replicate draws the images once (``stats.bootstrap_draw_counts``) and recomputes each
+    method's mean of every metric. Returns (tau: per metric, Kendall tau against the AUC-IoU
+    ranking in the data and its percentile 95% CI over replicates; reversals: per metric and
+    method pair whose order the metric reverses in the data, ``share_reversed`` = the share of
+    replicates in which that reversal holds).
+    """
+    _single_group(table)
+    matrices = {metric: _method_matrix(table, ranking_column(metric), methods) for metric in metrics}
+    common = set.intersection(*(set(ids) for _, ids in matrices.values()))
+    values = {}
+    for metric, (matrix, ids) in matrices.items():
+        keep = [index for index, sample_id in enumerate(ids) if sample_id in common]
+        values[metric] = matrix[keep]
+    n = len(common)
+    counts = stats.bootstrap_draw_counts(n, replicates, seed)
+    means = {metric: np.vstack([matrix.mean(axis=0), counts @ matrix / n]) for metric, matrix in values.items()}
+    reference = means["auc_iou"]                           # row 0: the data, then replicates
+    pairs = list(itertools.combinations(range(len(methods)), 2))
+    tau_rows, reversal_rows = [], []
+    for metric in metrics:
+        taus = np.array([scipy_stats.kendalltau(reference[r], means[metric][r]).statistic
+                         for r in range(replicates + 1)])
+        low, high = stats.percentile_interval(taus[1:][~np.isnan(taus[1:])])
+        tau_rows.append({"metric": metric, "kendall_tau_vs_auc_iou": float(taus[0]),
+                         "tau_ci_low": float(low), "tau_ci_high": float(high), "n": n,
+                         "replicates": replicates})
+        for i, j in pairs:
+            order = np.sign(reference[:, i] - reference[:, j]) * np.sign(means[metric][:, i] - means[metric][:, j])
+            if order[0] < 0:
+                reversal_rows.append({"metric": metric, "first": methods[i], "second": methods[j],
+                                      "share_reversed": float((order[1:] < 0).mean()), "n": n})
+    reversal_columns = ["metric", "first", "second", "share_reversed", "n"]
+    return pd.DataFrame(tau_rows), pd.DataFrame(reversal_rows, columns=reversal_columns)
 
 
 def pairwise_wilcoxon(table: pd.DataFrame, column: str = "auc_iou", methods=MODEL_METHODS) -> pd.DataFrame:

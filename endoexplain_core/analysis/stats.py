@@ -103,6 +103,13 @@ def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np
         np.zeros((replicates, 0), dtype=np.int64)
 
 
+def bootstrap_draw_counts(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """How often each image is drawn in each replicate: int (replicates, n). A replicate mean
+    of any outcome matrix V (n, k) is ``counts @ V / n``, with the images of every outcome
+    resampled together."""
+    return _row_bincount(bootstrap_indices(n, replicates, seed), n)
+
+
 def percentile_interval(replicate_values: np.ndarray, level: float = CONFIDENCE_LEVEL
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper percentile bounds over axis 0 of ``replicate_values`` (R, ...)."""
@@ -137,8 +144,7 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
     else:
         # A replicate mean is (how often each image was drawn) @ values / n: one matrix
         # product (R, n) @ (n, k) instead of gathering an (R, n, k) array.
-        draw_counts = _row_bincount(bootstrap_indices(n, replicates, seed), n)
-        replicate_means = draw_counts @ array / n
+        replicate_means = bootstrap_draw_counts(n, replicates, seed) @ array / n
         estimate = array.mean(axis=0)
         low, high = percentile_interval(replicate_means, level)
     if one_dimensional:
@@ -438,7 +444,7 @@ def classifier_metric_intervals(z, target, replicates: int = CLASSIFIER_REPLICAT
     if z.shape != y.shape or z.ndim != 1 or len(z) == 0 or not np.isin(y, (0, 1)).all():
         raise ValueError(f"need equal non-empty 1-D z and 0/1 target, got {z.shape} and {y.shape}")
     correct = ((z >= 0).astype(int) == y).astype(float)
-    counts = _row_bincount(bootstrap_indices(len(z), replicates, seed), len(z)).astype(float)
+    counts = bootstrap_draw_counts(len(z), replicates, seed).astype(float)
     positives, negatives = counts @ y, counts @ (1 - y)
     with np.errstate(invalid="ignore", divide="ignore"):
         replicate = {"accuracy_at_0.5": counts @ correct / len(z),
