@@ -466,3 +466,19 @@ def test_ranking_stability_counts_how_often_a_reversal_holds():
     assert share == pytest.approx(1 - (1 - 1 / 40) ** 40, abs=0.06)
     assert "top20_iou" not in by_metric.index
     assert tau.set_index("metric").loc["auc_iou", "kendall_tau_vs_auc_iou"] == pytest.approx(1.0)
+
+
+def test_threshold_bias_tests_match_scipy_and_holm(scored):
+    from scipy import stats as scipy_stats
+    from endoexplain_core.analysis import extended_localisation as ext
+    from endoexplain_core.analysis import stats
+    table = scored[0]
+    result = ext.threshold_bias_tests(table, methods=("gradcam", "eigencam"), thresholds=(0.3, 0.5))
+    assert len(result) == 4
+    row = result.set_index(["method", "threshold"]).loc[("gradcam", 0.3)]
+    part = table[table["method"] == "gradcam"]
+    auc, iou = part["auc_iou"].to_numpy(), part[ext.iou_column(0.3)].to_numpy()
+    if np.count_nonzero(auc - iou):
+        assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(auc, iou).pvalue)
+    assert row["grid_mean_difference"] == pytest.approx(np.mean(auc / 0.9 - iou))
+    np.testing.assert_allclose(result["p_holm"], stats.holm_adjust(result["p_value"].to_numpy()))

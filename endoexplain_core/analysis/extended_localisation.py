@@ -425,6 +425,38 @@ def pairwise_wilcoxon(table: pd.DataFrame, column: str = "auc_iou", methods=MODE
     return result
 
 
+def threshold_bias_tests(table: pd.DataFrame, methods=MODEL_METHODS,
+                         thresholds=localisation.DEFAULT_IOU_THRESHOLDS) -> pd.DataFrame:
+    """The threshold-free paper's bias tests: per method and single threshold t, the paired
+    two-sided Wilcoxon signed-rank test of AUC-IoU against IoU(t) over the same images, Holm
+    over the whole family (methods x thresholds).
+
+    Columns: method, threshold, n, mean_auc_iou, mean_iou, rel_diff_pct ((AUC - IoU) / IoU x
+    100), grid_mean_difference (mean of AUC / 0.9 - IoU(t): AUC-IoU on IoU's scale, 0 for a
+    binary map), n_nonzero, p_value, p_holm. A raw difference is partly the grid's width: the
+    binary-map row of ``binary_map_reference`` is -10% at every t.
+    """
+    _single_group(table)
+    levels = np.asarray(localisation.DEFAULT_IOU_THRESHOLDS)
+    width = float(levels[-1] - levels[0])
+    rows = []
+    for method in methods:
+        part = table[table["method"] == method]
+        auc = part["auc_iou"].to_numpy(float)
+        for level in thresholds:
+            iou = part[iou_column(level)].to_numpy(float)
+            test = stats.paired_wilcoxon(auc, iou)
+            mean_iou = float(iou.mean()) if len(iou) else np.nan
+            rows.append({"method": method, "threshold": float(level), "n": len(part),
+                         "mean_auc_iou": float(auc.mean()) if len(auc) else np.nan, "mean_iou": mean_iou,
+                         "rel_diff_pct": (auc.mean() - mean_iou) / mean_iou * 100 if mean_iou > 0 else np.nan,
+                         "grid_mean_difference": float((auc / width - iou).mean()) if len(iou) else np.nan,
+                         "n_nonzero": test["n_nonzero"], "p_value": test["p_value"]})
+    result = pd.DataFrame(rows)
+    result["p_holm"] = stats.holm_adjust_defined(result["p_value"].to_numpy())
+    return result
+
+
 def size_tertiles(table: pd.DataFrame) -> pd.Series:
     """Lesion-size tertile label per row (by the lesion's share of the field of view, cut at the
     images' 1/3 and 2/3 quantiles): 'small', 'medium', 'large'."""
