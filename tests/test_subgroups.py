@@ -187,3 +187,15 @@ def test_a_pointing_interval_beyond_the_possible_range_is_named():
                                      subgroups.Contrast("c", "a", "b"), outcomes=("pointing_hit",),
                                      models=("M0",), sensitivity_model="").iloc[0]
     assert inside["ci_low"] > -100 and "passes" not in inside["note"]
+
+
+def test_confounder_only_model_keeps_the_preceding_factors_only():
+    contrast = subgroups.Contrast("pdb", "enhanced", "white light", fixed_effects=("C(centre)",))
+    assert subgroups.model_terms("Mc", contrast) == ["fov_area", "C(centre)"]
+    frame = simulated(n=120, seed=4)
+    gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("sim", "a", "b"), outcomes=("energy_lift",),
+                                   sensitivity_model="")
+    assert list(gaps["model"].unique()) == list(subgroups.ALL_MODELS)
+    # the simulated confounder is lesion area, which Mc leaves in: Mc stays near the crude M0
+    by_model = gaps[gaps["method"] == "gradcam"].set_index("model")["gap"]
+    assert abs(by_model["Mc"] - by_model["M0"]) < abs(by_model["M1"] - by_model["M0"])

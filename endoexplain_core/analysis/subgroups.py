@@ -21,6 +21,8 @@ Nested models, each adding one block of factors:
         a contrast needs (e.g. centre indicators when a contrast pools centres)   [main model]
   M2  + classifier state: calibrated margin |z - t| / T and correctness
   M3  + lesion visibility: the difference-of-Gaussians conspicuity map's lambda_E
+  Mc  exploratory, confounders only: field-of-view area and the contrast's fixed effects,
+        the factors that precede the subgroup (lesion area and centrality may follow from it)
 A covariate that defines the contrast itself (log lesion area for lesion-size strata) is left
 out of every model of that contrast.
 
@@ -72,6 +74,12 @@ CASE_MIX = ("log_lesion_area", "centrality", "fov_area")
 CLASSIFIER_STATE = ("margin", "correct")
 VISIBILITY = ("dog_lift",)
 MODELS = ("M0", "M1", "M2", "M3")
+# Exploratory: only factors that precede the subgroup (acquisition: field of view, centre or
+# dataset), since lesion area and centrality may follow from it and M1 may remove part of a
+# real gap (the density-audit paper's confounder-only model).
+CONFOUNDER_MODEL = "Mc"
+PRECEDING = ("fov_area",)
+ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
 MODEL_LABELS = {"M0": "subgroup only", "M1": "+ case mix", "M2": "+ classifier margin, correctness",
                 "M3": "+ DoG conspicuity"}
 TOST_ALPHA = 0.05
@@ -93,9 +101,12 @@ class Contrast:
 
 
 def model_terms(model: str, contrast: Contrast) -> list[str]:
-    """Covariate terms of ``model`` (M0..M3) for ``contrast``, in formula syntax."""
+    """Covariate terms of ``model`` (M0..M3, or the confounder-only Mc) for ``contrast``, in
+    formula syntax."""
+    if model == CONFOUNDER_MODEL:
+        return [t for t in PRECEDING if t not in contrast.exclude] + list(contrast.fixed_effects)
     if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+        raise ValueError(f"model must be one of {ALL_MODELS}; got {model!r}")
     level = MODELS.index(model)
     terms: list[str] = []
     if level >= 1:
@@ -272,7 +283,7 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
 
 
 def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUTCOMES),
-                  models=MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
+                  models=ALL_MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
     slopes fit of ``sensitivity_model``. A logistic term with (quasi-)complete separation makes
     its method not estimable (``separated`` True, gap NaN, the hit counts in ``note``; module
@@ -450,7 +461,7 @@ def audit_contrasts(cases: pd.DataFrame, *, min_images: int
     return contrasts, pd.DataFrame(skipped, columns=["contrast", "n_subgroup", "n_reference", "reason"])
 
 
-def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=MODELS
+def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=ALL_MODELS
                    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """All contrasts' gaps with Holm and TOST (``add_holm_and_tost``), their crude gaps, and
     the skipped contrasts."""
