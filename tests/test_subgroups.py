@@ -199,3 +199,35 @@ def test_confounder_only_model_keeps_the_preceding_factors_only():
     # the simulated confounder is lesion area, which Mc leaves in: Mc stays near the crude M0
     by_model = gaps[gaps["method"] == "gradcam"].set_index("model")["gap"]
     assert abs(by_model["Mc"] - by_model["M0"]) < abs(by_model["M1"] - by_model["M0"])
+
+
+def test_slope_heterogeneity_detects_method_specific_slopes_only_when_present():
+    contrast = subgroups.Contrast("sim", "a", "b")
+    shared = simulated(n=300, seed=8)
+    different = shared.copy()
+    eigencam = different["method"] == "eigencam"
+    different.loc[eigencam, "energy_lift"] += 2.0 * different.loc[eigencam, "log_lesion_area"]
+    p_values = {}
+    for name, frame in (("shared", shared), ("different", different)):
+        gaps = subgroups.contrast_gaps(frame, contrast, outcomes=("energy_lift",), models=("M1",))
+        specific = gaps[gaps["slopes"] == "method-specific"]
+        assert specific["slope_heterogeneity_p"].nunique() == 1
+        p_values[name] = specific["slope_heterogeneity_p"].iloc[0]
+        assert gaps.loc[gaps["slopes"] == "shared", "slope_heterogeneity_p"].isna().all()
+    assert p_values["different"] < 1e-6 < 0.05 < p_values["shared"]
+
+
+def test_slope_heterogeneity_equals_statsmodels_wald_test():
+    terms = ["log_lesion_area", "centrality", "fov_area"]
+    result, design = subgroups.fit_gee(simulated(n=300, seed=8), "energy_lift", terms,
+                                       method_specific_slopes=True)
+    names = list(design.column_names)
+    restriction = np.zeros((len(terms), len(names)))
+    for row, term in enumerate(terms):
+        restriction[row, names.index(f"C(method)[gradcam]:{term}")] = 1.0
+        restriction[row, names.index(f"C(method)[eigencam]:{term}")] = -1.0
+    reference = result.wald_test(restriction, scalar=True)
+    mine = subgroups.slope_heterogeneity(result, design, ["gradcam", "eigencam"], terms)
+    assert mine["df"] == 3
+    assert mine["statistic"] == pytest.approx(float(reference.statistic))
+    assert mine["p"] == pytest.approx(float(reference.pvalue))

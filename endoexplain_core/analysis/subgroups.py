@@ -243,6 +243,36 @@ def wald_columns(gaps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def slope_heterogeneity(result, design_info, methods, terms) -> dict[str, float]:
+    """Wald test that every method shares each slope, in a method-specific-slopes fit.
+
+    H0: for every covariate term t, the coefficients C(method)[m]:t are equal across ``methods``
+    (the shared-slopes model is enough). Uses the fit's robust covariance. Returns
+    ``{"statistic", "df", "p"}`` (NaN when there is nothing to compare).
+    """
+    names = list(design_info.column_names)
+    params, covariance = np.asarray(result.params), np.asarray(result.cov_params())
+    rows = []
+    for term in terms:
+        columns = [[i for i, name in enumerate(names) if name.startswith(f"C(method)[{m}]:")
+                    and name.split(":", 1)[1].startswith(term)] for m in methods]
+        if any(len(c) != len(columns[0]) for c in columns) or not columns or not columns[0]:
+            continue
+        for first, other in zip(columns[0], zip(*columns[1:])):
+            for index in other:
+                row = np.zeros(len(names))
+                row[first], row[index] = 1.0, -1.0
+                rows.append(row)
+    if not rows:
+        return {"statistic": np.nan, "df": 0, "p": np.nan}
+    contrast = np.vstack(rows)
+    difference = contrast @ params
+    variance = contrast @ covariance @ contrast.T
+    df = int(np.linalg.matrix_rank(variance))
+    statistic = float(difference @ np.linalg.pinv(variance) @ difference)
+    return {"statistic": statistic, "df": df, "p": float(scipy_stats.chi2.sf(statistic, df)) if df else np.nan}
+
+
 def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *,
                   method_specific_slopes: bool) -> tuple[pd.DataFrame, dict[str, str], str]:
     """One GEE of ``outcome`` over ``methods`` after the separation check.
@@ -273,6 +303,9 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
             return pd.DataFrame(columns=["method", "gap", "se"]), separated, note
         result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=method_specific_slopes)
         gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
+        if method_specific_slopes and len(fitted) > 1:
+            test = slope_heterogeneity(result, design_info, fitted, terms)
+            gaps["slope_heterogeneity_p"] = test["p"]
         if not np.isfinite(gaps[["gap", "se"]].to_numpy(dtype=float)).all() or (gaps["se"] <= 0).any():
             note = "; ".join(filter(None, [note, "not estimable (non-finite estimate or SE)"]))
             gaps[["gap", "se"]] = np.nan
