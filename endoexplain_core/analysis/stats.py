@@ -64,6 +64,17 @@ def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
     return (float(low), float(high)) if low.ndim == 0 else (low, high)
 
 
+def _images_by_columns(values, name: str) -> tuple[np.ndarray, bool]:
+    """``values`` as float64 (n, k) and whether it was 1-D (one column)."""
+    array = np.asarray(values, dtype=np.float64)
+    one_dimensional = array.ndim == 1
+    if one_dimensional:
+        array = array[:, None]
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 1-D or 2-D (images x columns), got shape {array.shape}")
+    return array, one_dimensional
+
+
 def rate_ci(outcomes, level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
     """Rate of a 0/1 outcome with its Wilson score interval (the one rule for a proportion).
 
@@ -72,12 +83,7 @@ def rate_ci(outcomes, level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray |
     before calling). Returns ``{"estimate", "ci_low", "ci_high", "n", "successes",
     "interval"}``: scalars for 1-D input, (k,) arrays for 2-D input; NaN when n = 0.
     """
-    array = np.asarray(outcomes, dtype=np.float64)
-    one_dimensional = array.ndim == 1
-    if one_dimensional:
-        array = array[:, None]
-    if array.ndim != 2:
-        raise ValueError(f"outcomes must be 1-D or 2-D (images x rates), got shape {array.shape}")
+    array, one_dimensional = _images_by_columns(outcomes, "outcomes")
     if not np.isin(array, (0.0, 1.0)).all():
         raise ValueError("a rate needs 0/1 outcomes (NaN or other values found)")
     n = array.shape[0]
@@ -128,12 +134,7 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
     ``{"estimate", "ci_low", "ci_high", "n", "interval"}`` (scalars for 1-D input, (k,) arrays
     for 2-D input; NaN when n = 0).
     """
-    array = np.asarray(values, dtype=np.float64)
-    one_dimensional = array.ndim == 1
-    if one_dimensional:
-        array = array[:, None]
-    if array.ndim != 2:
-        raise ValueError(f"values must be 1-D or 2-D (images x outcomes), got shape {array.shape}")
+    array, one_dimensional = _images_by_columns(values, "values")
     if np.isnan(array).any():
         raise ValueError("values contain NaN; remove undefined rows before bootstrapping")
     n = array.shape[0]
