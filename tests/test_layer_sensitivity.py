@@ -53,3 +53,27 @@ def test_table_marks_xgradcam_ill_posed_only_above_the_bound():
     assert row.loc[("a", "xgradcam"), "weight_ratio_max"] == 25042.0
     assert np.isnan(row.loc[("a", "hirescam"), "weight_ratio_median"])
     assert row.loc[("b", "gradcam"), "identical_with"] == "XGrad-CAM"
+
+
+def test_layer_diagnostics_reads_each_batch_once_for_every_layer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 6, 3, padding=1),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(6, 2))
+    images = torch.randn(5, 3, 8, 8)
+    reads = []
+
+    def batches():
+        for start in (0, 3):
+            reads.append(start)
+            yield images[start:start + 3]
+
+    layers = {"first": model[0], "second": model[1]}
+    result = layer_sensitivity.layer_diagnostics(model, layers, batches())
+    assert reads == [0, 3] and set(result) == {"first", "second"}
+    from endoexplain_core.kernels import cams
+    activation, gradient = cams.activation_and_gradient(model, model[0], images)
+    direct = layer_sensitivity.weight_diagnostics(activation, gradient)
+    assert result["first"]["negative_channel_share"] == pytest.approx(direct["negative"].mean())
+    ratios = direct["xgradcam"][np.isfinite(direct["xgradcam"])]
+    assert result["first"]["xgradcam_ratio_max"] == pytest.approx(ratios.max())
+    assert result["first"]["gradcam_ratio_median"] == pytest.approx(1.0)

@@ -409,6 +409,20 @@ def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTE
     return pd.DataFrame(tau_rows), pd.DataFrame(reversal_rows, columns=reversal_columns)
 
 
+def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
+                                seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``ranking_stability`` for every non-empty subset (name -> case rows), each result
+    with a ``subset`` column, concatenated: (tau table, reversal table)."""
+    taus, reversals = [], []
+    for subset, rows in subsets.items():
+        if rows.empty:
+            continue
+        tau, reversal = ranking_stability(rows, replicates=replicates, seed=seed)
+        taus.append(tau.assign(subset=subset))
+        reversals.append(reversal.assign(subset=subset))
+    return pd.concat(taus, ignore_index=True), pd.concat(reversals, ignore_index=True)
+
+
 def pairwise_wilcoxon(table: pd.DataFrame, column: str = "auc_iou", methods=MODEL_METHODS) -> pd.DataFrame:
     """Paired two-sided Wilcoxon signed-rank tests of ``column`` between every pair of
     ``methods`` over the same images, median paired difference, Holm-adjusted p-values."""

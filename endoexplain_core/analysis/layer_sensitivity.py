@@ -56,27 +56,29 @@ def weight_diagnostics(activation: torch.Tensor, gradient: torch.Tensor) -> dict
     return {"near_zero": near_zero, "negative": (channel_sum < 0).numpy(), **ratios}
 
 
-def layer_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, batches) -> dict[str, float]:
-    """Over image ``batches`` (an iterable of normalised (B, 3, S, S) tensors on the model's
-    device): the shares of near-zero and of negative channel sums and, per channel-weight
-    method, the median, 99th percentile and maximum of its weight ratio to Grad-CAM over every
-    (image, channel)."""
-    near_zero, negative, ratios = [], [], {m: [] for m in cams.CHANNEL_WEIGHT_METHODS}
+def layer_diagnostics(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches
+                      ) -> dict[str, dict[str, float]]:
+    """Per layer (name -> module), over image ``batches`` (an iterable of normalised
+    (B, 3, S, S) tensors on the model's device, read once for every layer): the shares of
+    near-zero and of negative channel sums and, per channel-weight method, the median, 99th
+    percentile and maximum of its weight ratio to Grad-CAM over every (image, channel)."""
+    parts = {name: {"near_zero": [], "negative": [], **{m: [] for m in cams.CHANNEL_WEIGHT_METHODS}}
+             for name in layers}
     for images in batches:
-        activation, gradient = cams.activation_and_gradient(model, layer, images)
-        batch = weight_diagnostics(activation.cpu(), gradient.cpu())
-        near_zero.append(batch.pop("near_zero").ravel())
-        negative.append(batch.pop("negative").ravel())
-        for method, values in batch.items():
-            ratios[method].append(values.ravel())
-    result = {"near_zero_channel_share": float(np.concatenate(near_zero).mean()) if near_zero else np.nan,
-              "negative_channel_share": float(np.concatenate(negative).mean()) if negative else np.nan}
-    for method, parts in ratios.items():
-        values = np.concatenate(parts) if parts else np.array([])
-        values = values[np.isfinite(values)]
-        result[f"{method}_ratio_median"] = float(np.median(values)) if len(values) else np.nan
-        result[f"{method}_ratio_p99"] = float(np.percentile(values, 99)) if len(values) else np.nan
-        result[f"{method}_ratio_max"] = float(values.max()) if len(values) else np.nan
+        for name, layer in layers.items():
+            activation, gradient = cams.activation_and_gradient(model, layer, images)
+            for key, values in weight_diagnostics(activation.cpu(), gradient.cpu()).items():
+                parts[name][key].append(values.ravel())
+    result = {}
+    for name, collected in parts.items():
+        joined = {key: np.concatenate(values) if values else np.array([]) for key, values in collected.items()}
+        facts = {f"{kind}_channel_share": float(joined[kind].mean()) if len(joined[kind]) else np.nan
+                 for kind in ("near_zero", "negative")}
+        for method in cams.CHANNEL_WEIGHT_METHODS:
+            values = joined[method][np.isfinite(joined[method])]
+            for label, summary in (("median", np.median), ("p99", lambda v: np.percentile(v, 99)), ("max", np.max)):
+                facts[f"{method}_ratio_{label}"] = float(summary(values)) if len(values) else np.nan
+        result[name] = facts
     return result
 
 
@@ -146,10 +148,9 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
               neighbour[0]: summaries.table4(neighbour_table, pd.read_parquet(paths["random_deletion"]),
                                              score_threshold, replicates, seed)}
     torch_device = next(model.parameters()).device
-    diagnostics = {}
-    for name, module in (protocol, neighbour):   # the layer's weights over every audit image
-        batches = (images.to(torch_device) for _, images, _ in audit.prepared_batches(
-            audit.manifest_cases(pool, data_root), image_size, batch_size, excluded=[]))
-        diagnostics[name] = layer_diagnostics(model, module, batches)
+    batches = (images.to(torch_device) for _, images, _ in audit.prepared_batches(
+        audit.manifest_cases(pool, data_root), image_size, batch_size, excluded=[]))
+    # the layers' weights over every audit image (one decode for both layers)
+    diagnostics = layer_diagnostics(model, dict((protocol, neighbour)), batches)
     identical = {name: networks.identical_methods(model, name) for name in (protocol[0], neighbour[0])}
     return layer_sensitivity_table(panels, diagnostics, identical)
