@@ -64,6 +64,8 @@ class SharedSettings(Section):
     top_fraction: float = Field(0.20, gt=0.0, lt=1.0,
                                 description="fraction of pixels kept by the top-area rule")
     scheduler: str = Field("", description='where tasks run: "" in process | local:N | tcp://host:port')
+    channels_last: bool = Field(
+        False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
 
     @field_validator("scheduler")
     @classmethod
@@ -152,7 +154,7 @@ class TrainingSettingsSection(Section):
 
 class TrainingStageSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "architectures",
-                                              "training_seeds", "scheduler")
+                                              "training_seeds", "scheduler", "channels_last")
     training_settings: dict[str, Any] = Field(default_factory=dict,
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(
@@ -162,7 +164,6 @@ class TrainingStageSettings(StageSettings):
         "none", description="none | auto (local torchvision cache) | {arch: path}")
     mixed_precision: bool = Field(
         False, description="float16 autocast + gradient scaler in training and validation (CUDA only)")
-    channels_last: bool = Field(False, description="channels_last memory format in training (CUDA only)")
     keep_epoch_snapshots: bool = Field(
         False, description="keep every epoch's weights (checkpoints/epochs/) for the per-epoch C-Score of 07")
 
@@ -203,7 +204,7 @@ class SpatialAuditSettings(StageSettings):
 
 class ValidityGateSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
-                                              "top_fraction")
+                                              "top_fraction", "channels_last")
     train_images: int = Field(256, ge=8, description="planted training frames per gate model")
     val_images: int = Field(64, ge=8, description="held-out planted frames for the accuracy rule")
     pool_images: int = Field(48, ge=8, description="common audited pool (polyp + separate cue)")
@@ -218,6 +219,8 @@ class ValidityGateSettings(StageSettings):
     max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="held-out accuracy the shuffled control must not exceed")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
     random_deletion_repetitions: int = Field(2, ge=1, description="random deletions per pool image")
+    shuffled_control_per_replicate: bool = Field(
+        True, description="a shuffled-label control per replicate (false: the first replicate's, reused)")
 
 
 class RobustnessSettings(StageSettings):
@@ -237,6 +240,8 @@ class RobustnessSettings(StageSettings):
     resolution_check_size: int = Field(0, ge=0, description="second input size for the primary's panel A (0: skip)")
     resolution_check_repetitions: int = Field(1, ge=1, description="random deletions per image at the second size")
     layer_check: bool = Field(True, description="the primary's panel A at the neighbouring layer, with channel-weight diagnostics")
+    audit_unlearned: bool = Field(
+        True, description="also audit checkpoints that did not learn (false: listed as not audited; controls always audited)")
 
     @field_validator("score_thresholds")
     @classmethod

@@ -499,8 +499,10 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
                    top_fraction: float = 0.20, repetitions: int = 20,
                    other_repetitions: int | None = None, batch_size: int = 16,
                    device: str = "cpu", dataset: str = "hyperkvasir",
-                   prior_negatives: int = 48, task_map=None) -> pd.DataFrame:
-    """Audit every checkpoint of the registry (reusing audits already written); one row each.
+                   prior_negatives: int = 48, task_map=None,
+                   checkpoint_ids=None) -> pd.DataFrame:
+    """Audit every checkpoint of the registry, or those in ``checkpoint_ids`` (registry order),
+    reusing audits already written; one row each.
 
     ``repetitions``: random deletions per image for the primary checkpoint (as in 03, so its
     audit is reused); ``other_repetitions``: for the other checkpoints, whose random-deletion
@@ -510,6 +512,11 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
     checkpoint (each writes its own files atomically; the rows are the same).
     """
     registry = read_registry(run_dir)
+    if checkpoint_ids is not None:
+        unknown = sorted(set(checkpoint_ids) - set(registry["checkpoint_id"]))
+        if unknown:
+            raise ValueError(f"not in the registry of {run_dir}: {', '.join(unknown)}")
+        registry = registry[registry["checkpoint_id"].isin(list(checkpoint_ids))]
     other_repetitions = repetitions if other_repetitions is None else other_repetitions
     calls = [{"run_dir": run_dir, "data_root": data_root, "checkpoint_id": checkpoint_id,
               "image_size": image_size, "top_fraction": top_fraction,

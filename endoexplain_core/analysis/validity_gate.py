@@ -11,7 +11,9 @@ planted cue):
 ``shortcut``   every frame carries a polyp; label = the blue dye cue is present, so the only
                label information is the cue, never the lesion;
 ``untrained``  random weights, never trained (control);
-``shuffled``   the lesion recipe trained on permuted labels (control).
+``shuffled``   the lesion recipe trained on permuted labels (control; one per replicate, or
+               with ``GateSettings.shuffled_control_per_replicate`` off, the first
+               replicate's model reused by the others, on their own held-out frames and pools).
 
 All four are audited (``audit.audit_checkpoint``, temperature 1: only localisation matters
 here) on one common pool of frames that carry both a polyp and a separate cue, with the polyp
@@ -103,7 +105,11 @@ class GateSettings:
     max_control_accuracy: the pass rule (module docstring). seeds: one replicate of the whole
     gate per seed (frames, weights, shuffling, pool). level: confidence of the Wilson
     intervals. batchnorm_recalibration_images: training frames behind the eval-mode BatchNorm statistics
-    (``training.recalibrate_batchnorm``).
+    (``training.recalibrate_batchnorm``). channels_last: the optimiser steps run in channels_last
+    memory format (``training.optimiser_memory_format``; the trained model is returned contiguous).
+    shuffled_control_per_replicate: train a shuffled-label control in every replicate (True) or
+    only in the first, reused by the others (False: a control needs no seed spread, and one
+    training fewer per replicate is about a seventh of the gate's CPU time).
     """
 
     image_size: int = 128
@@ -123,6 +129,8 @@ class GateSettings:
     level: float = 0.95
     random_deletion_repetitions: int = 2
     batchnorm_recalibration_images: int = 128
+    channels_last: bool = False
+    shuffled_control_per_replicate: bool = True
 
 
 # --- planted frames ---------------------------------------------------------------------------
@@ -246,7 +254,8 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     generator = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.int64)
     model.train()
-    with training.deterministic_algorithms(torch.device("cpu")):
+    with (training.deterministic_algorithms(torch.device("cpu")),
+          training.optimiser_memory_format(model, settings.channels_last)):
         for _ in range(settings.steps):
             if len(order) < settings.batch_size:
                 order = torch.cat([order, torch.randperm(len(labels), generator=generator)])
@@ -257,7 +266,8 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
                 inputs = inputs.flip(-1)
             if flips[1]:
                 inputs = inputs.flip(-2)
-            loss = loss_function(model(inputs), labels[batch])
+            loss = loss_function(model(training.to_device(inputs, torch.device("cpu"), settings.channels_last)),
+                                 labels[batch])
             if not torch.isfinite(loss):
                 raise training.NonFiniteLossError(f"validity-gate model ({arch}) loss became "
                                                   f"{loss.item()}; lower the gate learning rate")
@@ -265,6 +275,7 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
             loss.backward()
             optimiser.step()
             scheduler.step()
+    with training.deterministic_algorithms(torch.device("cpu")):
         # Eval-mode BatchNorm statistics of the final weights (as in 01_training): the moving
         # averages of a few hundred steps from scratch still describe earlier weights.
         count = settings.batchnorm_recalibration_images
@@ -275,15 +286,21 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     return model.eval()
 
 
-def build_gate_models(arch: str, settings: GateSettings, seed: int
+def build_gate_models(arch: str, settings: GateSettings, seed: int,
+                      shared_control: tuple[nn.Module, int] | None = None
                       ) -> tuple[dict[str, nn.Module], pd.DataFrame]:
     """The four gate models of one replicate (``seed``) and a table of their training facts.
 
+    ``shared_control``: (shuffled-label model, the seed it was trained with) to reuse instead of
+    training this replicate's own (``GateSettings.shuffled_control_per_replicate`` off); its
+    held-out accuracy is still measured on this replicate's frames, its training accuracy is
+    NaN (these training frames are not its own).
+
     Returns ({model name: model}, DataFrame with columns gate_seed, model, task, labels, steps,
-    train_accuracy, held_out_accuracy, accuracy_required, accuracy_ok, seconds). ``task`` is
-    the frames the model is evaluated on (the lesion task for the controls); ``accuracy_ok``
-    applies the gate's accuracy rule (trained models learn, the shuffled control does not;
-    the untrained model has no requirement).
+    trained_with_seed, train_accuracy, held_out_accuracy, accuracy_required, accuracy_ok,
+    seconds). ``task`` is the frames the model is evaluated on (the lesion task for the
+    controls); ``accuracy_ok`` applies the gate's accuracy rule (trained models learn, the
+    shuffled control does not; the untrained model has no requirement).
     """
     data = {task: task_frames(task, settings.train_images, settings.image_size, seed)
             for task in ("lesion", "shortcut")}
@@ -296,15 +313,19 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int
     models, rows = {}, []
     for name in GATE_MODELS:
         started = time.perf_counter()
+        trained_with, steps = seed, settings.steps
         if name == "untrained":
             training.seed_everything(seed)
             model, task, label_text = networks.build_model(arch).eval(), "lesion", "none (random weights)"
             steps = 0
+        elif name == "shuffled" and shared_control is not None:
+            (model, trained_with), (task, _, label_text) = shared_control, recipes[name]
         else:
             task, labels, label_text = recipes[name]
             model = train_gate_model(arch, data[task][0], labels, settings, seed)
-            steps = settings.steps
-        train_acc = accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1])
+        own_frames = trained_with == seed
+        train_acc = (accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1])
+                     if own_frames else float("nan"))
         held_acc = accuracy(model, *held_out[task])
         if name in ("lesion", "shortcut"):
             required, ok = f">= {settings.min_accuracy:.2f}", held_acc >= settings.min_accuracy
@@ -314,6 +335,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int
             required, ok = "none", True
         models[name] = model
         rows.append({"gate_seed": seed, "model": name, "task": task, "labels": label_text, "steps": steps,
+                     "trained_with_seed": trained_with,
                      "train_accuracy": train_acc, "held_out_accuracy": held_acc,
                      "accuracy_required": required, "accuracy_ok": bool(ok),
                      "seconds": round(time.perf_counter() - started, 1)})
@@ -560,10 +582,13 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     """
     started = time.perf_counter()
     cases, facts = [], []
+    shared_control = None
     for index, seed in enumerate(settings.seeds):
         if progress is not None:
             progress(f"gate replicate {index + 1}/{len(settings.seeds)} (seed {seed})")
-        models, model_facts = build_gate_models(arch, settings, seed)
+        models, model_facts = build_gate_models(arch, settings, seed, shared_control)
+        if not settings.shuffled_control_per_replicate and shared_control is None:
+            shared_control = (models["shuffled"], seed)
         layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
         pool = gate_pool(settings.pool_images, settings.image_size, seed + 2)
         cases.append(audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
