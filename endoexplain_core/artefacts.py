@@ -70,8 +70,11 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI) -
     figures_dir.mkdir(parents=True, exist_ok=True)
     png = figures_dir / f"{name}.png"
     pdf = figures_dir / f"{name}.pdf"
-    fig.savefig(png, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None})
+    # Atomic: a failed or interrupted save (a full disk) keeps the previous good file.
+    files.replace_atomically(png, lambda temporary: fig.savefig(
+        temporary, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None}))
+    files.replace_atomically(pdf, lambda temporary: fig.savefig(
+        temporary, format="pdf", bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None}))
     write_sidecar(name, [png, pdf], figures_dir, "figure")
     return [png, pdf]
 
@@ -89,14 +92,15 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     csv = figures_dir / f"{name}.csv"
     md = figures_dir / f"{name}.md"
     tex = figures_dir / f"{name}.tex"
-    table.to_csv(csv, index=index, lineterminator="\n")
+    files.replace_atomically(csv, lambda temporary: table.to_csv(temporary, index=index,
+                                                                lineterminator="\n"))
     shown = table.copy()
     for column in shown.columns:
         if pd.api.types.is_float_dtype(shown[column]):
             fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
             shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
-    md.write_text(_markdown(shown, index=index) + "\n")
-    tex.write_text(shown.to_latex(index=index, escape=True))
+    files.write_text_atomic(md, _markdown(shown, index=index) + "\n")
+    files.write_text_atomic(tex, shown.to_latex(index=index, escape=True))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
 
@@ -117,7 +121,19 @@ def _is_count(column, values: pd.Series) -> bool:
 def _markdown(table: pd.DataFrame, index: bool) -> str:
     """A GitHub-flavoured Markdown table (no dependency on ``tabulate``)."""
     frame = table.reset_index() if index else table
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    header = "| " + " | ".join(markdown_cell(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    rows = ["| " + " | ".join(markdown_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: line breaks as spaces, other control characters (terminal escape
+    sequences in a file name) as visible ``\\xNN`` codes."""
+    text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text)
+
+
+def markdown_cell(value) -> str:
+    """``value`` as one Markdown table cell: ``printable`` with the pipe escaped."""
+    return printable(str(value)).replace("|", "\\|")

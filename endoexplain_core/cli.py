@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime
 import hashlib
 import html
 import json
+import math
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +77,9 @@ def pair_by_stem(images_dir: str | Path, masks_dir: str | Path, mask_suffix: str
     PNG, TIFF and BMP are read. Every image needs a mask and every mask an image: otherwise
     ``CommandError`` lists the first unpaired files of each side. Cases are sorted by stem.
     """
+    if Path(images_dir).resolve() == Path(masks_dir).resolve():
+        raise CommandError(f"--masks {masks_dir} is the --images folder: masks must be separate "
+                           f"files (white lesion on black), in their own folder")
     images = _image_files(Path(images_dir), "images")
     masks = _image_files(Path(masks_dir), "masks")
     by_image_stem: dict[str, Path] = {}
@@ -98,10 +105,103 @@ def pair_by_stem(images_dir: str | Path, masks_dir: str | Path, mask_suffix: str
                          f"(first: {', '.join(lonely_masks[:UNPAIRED_SHOWN])})")
         raise CommandError(f"unpaired files in {images_dir} / {masks_dir}: " + "; ".join(parts)
                            + (". Pass --mask-suffix if mask names carry one" if not mask_suffix else ""))
-    return [Case(stem, images[stem], by_image_stem[stem]) for stem in sorted(images)]
+    cases = [Case(stem, images[stem], by_image_stem[stem]) for stem in sorted(images)]
+    for case in cases:
+        if _same_bytes(case.image_path, case.mask_path):
+            raise CommandError(f"mask {case.mask_path} is a byte copy of its image "
+                               f"{case.image_path}: --masks must hold the lesion masks")
+    return cases
+
+
+def check_cases(cases: list[Case]) -> None:
+    """Refuse, before any model work, the first image whose header fails ``read_rgb``'s checks
+    (format, pixel limit, EXIF orientation) and the first mask that is unreadable, refused by
+    ``imageio.read_mask``'s rules (0/1, colour, transparency) or of another size."""
+    from endoexplain_core.data import imageio
+
+    for case in cases:
+        try:
+            width, height = imageio.check_image_header(case.image_path)
+            mask = imageio.read_mask(case.mask_path)
+            imageio.check_mask_size(case.image_path, (height, width), case.mask_path, mask.shape)
+        except (imageio.ImageReadError, imageio.MaskSizeError) as error:
+            raise CommandError(str(error)) from error
+
+
+def _same_bytes(first: Path, second: Path) -> bool:
+    """Whether two files hold the same bytes (sizes first, then SHA-256)."""
+    from endoexplain_core import files
+
+    return (first.stat().st_size == second.stat().st_size
+            and files.sha256_file(first) == files.sha256_file(second))
+
+
+def check_output_folder(out: str | Path, inputs: dict[str, str | Path]) -> Path:
+    """The resolved ``--out`` folder, created, after the refusals: a path that is a file, a
+    folder that cannot be written, and an output folder equal to, inside or containing one of
+    ``inputs`` (option name -> folder): the audit never writes into its inputs."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"--out {out} is a file, not a folder")
+    resolved = out.resolve()
+    for option, folder in inputs.items():
+        folder = Path(folder).resolve()
+        if resolved == folder or folder in resolved.parents:
+            raise CommandError(f"--out {out} is inside the {option} folder {folder}; write the "
+                               f"audit to a folder of its own")
+        if resolved in folder.parents:
+            raise CommandError(f"--out {out} contains the {option} folder {folder}; write the "
+                               f"audit to a folder of its own (never beside or above the inputs)")
+    try:
+        resolved.mkdir(parents=True, exist_ok=True)
+        probe = resolved / f".endoexplain-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise CommandError(f"--out {out} cannot be written ({error.strerror or error})") from error
+    return resolved
+
+
+LOCK_NAME = ".endoexplain-audit.lock"
+
+
+@contextlib.contextmanager
+def output_folder_lock(out: Path, wait_seconds: float = 0.0):
+    """Hold an exclusive OS lock on ``<out>/.endoexplain-audit.lock`` for the block (flock:
+    released by the kernel when the holder dies, even by SIGKILL). Another holder: wait up to
+    ``wait_seconds``, then ``CommandError``."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(out / LOCK_NAME, timeout=wait_seconds)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise CommandError(f"another endoexplain audit is writing into {out}; wait for it to "
+                           f"finish, or pass --wait-for-lock SECONDS to queue behind it") from None
+    try:
+        yield out
+    finally:
+        lock.release()
 
 
 # ----------------------------------------------------------------------------- the model
+
+
+def check_weight_tensors(state: dict, weights: Path) -> None:
+    """Refuse a state dict holding a non-floating tensor (other than BatchNorm's batch
+    counters) or a non-finite value, naming the tensor: such weights would audit a model that
+    scores every image 1.0 or NaN."""
+    import torch
+
+    for key, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise CommandError(f"{weights}: entry {key!r} is a {type(tensor).__name__}, not a tensor")
+        if key.endswith("num_batches_tracked"):
+            continue
+        if not tensor.is_floating_point():
+            raise CommandError(f"{weights}: tensor {key!r} is {tensor.dtype}, not floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CommandError(f"{weights}: tensor {key!r} holds non-finite values (inf or NaN)")
 
 
 def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False,
@@ -137,6 +237,7 @@ def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False
             state = checkpoint.load_state_dict(weights)
     except (checkpoint.CheckpointError, FileNotFoundError) as error:
         raise CommandError(str(error)) from error
+    check_weight_tensors(state, weights)
     model = networks.build_model(arch, num_classes=2)
     try:
         model.load_state_dict(state, strict=True)
@@ -151,14 +252,46 @@ def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False
     return model.eval(), hashlib.sha256(weights.read_bytes()).hexdigest()
 
 
+def probe_model(model, layer, layer_name: str, image_size: int) -> tuple[int, int]:
+    """(height, width) of the target layer's feature grid at ``image_size``, from one forward
+    pass on a fixed random input (CPU). Refuses an input size the architecture cannot take, a
+    target layer without a (B, C, H, W) output, a grid under 2x2 (one cell has no peak to
+    place) and non-finite logits."""
+    import torch
+
+    captured: dict = {}
+    handle = layer.register_forward_hook(lambda module, inputs, output: captured.setdefault("out", output))
+    probe = torch.randn(1, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            logits = model.cpu()(probe)
+    except RuntimeError as error:
+        raise CommandError(f"--image-size {image_size} does not fit the model "
+                           f"({' '.join(str(error).split())[:200]})") from error
+    finally:
+        handle.remove()
+    output = captured.get("out")
+    if not isinstance(output, torch.Tensor) or output.dim() != 4:
+        raise CommandError(f"target layer {layer_name} gives no (B, C, H, W) feature map; "
+                           f"choose a convolutional block with --target-layer")
+    height, width = output.shape[-2:]
+    if height < 2 or width < 2:
+        raise CommandError(f"--image-size {image_size} gives a {height}x{width} feature grid at "
+                           f"{layer_name}; the audit needs at least 2x2 (use a larger --image-size)")
+    if not bool(torch.isfinite(logits).all()):
+        raise CommandError("the model's logits on a test input are not finite (inf or NaN); "
+                           "check the weights")
+    return int(height), int(width)
+
+
 def resolve_temperature(temperature: float | None, calibration_logits: str | None) -> tuple[float, str]:
     """(T, how it was obtained). ``--temperature`` as given; ``--calibration-logits`` CSV with
     columns logit_neg, logit_pos, target (0/1) fitted by ``analysis.calibration``; else T = 1."""
     if temperature is not None and calibration_logits:
         raise CommandError("give either --temperature or --calibration-logits, not both")
     if temperature is not None:
-        if not temperature > 0:
-            raise CommandError(f"--temperature must be > 0, got {temperature}")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise CommandError(f"--temperature must be a finite number > 0, got {temperature}")
         return float(temperature), "given (--temperature)"
     if calibration_logits:
         import pandas as pd
@@ -168,7 +301,10 @@ def resolve_temperature(temperature: float | None, calibration_logits: str | Non
         path = Path(calibration_logits)
         if not path.is_file():
             raise CommandError(f"calibration logits file {path} does not exist")
-        table = pd.read_csv(path)
+        try:
+            table = pd.read_csv(path)
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+            raise CommandError(f"{path}: not a readable CSV ({type(error).__name__})") from error
         missing = sorted({"logit_neg", "logit_pos", "target"} - set(table.columns))
         if missing:
             raise CommandError(f"{path}: missing columns {missing} (need logit_neg, logit_pos, target)")
@@ -192,13 +328,96 @@ def run_audit(args: argparse.Namespace) -> dict:
 
     methods = _check_methods(args.methods, CAM_METHODS)
     temperature, calibration_note = resolve_temperature(args.temperature, args.calibration_logits)
+    if args.torchscript and not args.trust_code:
+        raise CommandError("--torchscript runs the code stored in the archive when it is loaded; "
+                           "add --trust-code if you trust the file, or export a state dict instead")
     cases = pair_by_stem(args.images, args.masks, args.mask_suffix)
+    check_cases(cases)
     model, weights_sha = load_user_model(args.arch, args.weights, torchscript=args.torchscript,
                                          positive_class=args.positive_class)
     try:
         layer_name, layer = networks.resolve_target_layer(model, args.arch, args.target_layer)
     except ValueError as error:
         raise CommandError(str(error)) from error
+    probe_model(model, layer, layer_name, args.image_size)
+    # Only now is anything created: every refusal above leaves the disk as it was.
+    out = check_output_folder(args.out, {"--images": args.images, "--masks": args.masks})
+    with output_folder_lock(out, args.wait_for_lock):
+        staging = staging_folder(out)
+        try:
+            record = _audit_into(args, staging, methods, temperature, calibration_note, cases,
+                                 model, weights_sha, layer_name, layer)
+            record["written"] = [str(p) for p in commit_outputs(staging, out, record)]
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return record
+
+
+RECORD_NAME = "audit.json"
+
+
+def staging_folder(out: Path) -> Path:
+    """A new ``<out>/.staging-<pid>/`` for this run's files, after removing the staging folders
+    of runs that died (a SIGKILL leaves its folder; the lock says no other run is alive here)."""
+    for leftover in out.glob(".staging-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = out / f".staging-{os.getpid()}"
+    staging.mkdir()
+    return staging
+
+
+def commit_outputs(staging: Path, out: Path, record: dict) -> list[Path]:
+    """Move every file of ``staging`` into ``out``, then write ``audit.json`` last: the commit
+    record, listing each file's SHA-256 (``files``). The previous record is removed first, so
+    a run stopped while moving leaves a folder without a record, never a record that vouches
+    for other files. Returns the final paths."""
+    from endoexplain_core import files
+
+    staged = sorted(p for p in staging.rglob("*") if p.is_file())
+    record["files"] = {str(p.relative_to(staging)): files.sha256_file(p) for p in staged}
+    (out / RECORD_NAME).unlink(missing_ok=True)
+    final = []
+    for path in staged:
+        target = out / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        final.append(target)
+    shown = {k: v for k, v in record.items() if k != "written"}
+    final.append(files.write_text_atomic(out / RECORD_NAME, json.dumps(shown, indent=1)))
+    return final
+
+
+def verify_folder(folder: str | Path) -> list[str]:
+    """Problems of an audit folder against its commit record (empty: every file listed in
+    ``audit.json`` is there with its SHA-256)."""
+    from endoexplain_core import files
+
+    folder = Path(folder)
+    record_path = folder / RECORD_NAME
+    if not record_path.is_file():
+        return [f"{folder} has no {RECORD_NAME}: an interrupted audit, or not an audit folder"]
+    try:
+        listed = json.loads(record_path.read_text()).get("files")
+    except (OSError, ValueError) as error:
+        return [f"{record_path} is not readable JSON ({error})"]
+    if not isinstance(listed, dict):
+        return [f"{record_path} lists no files (written by an older version?)"]
+    problems = []
+    for name, digest in sorted(listed.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif files.sha256_file(path) != digest:
+            problems.append(f"{name}: changed since the audit wrote it")
+    return problems
+
+
+def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float,
+                calibration_note: str, cases: list[Case], model, weights_sha: str,
+                layer_name: str, layer) -> dict:
+    """The body of ``run_audit``, run while ``out`` is locked."""
+    from endoexplain_core.methods import CAM_METHODS
+    from endoexplain_core.models import networks
 
     import pandas as pd
 
@@ -207,8 +426,6 @@ def run_audit(args: argparse.Namespace) -> dict:
     from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
     from endoexplain_core.figures import case_figures, style
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = args.name or Path(args.weights).stem
     metadata = {"checkpoint_id": name, "arch": args.arch, "seed": -1, "control": "none",
                 "target_layer": layer_name}
@@ -253,11 +470,13 @@ def run_audit(args: argparse.Namespace) -> dict:
     selection = case_figures.select_figure3_cases(table, args.score_threshold)
     chosen = {s for s in selection.values() if s}
     by_id = {case.sample_id: case for case in cases}
+    needed = {i for sid in chosen for i in case_figures.audit_batch_ids(table, sid, args.batch_size)}
     selected_cases = {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path)
-                      for sid in sorted(chosen)}
+                      for sid in sorted(needed)}
     figure, iou_check = case_figures.render_figure3(table, selection, model.to(device), layer,
                                                     selected_cases, args.image_size,
-                                                    args.top_fraction, device=device)
+                                                    args.top_fraction, device=device,
+                                                    batch_size=args.batch_size)
     written += artefacts.save_figure(figure, "case_figure", out)
     written += artefacts.save_table(iou_check, "case_figure_iou_check", out, float_format="{:.4f}")
     import matplotlib.pyplot as plt
@@ -282,16 +501,9 @@ def run_audit(args: argparse.Namespace) -> dict:
         "identical_by_construction": [list(g) for g in identical], "statement": statement,
         "audit_seconds": summary["seconds"],
     }
-    record_path = out / "audit.json"
-    temporary = record_path.with_name(record_path.name + ".tmp")
-    temporary.write_text(json.dumps(record, indent=1))
-    temporary.replace(record_path)
-    written.append(record_path)
     if args.report == "html":
-        report = write_html_report(out, record, formatted, ties, iou_check,
-                                   out / "case_figure.png", [Path(p) for p in written])
-        written.append(report)
-    record["written"] = [str(p) for p in written]
+        write_html_report(out, record, formatted, ties, iou_check, out / "case_figure.png",
+                          [Path(p) for p in written] + [out / RECORD_NAME])
     return record
 
 
@@ -359,11 +571,9 @@ Eigen-CAM* is class-agnostic.</p>
 <p class="note">Written {datetime.date.today().isoformat()} by <code>endoexplain audit</code>.</p>
 </body></html>
 """
-    path = out / "report.html"
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(page, encoding="utf-8")
-    temporary.replace(path)
-    return path
+    from endoexplain_core import files
+
+    return files.write_text_atomic(out / "report.html", page)
 
 
 # ----------------------------------------------------------------------------- the parser
@@ -401,7 +611,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="2-class weights: .safetensors, or a torch state dict (.pt/.pth, "
                             "read with weights_only=True; pickled code is refused)")
     model.add_argument("--torchscript", action="store_true",
-                       help="--weights is a TorchScript archive; its parameters are loaded into ARCH")
+                       help="--weights is a TorchScript archive; its parameters are loaded into ARCH "
+                            "(needs --trust-code)")
+    model.add_argument("--trust-code", action="store_true",
+                       help="allow --torchscript: loading a TorchScript archive runs the code "
+                            "stored in it; only for files you trust")
     model.add_argument("--target-layer", metavar="NAME", default=None,
                        help="CAM target layer as a module path (default: the protocol's layer "
                             "for ARCH, e.g. layer4.1 for resnet18)")
@@ -443,10 +657,31 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where to run (default auto: CUDA when available)")
     run.add_argument("--batch-size", type=int, default=16, metavar="N",
                      help="images per CAM/deletion batch (memory only; default 16)")
+    run.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                     help="when another audit is writing into --out, wait this long for it "
+                          "(default 0: refuse at once)")
     run.add_argument("--report", default="html", choices=("html", "none"),
                      help="write the self-contained report.html (default html)")
     audit.set_defaults(handler=run_audit)
+    verify = commands.add_parser(
+        "verify", help="check an audit folder's files against its audit.json record",
+        description="Check every file listed in DIR/audit.json (the record an audit writes last) "
+                    "against its SHA-256. Exit 0: all match; 2: a file is missing or changed, or "
+                    "there is no record (an interrupted audit).")
+    verify.add_argument("folder", metavar="DIR", help="an endoexplain audit --out folder")
+    verify.set_defaults(handler=run_verify)
     return parser
+
+
+def run_verify(args: argparse.Namespace) -> str:
+    """``endoexplain verify DIR``: the one-line verdict; ``CommandError`` listing the problems."""
+    problems = verify_folder(args.folder)
+    if problems:
+        shown = "; ".join(problems[:UNPAIRED_SHOWN])
+        more = f" (and {len(problems) - UNPAIRED_SHOWN} more)" if len(problems) > UNPAIRED_SHOWN else ""
+        raise CommandError(f"{args.folder} does not match its record: {shown}{more}")
+    listed = len(json.loads((Path(args.folder) / RECORD_NAME).read_text())["files"])
+    return f"{listed} files match {Path(args.folder) / RECORD_NAME}"
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -454,6 +689,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise CommandError(f"--score-threshold must be in (0, 1), got {args.score_threshold}")
     if not 0 < args.top_fraction < 1:
         raise CommandError(f"--top-fraction must be in (0, 1), got {args.top_fraction}")
+    if not (math.isfinite(args.wait_for_lock) and args.wait_for_lock >= 0):
+        raise CommandError(f"--wait-for-lock must be a finite number of seconds >= 0, got {args.wait_for_lock}")
     for name in ("image_size", "repetitions", "bootstrap_replicates", "batch_size"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -466,14 +703,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from endoexplain_core.artefacts import printable
+
     try:
-        _check_numbers(args)
-        record = args.handler(args)
+        if args.command == "audit":
+            _check_numbers(args)
+        result = args.handler(args)
     except CommandError as error:
-        print(f"endoexplain {args.command}: {error}", file=sys.stderr)
+        print(f"endoexplain {args.command}: {printable(str(error))}", file=sys.stderr)
         return 2
-    print(f"endoexplain {args.command}: {record['n_audited']} images audited "
-          f"({record['n_empty_masks_excluded']} empty masks excluded); outputs in {args.out}")
+    if args.command == "audit":
+        result = (f"{result['n_audited']} images audited ({result['n_empty_masks_excluded']} "
+                  f"empty masks excluded); outputs in {args.out}")
+    print(printable(f"endoexplain {args.command}: {result}"))
     return 0
 
 

@@ -18,11 +18,13 @@ stage-key routing and digests must see the whole schema at once.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -45,10 +47,23 @@ class ProfileError(ValueError):
     """A profile file is missing, malformed, or has an unknown key or an invalid value."""
 
 
+def _sequence_as_tuple(value: Any) -> Any:
+    """YAML has lists, not tuples: a list becomes a tuple (its items are still checked strictly)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+# A fixed-length YAML list of numbers (strict mode accepts only tuples for tuple fields).
+FloatPair = Annotated[tuple[float, float], BeforeValidator(_sequence_as_tuple)]
+FloatTriple = Annotated[tuple[float, float, float], BeforeValidator(_sequence_as_tuple)]
+
+
 class Section(BaseModel):
     """A profile section: unknown keys are errors, values are checked on assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+    # strict: no YAML 1.1 or string coercions ('128' is not 128, "no" is not false);
+    # allow_inf_nan off: .inf and .nan are refused wherever a number is expected.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class SharedSettings(Section):
@@ -66,6 +81,8 @@ class SharedSettings(Section):
     scheduler: str = Field("", description='where tasks run: "" in process | local:N | tcp://host:port')
     channels_last: bool = Field(
         False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
+    prior_negatives: int = Field(
+        48, ge=0, description="held-out test negatives behind each method's prior map (04 and 05)")
 
     @field_validator("scheduler")
     @classmethod
@@ -96,7 +113,7 @@ class RolesSettings(StageSettings):
     n_development_near_duplicates: int = Field(1, ge=0, description="re-encoded negative copies")
     conspicuity: float = Field(0.85, ge=0.0, le=1.0, description="polyp visibility 0..1")
     dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
-    lesion_radius: tuple[float, float] = Field((0.07, 0.18),
+    lesion_radius: FloatPair = Field((0.07, 0.18),
                                                description="polyp radius range, share of the side")
     position_box_rate: float = Field(0.5, ge=0.0, le=1.0,
                                      description="share of frames with the green position box")
@@ -108,7 +125,7 @@ class RolesSettings(StageSettings):
     polypgen_duplicates: int = Field(1, ge=0, description="extra byte-identical PolypGen frames")
     polypdb_per_cell: int = Field(2, ge=0, description="PolypDB frames per (centre, modality)")
     require_real_data: bool = Field(False, description="refuse to run without data_root")
-    split_fractions: tuple[float, float, float] = Field(
+    split_fractions: FloatTriple = Field(
         (0.70, 0.15, 0.15), description="train / val / test share of non-audit images")
     split_seed: int = Field(20260721, description="seed of the group-wise stratified split")
 
@@ -194,12 +211,11 @@ class CalibrationSettings(StageSettings):
 
 class SpatialAuditSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
-                                              "score_threshold", "top_fraction")
+                                              "score_threshold", "top_fraction", "prior_negatives")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
     random_deletion_repetitions: int = Field(20, ge=1,
                                              description="exact-area random deletions per image")
     bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
-    prior_negatives: int = Field(48, ge=0, description="held-out negatives defining each prior map")
 
 
 class ValidityGateSettings(StageSettings):
@@ -225,18 +241,15 @@ class ValidityGateSettings(StageSettings):
 
 class RobustnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction", "scheduler")
+                                              "top_fraction", "scheduler", "prior_negatives")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
-    random_deletion_repetitions: int = Field(20, ge=1,
-                                             description="random deletions per image, primary")
     other_random_deletion_repetitions: int = Field(
-        20, ge=1, description="random deletions per image, the other checkpoints")
+        20, ge=1, description="random deletions per image, the checkpoints other than the primary (its audit is 04's)")
     bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
     cluster_bootstrap_replicates: int = Field(500, ge=50,
                                               description="image-cluster replicates for Table 5")
     score_thresholds: list[float] = Field([0.80, 0.85, 0.90, 0.95], min_length=1,
                                           description="thresholds of the sensitivity analysis")
-    prior_negatives: int = Field(48, ge=0, description="held-out negatives defining each prior map (as in 04)")
     resolution_check_size: int = Field(0, ge=0, description="second input size for the primary's panel A (0: skip)")
     resolution_check_repetitions: int = Field(1, ge=1, description="random deletions per image at the second size")
     layer_check: bool = Field(True, description="the primary's panel A at the neighbouring layer, with channel-weight diagnostics")
@@ -362,6 +375,13 @@ def _suggest(key: str, valid) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def short_value(value: Any, limit: int = 40) -> str:
+    """A value for an error message: its type and the start of its repr (a profile can hold a
+    very large value; the message stays one short line)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
 def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem: ``<file>: <key path>: <message>`` with a suggestion for typos."""
     lines = []
@@ -372,7 +392,7 @@ def _format_error(path: Path, prefix: str, error: ValidationError, model: type[B
             lines.append(f"{path}: {location}: unknown key{_suggest(key, model.model_fields)}")
         else:
             message = problem["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: {location}: {message} (got {problem.get('input')!r})")
+            lines.append(f"{path}: {location}: {message} (got {short_value(problem.get('input'))})")
     return "\n".join(lines)
 
 
@@ -388,7 +408,7 @@ def _check_training_settings(settings: dict[str, Any], where: str) -> None:
                 problems.append(f"{where}.{key}: unknown key"
                                 f"{_suggest(key, TrainingSettingsSection.model_fields)}")
             else:
-                problems.append(f"{where}.{key}: {problem['msg']} (got {problem.get('input')!r})")
+                problems.append(f"{where}.{key}: {problem['msg']} (got {short_value(problem.get('input'))})")
         raise ValueError("; ".join(problems)) from None
 
 
@@ -411,6 +431,41 @@ def _validate(model: type[BaseModel], values: Any, path: Path, prefix: str) -> B
         raise ProfileError(_format_error(path, prefix, error, model)) from None
 
 
+class ProfileLoader(yaml.SafeLoader):
+    """YAML for profiles: no aliases (a few bytes of nested aliases expand to gigabytes), no
+    duplicate keys (YAML keeps the last silently), and only true/false as booleans (YAML 1.1
+    also reads yes/no/on/off, so a country code or a typo changed a setting)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} is not allowed "
+                                              "in a profile (write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+ProfileLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ProfileLoader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def read_profile_yaml(text: str) -> Any:
+    """Parse profile text with ``ProfileLoader``; ``yaml.YAMLError`` on a refused construct."""
+    return yaml.load(text, Loader=ProfileLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def load_profile(profile: str, stage_names: list[str] | None = None, *,
                  stage_settings: dict[str, type[StageSettings]] | None = None,
                  shared_settings: type[Section] = SharedSettings) -> Profile:
@@ -427,9 +482,9 @@ def load_profile(profile: str, stage_names: list[str] | None = None, *,
         known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
         raise ProfileError(f"profile file {path} does not exist (known profiles: {known})")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_profile_yaml(path.read_text())
     except yaml.YAMLError as error:
-        raise ProfileError(f"{path}: not valid YAML: {error}") from error
+        raise ProfileError(f"{path}: not a valid profile: {' '.join(str(error).split())}") from error
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: expected a mapping at the top level")
     unknown = sorted(set(raw) - {"description", "shared", "stages"})

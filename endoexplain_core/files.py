@@ -7,6 +7,7 @@ an OS error the temporary file is removed and the error names the target.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -30,13 +31,34 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def temporary_sibling(path: str | Path, suffix: str) -> Path:
+    """``<dir>/.<name>.<pid>.<suffix>``: a temporary name no other process uses, after removing
+    the ones left by processes that died (a SIGKILL runs no cleanup)."""
+    path = Path(path)
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.{suffix}"):
+        pid = leftover.name[len(path.name) + 2:-len(suffix) - 1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+    return path.with_name(f".{path.name}.{os.getpid()}.{suffix}")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
 def replace_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """``write(temporary)``, then rename the temporary file over ``path`` (parents created).
     On an OS error (full disk, quota) the temporary file is removed, ``path`` keeps its
     previous content and the error names it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = temporary_sibling(path, "tmp")
     try:
         write(temporary)
         with open(temporary, "rb+") as handle:  # on disk before the rename makes it visible

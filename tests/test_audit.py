@@ -224,6 +224,18 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     assert set(table["target_layer"]) == {"layer4.2"} and set(table["temperature"]) == {0.5}
     again = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert again["reused"]
+    # One mask changes on disk (the manifest records image digests only): the audit reruns and
+    # the table follows the new mask.
+    from PIL import Image
+    mask = np.zeros((64, 64), np.uint8)
+    mask[10:50, 10:50] = 255
+    Image.fromarray(mask).save(data / "masks" / "m0.png")
+    redone = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
+    assert not redone["reused"]
+    new_table = audit.read_audit_table(audit.audit_paths(run, "hyperkvasir", "resnet34_s1")["table"])
+    area = lambda t: t.loc[t["sample_id"] == "m0", "lesion_area_fraction"].iloc[0]
+    assert area(new_table) > area(table)
+    assert audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)["reused"]
     changed = audit.audit_registered_checkpoint(run, data, "resnet34_s1", image_size=64,
                                                 repetitions=3, batch_size=2)
     assert not changed["reused"]
@@ -231,3 +243,10 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
         audit.audit_registered_checkpoint(run, data, "resnet34_s9", **settings)
     summary = audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2)
     assert summary["reused"].all() and summary["is_primary"].all()
+    chosen = audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2,
+                                  checkpoint_ids=["resnet34_s1"])
+    assert list(chosen["checkpoint_id"]) == ["resnet34_s1"]
+    assert audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2,
+                                checkpoint_ids=[]).empty
+    with pytest.raises(ValueError, match="resnet34_s9"):
+        audit.audit_registry(run, data, image_size=64, checkpoint_ids=["resnet34_s9"])

@@ -81,6 +81,12 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
     assert len(checks) == 10 and checks["peak_matches"].all()
     np.testing.assert_allclose(checks["rendered_iou"], checks["table_iou"], atol=1e-6)
     assert len(fig.axes) >= 14
+    # Recomputed in the audit's own batch (batch 2 here), the maps equal the table's exactly.
+    assert case_figures.audit_batch_ids(table, "x2", 2) == ["x1", "x2"]
+    assert case_figures.audit_batch_ids(table, "x2", 1) == ["x2"]
+    _, in_batch = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2,
+                                              batch_size=2)
+    assert (in_batch["rendered_iou"] == in_batch["table_iou"]).all() and in_batch["peak_matches"].all()
     tampered = table.copy()
     tampered.loc[(tampered["sample_id"] == "x2") & (tampered["method"] == "hirescam"), "iou"] += 0.01
     with pytest.raises(case_figures.RenderedIoUMismatch, match="x2/hirescam"):

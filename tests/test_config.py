@@ -153,3 +153,36 @@ def test_bad_scheduler_is_rejected(tmp_path, scheduler):
         config.load_profile(path)
     assert orchestrator.main(["--profile", "smoke", "--scheduler", scheduler,
                               "--output-root", str(tmp_path / "out")]) == 2
+
+
+def test_channels_last_has_one_home_read_by_training_and_the_gate():
+    users = sorted(s for s, model in config.STAGE_SETTINGS.items() if "channels_last" in model.uses_shared)
+    assert users == ["01_training", "03_validity_gate"]
+    assert all("channels_last" not in model.model_fields for model in config.STAGE_SETTINGS.values())
+
+
+SMOKE_TEXT = (config.CONFIG_DIR / "smoke.yaml").read_text()
+
+
+@pytest.mark.parametrize("text, words", [
+    (SMOKE_TEXT.replace("  seed: 20260721", "  seed: &s 20260721", 1) + "x: *s\n", ["alias *s"]),
+    (SMOKE_TEXT.replace("  image_size: 128", "  image_size: 128\n  image_size: 96", 1), ["duplicate key 'image_size'"]),
+    (SMOKE_TEXT.replace("  image_size: 128", "  image_size: '128'", 1), ["shared.image_size", "str '128'"]),
+    (SMOKE_TEXT.replace("  channels_last: true", "  channels_last: no", 1), ["shared.channels_last", "str 'no'"]),
+    (SMOKE_TEXT.replace("  score_threshold: 0.90", "  score_threshold: .nan", 1), ["shared.score_threshold"]),
+    (SMOKE_TEXT.replace("      learning_rate: 0.001", "      learning_rate: .inf", 1), ["learning_rate", "finite"]),
+], ids=["alias", "duplicate_key", "string_for_int", "yaml11_bool", "nan", "inf_learning_rate"])
+def test_profile_yaml_surprises_are_refused_in_one_short_line(tmp_path, text, words):
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(config.ProfileError) as refused:
+        config.load_profile(str(path))
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and len(message) < 400, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_error_messages_show_a_short_typed_prefix_of_a_huge_value():
+    assert config.short_value("x" * 10_000) == "str '" + "x" * 39 + "..."
+    assert config.short_value(3) == "int 3"

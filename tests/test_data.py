@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from endoexplain_core.data import datasets
+from endoexplain_core import files
+from endoexplain_core.data import datasets, roles
 
 MEAN_COLOUR = np.round(np.array(datasets.IMAGENET_MEAN) * 255).astype(np.uint8)
 
@@ -116,5 +117,13 @@ def test_load_manifest_errors_name_the_file(tmp_path):
     columns = "sample_id,path,group,source,target,role,sha256,ahash,group_id,width,height,mask_path"
     (tmp_path / "manifest.csv").write_text(
         f"{columns}\n007,a.jpg,g,polyps,1,train,s,a,g1,8,8,\n008,b.jpg,g,cecum,0,holdout,t,b,g2,8,8,\n")
+    with pytest.raises(roles.ManifestVerificationError, match="no digest file manifest.sha256"):
+        datasets.load_manifest(tmp_path / "manifest.csv")
+    (tmp_path / "manifest.sha256").write_text(files.sha256_file(tmp_path / "manifest.csv") + "\n")
     with pytest.raises(ValueError, match="manifest.csv has unknown roles \\['holdout'\\]"):
+        datasets.load_manifest(tmp_path / "manifest.csv")
+    # A hand edit after 00_roles wrote the digest (here: a role changed) is refused, naming the file.
+    edited = (tmp_path / "manifest.csv").read_text().replace("holdout", "train")
+    (tmp_path / "manifest.csv").write_text(edited)
+    with pytest.raises(roles.ManifestVerificationError, match="manifest.csv does not match its digest"):
         datasets.load_manifest(tmp_path / "manifest.csv")

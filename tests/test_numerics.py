@@ -5,7 +5,8 @@ instruction set is AVX2 is what oneDNN, MKL and ATen do under ``ONEDNN_MAX_CPU_I
 ``MKL_CBWR=AVX2`` and ``ATEN_CPU_CAPABILITY=avx2``. The same tiny EfficientNet-B0 training runs
 in fresh subprocesses on "this machine" (its best instruction set) and on the simulated AVX2
 machine; under the pin their weights are byte-identical, and without it they differ (so the
-test can fail), unless this machine's best is AVX2 already.
+test can fail), unless this machine's best is AVX2 already. Both memory formats are checked:
+the profiles train in channels_last, which takes other oneDNN kernels than contiguous.
 """
 
 from __future__ import annotations
@@ -21,22 +22,25 @@ from endoexplain_core import numerics
 from endoexplain_core.models import networks
 
 TRAIN_SCRIPT = """
-import hashlib
+import hashlib, sys
 import endoexplain_core  # pins the CPU numerics (unless ENDOEXPLAIN_CPU_PIN=off)
 import torch
-from endoexplain_core.models import networks
+from endoexplain_core.models import networks, training
 torch.set_num_threads(2)
 torch.manual_seed(0)
 model = networks.build_model("efficientnet_b0")
+channels_last = sys.argv[1] == "channels_last"
 optimiser = torch.optim.AdamW(model.parameters(), lr=0.004)
 generator = torch.Generator().manual_seed(1)
 images = torch.randn(8, 3, 64, 64, generator=generator)
 labels = torch.randint(0, 2, (8,), generator=generator)
-for _ in range(2):
-    loss = torch.nn.functional.cross_entropy(model(images), labels)
-    optimiser.zero_grad()
-    loss.backward()
-    optimiser.step()
+with training.optimiser_memory_format(model, channels_last):
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(
+            model(training.to_device(images, torch.device("cpu"), channels_last)), labels)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
 digest = hashlib.sha256()
 for name, value in sorted(model.state_dict().items()):
     digest.update(name.encode())
@@ -47,27 +51,28 @@ print(digest.hexdigest(), torch.backends.cpu.get_cpu_capability())
 AVX2_MACHINE = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
-def _train_digest(machine: dict[str, str], pin: str) -> tuple[str, str]:
+def _train_digest(machine: dict[str, str], pin: str, memory_format: str) -> tuple[str, str]:
     environment = {k: v for k, v in os.environ.items()
                    if k not in numerics.CPU_PIN and k != numerics.PIN_SWITCH}
     environment.update(machine)
     environment[numerics.PIN_SWITCH] = pin
-    result = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT], env=environment,
+    result = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, memory_format], env=environment,
                             capture_output=True, text=True, timeout=600, check=True)
     digest, capability = result.stdout.split()
     return digest, capability
 
 
 @pytest.mark.skipif("AVX2" not in numerics.detected_cpu()["isa_levels"], reason="needs an x86 CPU with AVX2")
-def test_pin_gives_identical_weights_on_simulated_machines():
-    pinned_here, capability_here = _train_digest({}, "on")
-    pinned_avx2_machine, _ = _train_digest(AVX2_MACHINE, "on")
+@pytest.mark.parametrize("memory_format", ["contiguous", "channels_last"])
+def test_pin_gives_identical_weights_on_simulated_machines(memory_format):
+    pinned_here, capability_here = _train_digest({}, "on", memory_format)
+    pinned_avx2_machine, _ = _train_digest(AVX2_MACHINE, "on", memory_format)
     assert capability_here == numerics.PINNED_CAPABILITY
     assert pinned_here == pinned_avx2_machine
     if numerics.detected_cpu()["best_isa"] == "AVX2":
         pytest.skip("this CPU's best instruction set is AVX2: the unpinned half cannot differ here")
-    native_here, native_capability = _train_digest({}, "off")
-    native_avx2_machine, _ = _train_digest(AVX2_MACHINE, "off")
+    native_here, native_capability = _train_digest({}, "off", memory_format)
+    native_avx2_machine, _ = _train_digest(AVX2_MACHINE, "off", memory_format)
     assert native_capability != numerics.PINNED_CAPABILITY
     assert native_here != native_avx2_machine  # without the pin the machines disagree
 

@@ -167,3 +167,25 @@ def test_every_saved_table_links_to_the_cell_that_wrote_it(project):
     assert f'id="cell-id={writing_cell.id}"' in (run_dir / "notebooks" / "01_second.html").read_text()
     index = (figures / "README.md").read_text()
     assert "provenance/" not in index  # sidecars are not artefacts of the paper
+
+
+def test_ctrl_c_is_recorded_as_interrupted_never_as_the_previous_complete(project, monkeypatch):
+    run(project)
+    run_dir = project[0] / "out" / "runs" / "tiny"
+    real_execute = orchestrator.execute_stage
+
+    def interrupted_in_the_second_stage(notebook, *args, **kwargs):
+        if notebook.stem == "01_second":
+            raise KeyboardInterrupt
+        return real_execute(notebook, *args, **kwargs)
+
+    monkeypatch.setattr(orchestrator, "execute_stage", interrupted_in_the_second_stage)
+    with pytest.raises(KeyboardInterrupt):
+        run(project, force=True)
+    on_disk = json.loads((run_dir / "provenance.json").read_text())
+    assert on_disk["status"] == "interrupted"
+    assert statuses(on_disk) == ["ran", "interrupted"]
+    assert "status: interrupted" in (run_dir / "index.html").read_text()
+    assert not (run_dir / "stamps" / "01_second.json").exists()  # it reruns next time
+    monkeypatch.setattr(orchestrator, "execute_stage", real_execute)
+    assert statuses(run(project)) == ["skipped", "ran"]

@@ -315,12 +315,13 @@ print("finished", summary["epochs_run"])
 
 def kill_at_seeded_moment(command: list[str], *, ready: Path, seed: int, low: float, high: float,
                           cwd: Path = REPO) -> float:
-    """Start ``command``, wait until ``ready`` exists, SIGKILL it after a seeded delay in
-    [low, high) seconds; return the delay. Fails if the process ended before the kill."""
+    """Start ``command``, wait until a file matching ``ready`` exists (its name may be a glob
+    pattern, matched in its folder and below), SIGKILL it after a seeded delay in [low, high)
+    seconds; return the delay. Fails if the process ended before the kill."""
     delay = random.Random(seed).uniform(low, high)
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
-    while not ready.exists():
+    while not any(ready.parent.rglob(ready.name)):
         assert process.poll() is None, f"{command} ended before {ready} appeared"
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -382,18 +383,21 @@ def test_kill_during_audit_or_figure_export_then_rerun_gives_identical_tables(au
     out = tmp_path / "out"
     command = [sys.executable, "-m", "endoexplain_core",
                *audit_arguments(images, masks, weights, out, *KILL_AUDIT_OPTIONS)]
-    if moment == "audit":   # the audit streams into case_table.parquet.partial
-        kill_at_seeded_moment(command, ready=out / "case_table.parquet.partial", seed=KILL_SEED,
+    if moment == "audit":   # the audit streams into .staging-<pid>/.case_table.parquet.<pid>.partial
+        kill_at_seeded_moment(command, ready=out / ".case_table.parquet.*.partial", seed=KILL_SEED,
                               low=0.0, high=0.05)
-        assert not (out / "case_table.parquet").exists()     # never a half table in place
-    else:                   # the tables exist; the summary and the figure are being written
+    else:                   # the tables exist in staging; the summary and the figure are being written
         kill_at_seeded_moment(command, ready=out / "random_deletion.parquet", seed=KILL_SEED + 1,
                               low=0.0, high=0.5)
-        audit.read_audit_table(out / "case_table.parquet")  # what was written is complete
+    # Whole outputs or none: nothing of the killed run is in place, and no record vouches for it.
+    assert not (out / "case_table.parquet").exists() and not (out / "audit.json").exists()
+    assert cli.main(["verify", str(out)]) == 2
     rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr
     for name in COMPARED:
         assert sha(out / name) == sha(reference / name), name
+    assert not list(out.rglob(".*.partial")) and not list(out.rglob(".*.tmp"))  # the dead run's are gone
+    assert not list(out.glob(".staging-*")) and cli.main(["verify", str(out)]) == 0
 
 
 @pytest.mark.slow

@@ -103,13 +103,14 @@ def _datasets(cohort, dataset_class=datasets.ManifestDataset, seed=1129, **kwarg
     return train_set, val_set
 
 
-def _train(cohort, directory, model_class=TinyNet, settings=SETTINGS, spec=None, **dataset_kwargs):
+def _train(cohort, directory, model_class=TinyNet, settings=SETTINGS, spec=None, channels_last=False,
+           **dataset_kwargs):
     spec = spec or _spec()
     training.seed_everything(spec.seed)
     model = model_class()
     train_set, val_set = _datasets(cohort, **dataset_kwargs)
     return training.train_checkpoint(model, spec, train_set, val_set, settings, directory,
-                                     show_progress=False)
+                                     show_progress=False, channels_last=channels_last)
 
 
 def _sha(path):
@@ -145,6 +146,37 @@ def test_resume_after_interrupted_epoch_matches_uninterrupted_run(cohort, tmp_pa
     for name, tensor in _final_weights(tmp_path / "full").items():
         assert torch.equal(tensor, _final_weights(tmp_path / "killed")[name]), name
     assert _sha(resumed["path"]) == _sha(uninterrupted["path"])
+
+
+def test_channels_last_steps_are_deterministic_resumable_and_leave_the_model_contiguous(cohort, tmp_path):
+    """channels_last optimiser steps: a run is repeatable and survives an interruption; the
+    weights saved are plain contiguous tensors. The same run in contiguous format takes other
+    kernels, so its weights may differ in the last bits, never in shape or names."""
+    first = _train(cohort, tmp_path / "a", channels_last=True)
+    again = _train(cohort, tmp_path / "b", channels_last=True)
+    assert _sha(first["path"]) == _sha(again["path"]) and first["history"] == again["history"]
+    with pytest.raises(datasets.ImageDecodeError):
+        _train(cohort, tmp_path / "killed", channels_last=True, dataset_class=FailingDataset, fail_at=24 + 10)
+    resumed = _train(cohort, tmp_path / "killed", channels_last=True)
+    assert resumed["history"] == first["history"] and _sha(resumed["path"]) == _sha(first["path"])
+    weights = checkpoint.load_tree(first["path"])["state_dict"]
+    assert all(tensor.is_contiguous() for tensor in weights.values())
+    contiguous = checkpoint.load_tree(_train(cohort, tmp_path / "c")["path"])["state_dict"]
+    assert {k: v.shape for k, v in contiguous.items()} == {k: v.shape for k, v in weights.items()}
+
+
+def test_optimiser_memory_format_restores_contiguous_weights_after_an_error():
+    model = TinyNet()
+    parameters = list(model.parameters())
+    with pytest.raises(RuntimeError, match="mid-step"):
+        with training.optimiser_memory_format(model, True):
+            assert model.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+            assert not model.features[0].weight.is_contiguous()
+            raise RuntimeError("mid-step")
+    assert model.features[0].weight.is_contiguous()
+    assert all(a is b for a, b in zip(parameters, model.parameters()))  # the optimiser's objects
+    with training.optimiser_memory_format(model, False):
+        assert model.features[0].weight.is_contiguous()
 
 
 def test_finished_checkpoint_is_not_retrained(cohort, tmp_path):

@@ -338,10 +338,13 @@ def test_failure_by_threshold_counts_constant_maps_and_paired_tests_skip_them():
 
 
 def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
-    """The whole gate on a tiny budget: 2 steps cannot train EfficientNet-B0, so nothing passes."""
+    """The whole gate on a tiny budget: 2 steps cannot train EfficientNet-B0, so nothing passes.
+    The shuffled control is trained once (replicate 1) and reused, judged and audited in
+    replicate 2 on that replicate's own frames."""
     settings = validity_gate.GateSettings(image_size=64, train_images=8, val_images=8, pool_images=4,
                                           steps=2, batch_size=4, random_deletion_repetitions=1,
-                                          seeds=(1, 2))
+                                          seeds=(1, 2), channels_last=True,
+                                          shuffled_control_per_replicate=False)
     result = validity_gate.run_gate(tmp_path, arch="efficientnet_b0", settings=settings,
                                     batch_size=4, top_fraction=0.20)
     assert result["layer"] == "features.8.0"
@@ -352,6 +355,13 @@ def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
     cases = result["cases"]
     assert (cases["feature_grid_height"] == 2).all()          # 64 px / 32
     assert cases["lesion_logit_drop"].notna().all()
+    facts = result["models"].set_index(["gate_seed", "model"])
+    assert facts.loc[(2, "shuffled"), "trained_with_seed"] == 1
+    assert np.isnan(facts.loc[(2, "shuffled"), "train_accuracy"])
+    assert facts.loc[(2, "lesion"), "trained_with_seed"] == 2 and facts.loc[(1, "shuffled"), "trained_with_seed"] == 1
+    assert not np.isnan(facts.loc[(1, "shuffled"), "train_accuracy"])
+    shuffled_maps = cases[cases["model"] == "shuffled"].groupby("gate_seed")["sample_id"].nunique()
+    assert shuffled_maps.to_dict() == {1: 4, 2: 4}   # audited on each replicate's own pool
 
 
 def test_constant_maps_never_make_two_methods_agree():

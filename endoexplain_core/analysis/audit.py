@@ -121,6 +121,20 @@ def manifest_cases(pool: pd.DataFrame, data_root: str | Path
         yield str(row.sample_id), image, mask
 
 
+def input_digest(pool: pd.DataFrame, data_root: str | Path, negatives: pd.DataFrame | None = None) -> str:
+    """SHA-256 over the bytes of every file an audit reads: each pool image and its mask, and
+    each held-out negative image (``negatives``), in pool order. Part of the audit's reuse key,
+    so changing one byte of one mask makes the next run re-audit (the manifest records image
+    digests only)."""
+    data_root = Path(data_root)
+    lines = [f"{row.sample_id}:{files.sha256_file(data_root / row.path)}:"
+             f"{files.sha256_file(data_root / row.mask_path)}" for row in pool.itertuples(index=False)]
+    if negatives is not None:
+        lines += [f"{row.sample_id}:{files.sha256_file(data_root / row.path)}:"
+                  for row in negatives.itertuples(index=False)]
+    return files.sha256_bytes("\n".join(lines).encode())
+
+
 def checkpoint_temperature(temperatures_path: str | Path, checkpoint_id: str) -> float:
     """The fitted temperature of ``checkpoint_id`` from ``calibration/temperatures.csv``."""
     temperatures_path = Path(temperatures_path)
@@ -292,8 +306,9 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     table_path, random_deletion_path = Path(table_path), Path(random_deletion_path)
     table_path.parent.mkdir(parents=True, exist_ok=True)
     random_deletion_path.parent.mkdir(parents=True, exist_ok=True)
-    temporary_table = table_path.with_name(table_path.name + ".partial")
-    temporary_deletion = random_deletion_path.with_name(random_deletion_path.name + ".partial")
+    # One temporary name per process: two audits of one folder never write the same file.
+    temporary_table = files.temporary_sibling(table_path, "partial")
+    temporary_deletion = files.temporary_sibling(random_deletion_path, "partial")
     excluded: list[str] = []
     n_audited = 0
     try:
@@ -458,9 +473,11 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
     manifest = load_manifest(run_dir / "manifest" / "manifest.csv")
     pool = masked_pool(manifest)
     paths = audit_paths(run_dir, dataset, checkpoint_id)
+    negatives = map_diagnostics.held_out_negatives(manifest, prior_negatives)
     settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
                 "repetitions": int(repetitions), "image_size": int(image_size),
-                "pool": sorted(pool["sample_id"].astype(str)), "prior_negatives": int(prior_negatives)}
+                "pool": sorted(pool["sample_id"].astype(str)), "prior_negatives": int(prior_negatives),
+                "inputs_sha256": input_digest(pool, data_root, negatives)}
     if reuse and paths["summary"].is_file() and paths["table"].is_file():
         previous = json.loads(paths["summary"].read_text())
         if previous.get("settings") == settings and paths["random_deletion"].is_file():
@@ -468,7 +485,6 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
             return {**previous, "reused": True}
     temperature = checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
     model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
-    negatives = map_diagnostics.held_out_negatives(manifest, prior_negatives)
     priors = None
     if len(negatives):
         layer_name, layer = networks.resolve_target_layer(model, metadata["arch"],
@@ -489,9 +505,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
                                batch_size=batch_size, device=device, total=len(pool),
                                priors=priors)
     summary = {**summary, "settings": settings}
-    temporary = paths["summary"].with_name(paths["summary"].name + ".partial")
-    temporary.write_text(json.dumps(summary, indent=1))
-    os.replace(temporary, paths["summary"])
+    files.write_text_atomic(paths["summary"], json.dumps(summary, indent=1))
     return {**summary, "reused": False}
 
 
@@ -530,7 +544,7 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
         summaries = task_map(audit_registered_checkpoint, calls,
                              labels=[f"{dataset}/{call['checkpoint_id']}" for call in calls])
     columns = ["checkpoint_id", "n_audited", "n_empty_masks_excluded", "reused", "seconds"]
-    return pd.DataFrame(summaries)[columns].merge(
+    return pd.DataFrame(summaries, columns=columns).merge(
         registry[["checkpoint_id", "arch", "seed", "control", "is_primary"]], on="checkpoint_id")
 
 

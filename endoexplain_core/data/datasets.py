@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from endoexplain_core import files
 from endoexplain_core.data import roles
 from endoexplain_core.data.imageio import read_rgb
 
@@ -73,13 +74,25 @@ def training_augmentation() -> A.Compose:
 
 
 def load_manifest(manifest_path: str | Path) -> pd.DataFrame:
-    """Read ``manifest.csv`` with ``roles.read_manifest`` and check its roles.
+    """Read ``manifest.csv`` with ``roles.read_manifest`` after checking it against its digest
+    (``manifest.sha256`` beside it, written by 00_roles with it), and check its roles.
 
-    This only reads; ``roles.verify_manifest`` also checks the digest and the files' bytes.
+    A manifest without its digest, or edited after it was written, is refused naming the file
+    (``roles.ManifestVerificationError``): every stage's reuse keys rest on that digest.
+    ``roles.verify_manifest`` also checks the image and mask files' bytes.
     """
     manifest_path = Path(manifest_path)
     if not manifest_path.is_file():
         raise FileNotFoundError(f"manifest {manifest_path} does not exist: run notebook 00_roles first")
+    digest_path = manifest_path.with_name(roles.DIGEST_FILE)
+    if not digest_path.is_file():
+        raise roles.ManifestVerificationError(
+            f"{manifest_path}: no digest file {digest_path.name} beside it (00_roles writes both); "
+            f"rerun 00_roles")
+    if files.sha256_file(manifest_path) != roles.read_digest(digest_path):
+        raise roles.ManifestVerificationError(
+            f"{manifest_path} does not match its digest {digest_path} (changed after 00_roles "
+            f"wrote it); rerun 00_roles (./run_all.sh --force --only 00_roles)")
     manifest = roles.read_manifest(manifest_path)
     unknown_roles = sorted(set(manifest["role"]) - set(ROLES))
     if unknown_roles:

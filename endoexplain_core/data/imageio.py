@@ -9,16 +9,33 @@ Conventions used by every stage:
   its value is >= ``threshold`` (default 128). The threshold is needed because JPEG masks
   (HyperKvasir, PolypGen) carry compression noise around the edge and are never exactly 0/255.
 - A mask belongs to one image and must have the same height and width.
+- Masks that would silently read as something else are refused, naming the file
+  (``MaskFormatError``): a binary mask whose foreground value is below the threshold (0/1 masks:
+  every pixel would be background); a mask drawn in transparency (an alpha channel that is not
+  fully opaque); a colour mask (the channels of more than ``COLOUR_MASK_SHARE`` of the pixels
+  differ by more than ``COLOUR_MASK_SPREAD`` levels, e.g. red on black; JPEG colour noise
+  stays far below both). Near-black masks with many grey levels (a JPEG-compressed empty mask)
+  are empty, not refused.
+- An image whose EXIF orientation is not 1 is refused: viewers rotate it, the pixels (and so
+  the model's input and the mask's alignment) are not.
+- An image above ``MAX_PIXELS`` pixels is refused before it is decoded (a decompression bomb,
+  or a file far larger than any endoscopy frame).
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 MASK_THRESHOLD = 128
+MAX_PIXELS = 64_000_000          # 8000 x 8000; the largest real frames are about 2 MP
+COLOUR_MASK_SPREAD = 48          # max - min over R, G, B of a pixel (0-255 scale)
+COLOUR_MASK_SHARE = 0.001        # share of pixels above that spread that makes a colour mask
+EXIF_ORIENTATION = 0x0112
 # Pillow modes of more than 8 bits per channel: converting them to 8 bits clips (65535 -> 255),
 # so they are refused rather than silently changed.
 HIGH_BIT_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
@@ -32,40 +49,112 @@ class MaskSizeError(ValueError):
     """A mask's height and width differ from those of its image."""
 
 
-def _open_decoded(path: Path, mode: str) -> np.ndarray:
-    """Decode ``path`` fully into a numpy array in Pillow ``mode`` ("RGB" or "L")."""
+class MaskFormatError(ImageReadError):
+    """A mask file that would read as something other than what it shows (module docstring)."""
+
+
+@contextlib.contextmanager
+def _opened(path: Path, check=None):
+    """``Image.open(path)`` after the header checks (exists, a known format, at most
+    ``MAX_PIXELS`` pixels, ``check(image)``); decoding errors in the block name ``path``."""
     if not path.is_file():
         raise ImageReadError(f"{path}: file does not exist")
     try:
-        with Image.open(path) as image:
-            image.load()  # decode now so that truncated files fail here, not later
-            if image.mode in HIGH_BIT_DEPTH_MODES:
-                raise ImageReadError(f"{path}: {image.mode} image with more than 8 bits per "
-                                     f"channel; convert it to 8-bit first (values would be clipped)")
-            return np.asarray(image.convert(mode), dtype=np.uint8).copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                if width * height > MAX_PIXELS:
+                    raise ImageReadError(f"{path}: {width}x{height} pixels, above the limit of "
+                                         f"{MAX_PIXELS:,} (a decompression bomb, or far larger "
+                                         f"than an endoscopy frame); not decoded")
+                if check is not None:
+                    check(image)
+                yield image
     except ImageReadError:
         raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise ImageReadError(f"{path}: refused as a decompression bomb ({error})") from error
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise ImageReadError(f"{path}: cannot decode image file ({error})") from error
+
+
+def _open_decoded(path: Path, check=None) -> Image.Image:
+    """The fully decoded image at ``path`` (8 bits per channel), after ``_opened``'s checks."""
+    with _opened(path, check) as image:
+        image.load()  # decode now so that truncated files fail here, not later
+        if image.mode in HIGH_BIT_DEPTH_MODES:
+            raise ImageReadError(f"{path}: {image.mode} image with more than 8 bits per "
+                                 f"channel; convert it to 8-bit first (values would be clipped)")
+        return image.copy()
+
+
+def _check_orientation(path: Path):
+    def check(image: Image.Image) -> None:
+        orientation = image.getexif().get(EXIF_ORIENTATION, 1)
+        if orientation != 1:
+            raise ImageReadError(
+                f"{path}: EXIF orientation {orientation} (viewers rotate this image, its pixels "
+                f"are not rotated); apply it to the pixels (PIL.ImageOps.exif_transpose) and "
+                f"turn its mask the same way, or remove the tag")
+    return check
 
 
 def read_rgb(path: str | Path) -> np.ndarray:
     """Read an image file as uint8 (H, W, 3) RGB.
 
-    Raises ``ImageReadError`` naming ``path`` when the file is missing or cannot be decoded.
+    Raises ``ImageReadError`` naming ``path`` when the file is missing, cannot be decoded,
+    carries an EXIF orientation other than 1, or is above ``MAX_PIXELS``.
     """
-    return _open_decoded(Path(path), "RGB")
+    path = Path(path)
+    return np.asarray(_open_decoded(path, _check_orientation(path)).convert("RGB"),
+                      dtype=np.uint8).copy()
+
+
+def check_image_header(path: str | Path) -> tuple[int, int]:
+    """(width, height) of an image file from its header, after the checks ``read_rgb`` makes
+    before decoding (exists, a known format, pixel limit, EXIF orientation); nothing decoded."""
+    path = Path(path)
+    with _opened(path, _check_orientation(path)) as image:
+        return image.size
+
+
+def mask_levels(path: str | Path, image: Image.Image, threshold: int = MASK_THRESHOLD) -> np.ndarray:
+    """uint8 (H, W) grey levels of a decoded mask file, after the refusals of the module
+    docstring (``MaskFormatError`` naming ``path``)."""
+    if "A" in image.getbands() or "transparency" in image.info:
+        alpha = np.asarray(image.convert("RGBA"), dtype=np.uint8)[..., 3]
+        if alpha.min() < 255:
+            raise MaskFormatError(f"{path}: the mask uses transparency (alpha below 255 at "
+                                  f"{np.mean(alpha < 255):.0%} of pixels); save the lesion as white "
+                                  f"(255) on black (0) without an alpha channel")
+    if image.mode not in ("1", "L", "LA"):
+        rgb = np.asarray(image.convert("RGB"), dtype=np.int16)
+        spread = rgb.max(axis=2) - rgb.min(axis=2)
+        share = float(np.mean(spread > COLOUR_MASK_SPREAD))
+        if share > COLOUR_MASK_SHARE:
+            raise MaskFormatError(f"{path}: a colour mask ({share:.0%} of pixels are coloured, not "
+                                  f"grey); save the lesion as white (255) on black (0) greyscale")
+    grey = np.asarray(image.convert("L"), dtype=np.uint8)
+    values = np.unique(grey)
+    if len(values) == 2 and values[0] == 0 and values[1] < threshold:
+        raise MaskFormatError(f"{path}: a binary mask with values 0 and {values[1]} (every pixel "
+                              f"would be background at the threshold {threshold}); save the "
+                              f"lesion as 255")
+    return grey
 
 
 def read_mask(path: str | Path, threshold: int = MASK_THRESHOLD) -> np.ndarray:
     """Read a lesion mask as bool (H, W): greyscale value >= ``threshold`` is lesion.
 
     ``threshold`` is on the 0-255 scale. Raises ``ImageReadError`` naming ``path`` when the
-    file is missing or cannot be decoded.
+    file is missing or cannot be decoded, ``MaskFormatError`` for the masks the module
+    docstring refuses (0/1, transparency, colour).
     """
     if not 0 < threshold <= 255:
         raise ValueError(f"mask threshold must be in 1..255, got {threshold}")
-    return _open_decoded(Path(path), "L") >= threshold
+    path = Path(path)
+    return mask_levels(path, _open_decoded(path), threshold) >= threshold
 
 
 def check_mask_size(image_path: str | Path, image_shape: tuple[int, ...],

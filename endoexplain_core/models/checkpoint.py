@@ -173,6 +173,26 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
 # ----------------------------------------------------------------------------- foreign weights
 
 
+MAX_ARCHIVE_BYTES = 2 * 1024 ** 3  # declared uncompressed size of a torch zip archive (ConvNeXt-Tiny: 0.1 GiB)
+
+
+def _check_declared_size(path: Path, head: bytes) -> None:
+    """Refuse a torch zip archive whose members declare more than ``MAX_ARCHIVE_BYTES``
+    uncompressed (a zip bomb would fill memory before any check could see its tensors)."""
+    if head[:2] != b"PK":
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(member.file_size for member in archive.infolist())
+    except (zipfile.BadZipFile, OSError) as error:
+        raise CheckpointError(f"{path}: cannot read the weights archive (truncated or damaged?): "
+                              f"{_first_line(error)}") from error
+    if declared > MAX_ARCHIVE_BYTES:
+        raise CheckpointError(f"{path}: the archive declares {declared / 1024 ** 3:.1f} GiB "
+                              f"uncompressed, above the {MAX_ARCHIVE_BYTES / 1024 ** 3:.0f} GiB limit "
+                              f"for classifier weights; not loaded")
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A model state dict from a weights file, read without running code.
 
@@ -201,6 +221,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                 raise CheckpointError(f"{path}: endoExplain file without a state_dict (a resume state?)")
             return _clean_state_dict(state, path)
         return _clean_state_dict(tensors, path)
+    _check_declared_size(path, head)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:

@@ -378,6 +378,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if unknown:
         raise ValueError(f"--only names unknown stages {unknown}; stages are {names}")
 
+    _mark_running(paths.run_dir / "provenance.json")
     upstream = data_fingerprint(data_root, reference_dir)
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
@@ -426,6 +427,14 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             record["status"] = "failed"
             record["error"] = str(error)
             failure = error
+        except KeyboardInterrupt:
+            # Ctrl-C: the record says so (never the previous run's "complete"), then stop.
+            record.update(status="interrupted", seconds=round(time.perf_counter() - stage_started, 2))
+            for later in stages[stages.index(notebook) + 1:]:
+                records.append({"stage": later.stem, "status": "not_run", "seconds": 0.0,
+                                "notebook": str(later.relative_to(notebook_dir.parent))})
+            _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted")
+            raise
         record["seconds"] = round(time.perf_counter() - stage_started, 2)
         after = _figure_snapshot(paths.figures_dir)
         record["figure_files"] = sorted(name for name, mtime in after.items()
@@ -439,6 +448,31 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
             log.info("[%s] done in %.1f s", stage, record["seconds"])
 
+    provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
+                                "failed" if failure else "complete")
+    if failure is not None:
+        raise failure
+    return provenance
+
+
+def _mark_running(provenance_path: Path) -> None:
+    """Set the previous run's ``provenance.json`` status to "running" before any stage runs: a
+    run killed without cleanup (SIGKILL, power) then never leaves "complete" in the record."""
+    if not provenance_path.is_file():
+        return
+    try:
+        previous = json.loads(provenance_path.read_text())
+    except (OSError, ValueError):
+        return  # unreadable: the run writes a new one at its end
+    if isinstance(previous, dict):
+        previous["status"] = "running"
+        files.write_json_atomic(provenance_path, previous)
+
+
+def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: str,
+                   records: list[dict[str, Any]], started: float, status: str) -> dict[str, Any]:
+    """Write ``provenance.json`` and the run record with ``status`` (complete, failed or
+    interrupted); return the provenance."""
     provenance = {
         "profile": profile_name,
         "config_file": str(profiles.profile_path(profile)),
@@ -446,17 +480,15 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         "git": git_state(),
         "packages": package_versions(),
         "device": device_description(),
-        "parameters": {r["stage"]: r["parameters"] for r in records},
+        "parameters": {r["stage"]: r["parameters"] for r in records if "parameters" in r},
         "manifest_digest": _manifest_digest(paths.run_dir),
         "checkpoints": _checkpoint_digests(paths.run_dir),
         "stages": records,
         "wall_seconds": round(time.perf_counter() - started, 2),
-        "status": "failed" if failure else "complete",
+        "status": status,
     }
     files.write_json_atomic(paths.run_dir / "provenance.json", provenance)
     _write_record(paths, provenance)
-    if failure is not None:
-        raise failure
     return provenance
 
 
@@ -501,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nrun_all: interrupted; provenance.json and index.html say so, and the stopped "
+              "stage reruns next time", file=sys.stderr)
+        return 130
     except StageFailed as error:
         print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
         return 1

@@ -1,0 +1,299 @@
+"""``endoexplain audit`` against careless and hostile inputs: one table of cases, each with the
+input, the expected exit code and a word the one-line message must contain.
+
+Every refusal is exit 2 with one line on stderr, before any output is written; nothing the user
+already had is touched. The table runs the command in this process (``cli.main``), on six
+64-px frames and a seeded ResNet-18 state dict built locally.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from filelock import FileLock
+from PIL import Image
+
+from endoexplain_core import artefacts, cli
+from tests.cli_fixtures import audit_arguments, write_masked_frames, write_resnet18_state_dict
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    images, masks = write_masked_frames(root, n=6)
+    weights = write_resnet18_state_dict(root / "resnet18.pt", centre_on=images)
+    return {"root": root, "images": images, "masks": masks, "weights": weights}
+
+
+def _copy_inputs(inputs, tmp_path):
+    images, masks = tmp_path / "frames", tmp_path / "masks"
+    shutil.copytree(inputs["images"], images)
+    shutil.copytree(inputs["masks"], masks)
+    return images, masks
+
+
+def _state(inputs):
+    return torch.load(inputs["weights"], weights_only=True)
+
+
+def _first_mask(masks: Path) -> Path:
+    return sorted(masks.iterdir())[0]
+
+
+# Each builder gets (inputs, tmp_path) and returns the argument list; it may write files.
+def masks_are_the_images_folder(inputs, tmp_path):
+    return audit_arguments(inputs["images"], inputs["images"], inputs["weights"], tmp_path / "out")
+
+
+def masks_are_byte_copies_of_the_images(inputs, tmp_path):
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    for image in inputs["images"].iterdir():
+        shutil.copy(image, masks / f"{image.stem}_mask{image.suffix}")
+    return audit_arguments(inputs["images"], masks, inputs["weights"], tmp_path / "out")
+
+
+def out_is_the_masks_folder(inputs, tmp_path):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    return audit_arguments(images, masks, inputs["weights"], masks)
+
+
+def out_is_inside_the_images_folder(inputs, tmp_path):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    return audit_arguments(images, masks, inputs["weights"], images / "audit")
+
+
+def out_contains_the_inputs(inputs, tmp_path):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    return audit_arguments(images, masks, inputs["weights"], tmp_path)
+
+
+def out_is_a_file(inputs, tmp_path):
+    (tmp_path / "out").write_text("a user's notes")
+    return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
+
+
+def image_size_too_small_for_the_network(inputs, tmp_path):
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
+    arguments[arguments.index("--image-size") + 1] = "2"
+    return arguments
+
+
+def image_size_gives_a_one_cell_grid(inputs, tmp_path):
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
+    arguments[arguments.index("--image-size") + 1] = "32"
+    return arguments
+
+
+def target_layer_is_not_a_feature_map(inputs, tmp_path):
+    return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out",
+                           "--target-layer", "fc")
+
+
+def temperature_is_infinite(inputs, tmp_path):
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
+    arguments[arguments.index("--temperature") + 1] = "inf"
+    return arguments
+
+
+def calibration_csv_is_binary(inputs, tmp_path):
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
+    at = arguments.index("--temperature")
+    del arguments[at:at + 2]
+    (tmp_path / "logits.csv").write_bytes(bytes(range(256)) * 4)
+    return arguments + ["--calibration-logits", str(tmp_path / "logits.csv")]
+
+
+def _weights_with(inputs, tmp_path, change):
+    state = _state(inputs)
+    change(state)
+    path = tmp_path / "changed.pt"
+    torch.save(state, path)
+    return audit_arguments(inputs["images"], inputs["masks"], path, tmp_path / "out")
+
+
+def weights_hold_nan(inputs, tmp_path):
+    return _weights_with(inputs, tmp_path, lambda s: s["layer1.0.conv1.weight"].view(-1)[0].fill_(float("nan")))
+
+
+def bias_is_infinite(inputs, tmp_path):
+    return _weights_with(inputs, tmp_path, lambda s: s["fc.bias"].fill_(float("inf")))
+
+
+def weights_are_integers(inputs, tmp_path):
+    return _weights_with(inputs, tmp_path, lambda s: s.update({"fc.weight": s["fc.weight"].round().to(torch.int64)}))
+
+
+def torchscript_without_trust(inputs, tmp_path):
+    return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out",
+                           "--torchscript")
+
+
+def _masks_with(inputs, tmp_path, write):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    write(_first_mask(masks))
+    return audit_arguments(images, masks, inputs["weights"], tmp_path / "out")
+
+
+def masks_saved_as_zero_one(inputs, tmp_path):
+    def write(path):
+        Image.fromarray((np.asarray(Image.open(path)) > 0).astype(np.uint8)).save(path)
+    return _masks_with(inputs, tmp_path, write)
+
+
+def mask_in_red_on_black(inputs, tmp_path):
+    def write(path):
+        lesion = np.asarray(Image.open(path)) > 0
+        red = np.zeros(lesion.shape + (3,), np.uint8)
+        red[lesion] = (255, 0, 0)
+        Image.fromarray(red).save(path)
+    return _masks_with(inputs, tmp_path, write)
+
+
+def mask_drawn_in_alpha(inputs, tmp_path):
+    def write(path):
+        lesion = np.asarray(Image.open(path)) > 0
+        rgba = np.zeros(lesion.shape + (4,), np.uint8)
+        rgba[..., 3] = np.where(lesion, 0, 255)
+        Image.fromarray(rgba).save(path)
+    return _masks_with(inputs, tmp_path, write)
+
+
+def image_rotated_by_exif(inputs, tmp_path):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    first = sorted(images.glob("*.jpg"))[0]
+    image = Image.open(first)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    image.save(first, exif=exif)
+    return audit_arguments(images, masks, inputs["weights"], tmp_path / "out")
+
+
+def image_is_a_decompression_bomb(inputs, tmp_path):
+    images, masks = _copy_inputs(inputs, tmp_path)
+    first = sorted(images.glob("*.png"))[0]
+    Image.new("L", (8200, 8200)).save(first)   # 67 MP of zeros: a few kB on disk
+    return audit_arguments(images, masks, inputs["weights"], tmp_path / "out")
+
+
+def mask_of_another_size(inputs, tmp_path):
+    def write(path):
+        Image.fromarray(np.zeros((10, 10), np.uint8)).save(path)
+    return _masks_with(inputs, tmp_path, write)
+
+
+def negative_lock_wait(inputs, tmp_path):
+    return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out",
+                           "--wait-for-lock", "-1")
+
+
+CASES = [  # (builder, exit code, words the one-line message must contain)
+    (masks_are_the_images_folder, 2, ["is the --images folder"]),
+    (masks_are_byte_copies_of_the_images, 2, ["byte copy"]),
+    (out_is_the_masks_folder, 2, ["inside the --masks folder"]),
+    (out_is_inside_the_images_folder, 2, ["inside the --images folder"]),
+    (out_contains_the_inputs, 2, ["contains the --images folder"]),
+    (out_is_a_file, 2, ["is a file"]),
+    (image_size_too_small_for_the_network, 2, ["--image-size 2"]),
+    (image_size_gives_a_one_cell_grid, 2, ["1x1 feature grid", "2x2"]),
+    (target_layer_is_not_a_feature_map, 2, ["fc", "feature map"]),
+    (temperature_is_infinite, 2, ["--temperature", "finite"]),
+    (calibration_csv_is_binary, 2, ["logits.csv", "not a readable CSV"]),
+    (weights_hold_nan, 2, ["layer1.0.conv1.weight", "non-finite"]),
+    (bias_is_infinite, 2, ["fc.bias", "non-finite"]),
+    (weights_are_integers, 2, ["fc.weight", "not floating point"]),
+    (torchscript_without_trust, 2, ["--trust-code"]),
+    (masks_saved_as_zero_one, 2, ["frame00_mask.png", "values 0 and 1"]),
+    (mask_in_red_on_black, 2, ["frame00_mask.png", "colour mask"]),
+    (mask_drawn_in_alpha, 2, ["frame00_mask.png", "transparency"]),
+    (image_rotated_by_exif, 2, ["frame00.jpg", "EXIF orientation 6"]),
+    (image_is_a_decompression_bomb, 2, ["frame01.png", "8200x8200", "not decoded"]),
+    (mask_of_another_size, 2, ["frame00_mask.png", "10x10"]),
+    (negative_lock_wait, 2, ["--wait-for-lock"]),
+]
+
+
+@pytest.mark.parametrize("builder, code, words", CASES, ids=[case[0].__name__ for case in CASES])
+def test_careless_input_is_refused_with_one_line(inputs, tmp_path, capsys, builder, code, words):
+    arguments = builder(inputs, tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert cli.main(arguments) == code
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1, message
+    for word in words:
+        assert word in message, (word, message)
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing the user had changed
+
+
+def test_a_second_audit_into_a_locked_folder_is_refused(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    with FileLock(out / cli.LOCK_NAME, timeout=0):   # another audit holds the folder
+        code = cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out))
+    assert code == 2
+    assert "another endoexplain audit is writing into" in capsys.readouterr().err
+    assert not (out / "case_table.parquet").exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes to read-only folders")
+def test_read_only_output_folder_is_refused(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        assert cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out)) == 2
+    finally:
+        out.chmod(0o755)
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_odd_file_names_reach_neither_mathtext_nor_markdown_raw(inputs, tmp_path):
+    """Stems with mathtext dollars, a pipe and a terminal escape: the audit completes and the
+    Markdown tables hold the names escaped."""
+    images, masks = tmp_path / "frames", tmp_path / "masks"
+    images.mkdir()
+    masks.mkdir()
+    names = {"frame00": "cyst$^{2}$", "frame01": "a|b", "frame02": "esc\x1b[31m"}
+    for image in sorted(inputs["images"].iterdir()):
+        stem = names.get(image.stem, image.stem)
+        shutil.copy(image, images / f"{stem}{image.suffix}")
+        shutil.copy(inputs["masks"] / f"{image.stem}_mask.png", masks / f"{stem}_mask.png")
+    out = tmp_path / "out"
+    assert cli.main(audit_arguments(images, masks, inputs["weights"], out)) == 0
+    table = pd.read_parquet(out / "case_table.parquet")
+    assert set(names.values()) <= set(table["sample_id"])
+    for markdown in out.glob("*.md"):
+        text = markdown.read_text()
+        assert "\x1b" not in text and "a|b" not in text
+    # The record lists every file with its SHA-256; verify finds a changed one by name.
+    assert cli.verify_folder(out) == [] and not list(out.glob(".staging-*"))
+    (out / "map_ties.csv").write_text("edited by hand\n")
+    assert cli.verify_folder(out) == ["map_ties.csv: changed since the audit wrote it"]
+    assert cli.main(["verify", str(out)]) == 2
+
+
+def test_markdown_cells_escape_pipes_line_breaks_and_control_characters():
+    assert artefacts.markdown_cell("a|b") == "a\\|b"
+    assert artefacts.markdown_cell("two\nlines") == "two lines"
+    assert artefacts.markdown_cell("esc\x1b[0m") == "esc\\x1b[0m"
+    assert artefacts.markdown_cell("Grad-CAM\u2020 \u2265 0.90") == "Grad-CAM\u2020 \u2265 0.90"
+
+
+def test_weights_archive_declaring_too_much_is_refused_before_loading(inputs, tmp_path, capsys, monkeypatch):
+    """A zip bomb's members declare gigabytes; the declared total is checked before torch reads
+    anything (here the limit is lowered under the ResNet-18 archive's 45 MB)."""
+    from endoexplain_core.models import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_ARCHIVE_BYTES", 1024 ** 2)
+    loaded = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loaded.append(a) or {})
+    code = cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out"))
+    assert code == 2 and not loaded
+    assert "uncompressed" in capsys.readouterr().err
