@@ -7,12 +7,20 @@ Parquet case table), ``analysis.summaries.table4`` (Table 4 with image-bootstrap
 ``tie_counts``, ``identical_statement``), ``figures.case_figures`` (the rule-selected case
 figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure``.
 
-Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
-arguments, unpaired folders, an unreadable or unsafe weights file, an unknown architecture, an
-unreadable image or mask); 1 an unexpected error (traceback).
+Before any output is written the inputs are checked (folders, every image header and mask,
+the weights' tensors, one probe forward pass at the input size). The run then holds an
+exclusive lock on ``--out``, writes into ``--out/.staging-<pid>/`` and moves its files into
+place only when all are complete, with ``audit.json`` last: the commit record listing every
+file's SHA-256, which ``endoexplain verify DIR`` checks.
 
-Size: over 400 lines on purpose: argument parsing, input pairing, weight loading and the HTML
-report of one command; the audit itself is analysis.audit (no second implementation).
+Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
+arguments, unpaired or mixed-up folders, a refused image or mask, an unreadable or unsafe
+weights file, an unknown architecture, a locked or unwritable output folder); 1 an unexpected
+error (traceback).
+
+Size: over 400 lines on purpose: argument parsing, input checks, weight loading, the output
+folder's lock and commit, and the HTML report of one command; the audit itself is
+analysis.audit (no second implementation).
 """
 
 from __future__ import annotations

@@ -130,6 +130,26 @@ def weights_are_integers(inputs, tmp_path):
     return _weights_with(inputs, tmp_path, lambda s: s.update({"fc.weight": s["fc.weight"].round().to(torch.int64)}))
 
 
+def _crafted_safetensors(inputs, tmp_path, tree: str):
+    """A safetensors file whose endoExplain header (a JSON tree) is ``tree``."""
+    import json
+    import struct
+
+    header = json.dumps({"__metadata__": {"endoexplain": tree},
+                         "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    return audit_arguments(inputs["images"], inputs["masks"], path, tmp_path / "out")
+
+
+def header_names_a_missing_tensor(inputs, tmp_path):
+    return _crafted_safetensors(inputs, tmp_path, '{"state_dict": {"w": {"__tensor__": "nowhere"}}}')
+
+
+def header_nested_beyond_any_parser(inputs, tmp_path):
+    return _crafted_safetensors(inputs, tmp_path, "[" * 5000 + "]" * 5000)
+
+
 def torchscript_without_trust(inputs, tmp_path):
     return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out",
                            "--torchscript")
@@ -209,6 +229,8 @@ CASES = [  # (builder, exit code, words the one-line message must contain)
     (bias_is_infinite, 2, ["fc.bias", "non-finite"]),
     (weights_are_integers, 2, ["fc.weight", "not floating point"]),
     (torchscript_without_trust, 2, ["--trust-code"]),
+    (header_names_a_missing_tensor, 2, ["crafted.safetensors", "does not describe its tensors"]),
+    (header_nested_beyond_any_parser, 2, ["crafted.safetensors", "damaged checkpoint header"]),
     (masks_saved_as_zero_one, 2, ["frame00_mask.png", "values 0 and 1"]),
     (mask_in_red_on_black, 2, ["frame00_mask.png", "colour mask"]),
     (mask_drawn_in_alpha, 2, ["frame00_mask.png", "transparency"]),

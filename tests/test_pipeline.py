@@ -189,3 +189,12 @@ def test_ctrl_c_is_recorded_as_interrupted_never_as_the_previous_complete(projec
     assert not (run_dir / "stamps" / "01_second.json").exists()  # it reruns next time
     monkeypatch.setattr(orchestrator, "execute_stage", real_execute)
     assert statuses(run(project)) == ["skipped", "ran"]
+
+
+def test_a_corrupt_stamp_is_treated_as_missing_and_its_stage_reruns(project):
+    run(project)
+    stamps = project[0] / "out" / "runs" / "tiny" / "stamps"
+    (stamps / "00_first.json").write_bytes(b"\x00\xff not json")
+    (stamps / "01_second.json").write_text("[1, 2]")
+    assert statuses(run(project)) == ["ran", "ran"]
+    assert json.loads((stamps / "00_first.json").read_text())["digest"]

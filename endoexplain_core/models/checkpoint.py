@@ -152,9 +152,16 @@ def load_tree(path: str | Path) -> dict[str, Any]:
                               f"(no '{HEADER_KEY}' header)")
     try:
         skeleton = json.loads(metadata[HEADER_KEY])
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: damaged checkpoint header ({error})") from error
-    return _decode(skeleton, tensors)
+        tree = _decode(skeleton, tensors)
+    except (ValueError, RecursionError) as error:   # JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path}: damaged checkpoint header ({type(error).__name__}: "
+                              f"{_first_line(error)[:120]})") from error
+    except (KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{path}: the checkpoint header does not describe its tensors "
+                              f"({type(error).__name__}: {_first_line(error)[:120]})") from error
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"{path}: the checkpoint header holds a {type(tree).__name__}, not a record")
+    return tree
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -398,7 +398,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         upstream = digest
         executed = paths.notebooks_out / notebook.name
         stamp_path = paths.stamps / f"{stage}.json"
-        stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+        stamp = _read_stamp(stamp_path)
         record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
                   "parameters": parameters, "executed_notebook": str(executed),
                   "html": str(executed.with_suffix(".html")), "digest": digest,
@@ -453,6 +453,22 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if failure is not None:
         raise failure
     return provenance
+
+
+def _read_stamp(path: Path) -> dict[str, Any]:
+    """A stage's stamp, or {} when there is none or it is unreadable (named in the log; the
+    stage then reruns, as when its stamp is missing)."""
+    if not path.is_file():
+        return {}
+    try:
+        stamp = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        log.warning("stamp %s is unreadable (%s): its stage reruns", path, type(error).__name__)
+        return {}
+    if not isinstance(stamp, dict):
+        log.warning("stamp %s holds no record: its stage reruns", path)
+        return {}
+    return stamp
 
 
 def _mark_running(provenance_path: Path) -> None:
