@@ -79,16 +79,19 @@ def out_is_a_file(inputs, tmp_path):
     return audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
 
 
-def image_size_too_small_for_the_network(inputs, tmp_path):
+def _with_value(inputs, tmp_path, option: str, value: str) -> list[str]:
+    """The fixture's command line with ``option``'s value replaced."""
     arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
-    arguments[arguments.index("--image-size") + 1] = "2"
+    arguments[arguments.index(option) + 1] = value
     return arguments
+
+
+def image_size_too_small_for_the_network(inputs, tmp_path):
+    return _with_value(inputs, tmp_path, "--image-size", "2")
 
 
 def image_size_gives_a_one_cell_grid(inputs, tmp_path):
-    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
-    arguments[arguments.index("--image-size") + 1] = "32"
-    return arguments
+    return _with_value(inputs, tmp_path, "--image-size", "32")
 
 
 def target_layer_is_not_a_feature_map(inputs, tmp_path):
@@ -97,9 +100,7 @@ def target_layer_is_not_a_feature_map(inputs, tmp_path):
 
 
 def temperature_is_infinite(inputs, tmp_path):
-    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out")
-    arguments[arguments.index("--temperature") + 1] = "inf"
-    return arguments
+    return _with_value(inputs, tmp_path, "--temperature", "inf")
 
 
 def calibration_csv_is_binary(inputs, tmp_path):

@@ -163,6 +163,11 @@ def test_channels_last_steps_are_deterministic_resumable_and_leave_the_model_con
     assert all(tensor.is_contiguous() for tensor in weights.values())
     contiguous = checkpoint.load_tree(_train(cohort, tmp_path / "c")["path"])["state_dict"]
     assert {k: v.shape for k, v in contiguous.items()} == {k: v.shape for k, v in weights.items()}
+    # A finished run in one format is never reused for the other (its weights would differ).
+    with pytest.raises(training.CheckpointMismatchError, match="channels_last"):
+        _train(cohort, tmp_path / "c", channels_last=True)
+    with pytest.raises(training.CheckpointMismatchError, match="channels_last"):
+        _train(cohort, tmp_path / "a", channels_last=False)
 
 
 def test_optimiser_memory_format_restores_contiguous_weights_after_an_error():

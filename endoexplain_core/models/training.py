@@ -327,8 +327,10 @@ def validation_auprc(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(average_precision_score(targets, logits[:, 1] - logits[:, 0]))
 
 
-def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, settings) -> dict:
+def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, settings,
+                    channels_last: bool) -> dict:
     return {"format": CHECKPOINT_FORMAT, "spec": asdict(spec), "settings": asdict(settings),
+            "channels_last": bool(channels_last),
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
             "rng": _rng_state(), **progress}
@@ -467,10 +469,14 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
 
     if resume_path.is_file():
         state = checkpoint_files.load_tree(resume_path)  # safetensors + JSON, never unpickled
-        if state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings):
+        # The memory format is part of the identity: its kernels give other weights, so a
+        # state from the other format is never resumed or reused (a missing key: contiguous).
+        if (state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings)
+                or bool(state.get("channels_last", False)) != bool(channels_last)):
             raise CheckpointMismatchError(
-                f"{resume_path} belongs to other settings or another manifest/image size "
-                f"(stored {state.get('spec')}, {state.get('settings')}); delete it and {best_path.name} "
+                f"{resume_path} belongs to other settings, memory format or another manifest/image "
+                f"size (stored {state.get('spec')}, {state.get('settings')}, channels_last "
+                f"{bool(state.get('channels_last', False))}); delete it and {best_path.name} "
                 f"to retrain this checkpoint")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -527,7 +533,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
             progress["finished"] = (progress["epoch"] >= settings.epochs
                                     or progress["epochs_since_best"] >= settings.patience)
             _atomic_save(_training_state(model, optimizer, scheduler, scaler, progress, spec,
-                                         settings), resume_path)
+                                         settings, channels_last), resume_path)
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses):.3f}", val_auprc=f"{auprc:.3f}")
     bar.close()
