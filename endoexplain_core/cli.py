@@ -175,21 +175,16 @@ LOCK_NAME = ".endoexplain-audit.lock"
 
 @contextlib.contextmanager
 def output_folder_lock(out: Path, wait_seconds: float = 0.0):
-    """Hold an exclusive OS lock on ``<out>/.endoexplain-audit.lock`` for the block (flock:
-    released by the kernel when the holder dies, even by SIGKILL). Another holder: wait up to
-    ``wait_seconds``, then ``CommandError``."""
-    from filelock import FileLock, Timeout
+    """Hold the exclusive lock ``<out>/.endoexplain-audit.lock`` for the block
+    (``files.exclusive_lock``); another holder past ``wait_seconds``: ``CommandError``."""
+    from endoexplain_core import files
 
-    lock = FileLock(out / LOCK_NAME, timeout=wait_seconds)
     try:
-        lock.acquire()
-    except Timeout:
-        raise CommandError(f"another endoexplain audit is writing into {out}; wait for it to "
-                           f"finish, or pass --wait-for-lock SECONDS to queue behind it") from None
-    try:
-        yield out
-    finally:
-        lock.release()
+        with files.exclusive_lock(out / LOCK_NAME, wait_seconds):
+            yield out
+    except files.LockHeld as held:
+        raise CommandError(f"another endoexplain audit is writing into {out} ({held.holder}); wait "
+                           f"for it to finish, or pass --wait-for-lock SECONDS to queue behind it") from None
 
 
 # ----------------------------------------------------------------------------- the model

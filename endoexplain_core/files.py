@@ -7,10 +7,13 @@ an OS error the temporary file is removed and the error names the target.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
 import os
+import platform
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -93,3 +96,36 @@ def write_csv_atomic(table: pd.DataFrame, path: str | Path) -> Path:
 def write_parquet_atomic(table: pd.DataFrame, path: str | Path) -> Path:
     """Write a Parquet file (no index) atomically."""
     return replace_atomically(path, lambda temporary: table.to_parquet(temporary, index=False))
+
+
+class LockHeld(RuntimeError):
+    """Another process holds an ``exclusive_lock``; ``holder`` says which (pid, host, start)."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path} is held by {holder}")
+        self.path, self.holder = path, holder
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, wait_seconds: float = 0.0):
+    """Hold an OS file lock on ``path`` for the block (flock on POSIX: released by the kernel
+    when the holder dies, even by SIGKILL), with ``<path>.owner`` naming the holder. Another
+    holder: wait up to ``wait_seconds`` (negative: indefinitely), then raise ``LockHeld``."""
+    from filelock import FileLock, Timeout
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.with_name(path.name + ".owner")
+    lock = FileLock(path, timeout=wait_seconds)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = owner.read_text().strip() if owner.is_file() else "unknown process"
+        raise LockHeld(path, holder) from None
+    try:
+        owner.write_text(f"pid {os.getpid()} on {platform.node()}, started "
+                         f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        yield path
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()

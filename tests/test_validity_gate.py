@@ -378,3 +378,11 @@ def test_display_labels_of_failing_methods_get_a_dagger():
     marked = validity_gate.mark_display_labels(table, gate)
     assert marked["Map"].tolist() == ["Grad-CAM", "XGrad-CAM\u2020", "Random heatmap"]
     assert marked["n"].tolist() == [1, 2, 3]
+
+
+def test_05_audits_learned_checkpoints_and_controls_besides_the_primary():
+    learning = pd.DataFrame({"checkpoint_id": ["e1", "e2", "c1", "shuffled"],
+                             "learned": [True, True, False, False],
+                             "control": ["none", "none", "none", "shuffled_labels"]})
+    assert validity_gate.other_checkpoints_to_audit(learning, "e1", False) == ["e2", "shuffled"]
+    assert validity_gate.other_checkpoints_to_audit(learning, "e1", True) == ["e2", "c1", "shuffled"]

@@ -695,6 +695,14 @@ def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFra
     return table
 
 
+def other_checkpoints_to_audit(learning: pd.DataFrame, primary_id: str, audit_unlearned: bool) -> list[str]:
+    """Checkpoint ids (registry order) that 05 audits besides the primary (whose audit is
+    04's): every one with ``audit_unlearned``, else those that learned and the controls, which
+    are audited whatever they scored. ``learning``: ``learning_table``."""
+    chosen = audit_unlearned | learning["learned"].astype(bool) | (learning["control"] != "none")
+    return [c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]
+
+
 # --- resolution sensitivity ---------------------------------------------------------------------
 
 def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,

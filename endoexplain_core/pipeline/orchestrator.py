@@ -306,27 +306,15 @@ def run_lock_path(profile: str, output_root: Path) -> Path:
 def run_folder_lock(profile: str, output_root: Path, wait_seconds: float = 0.0):
     """Hold the run-folder lock for the block; raise ``RunFolderLocked`` if another run holds
     it for longer than ``wait_seconds`` (0: do not wait; negative: wait indefinitely)."""
-    from filelock import FileLock, Timeout
-
     path = run_lock_path(profile, output_root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    owner = path.with_name(path.name + ".owner")
-    lock = FileLock(path, timeout=wait_seconds)
     try:
-        lock.acquire()
-    except Timeout:
-        holder = owner.read_text().strip() if owner.is_file() else "unknown process"
+        with files.exclusive_lock(path, wait_seconds):
+            yield path
+    except files.LockHeld as held:
         raise RunFolderLocked(
-            f"the run folder {path.parent / path.stem} is in use by another run ({holder}); "
+            f"the run folder {path.parent / path.stem} is in use by another run ({held.holder}); "
             f"this run stopped before doing anything. Wait for it to finish, or pass "
             f"--wait-for-lock SECONDS to queue behind it") from None
-    try:
-        owner.write_text(f"pid {os.getpid()} on {platform.node()}, started "
-                         f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        yield path
-    finally:
-        owner.unlink(missing_ok=True)
-        lock.release()
 
 
 def _one_run_per_folder(function):
