@@ -91,7 +91,10 @@ def test_run_index_links_only_existing_files(tmp_path):
     record.write_figure_index(figures_dir, provenance["stages"])
     page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
     hrefs = re.findall(r'(?:href|src)="([^"]+)"', page)
-    assert hrefs and all((run_dir / unquote(h)).resolve().is_file() for h in hrefs)
+    anchors = [h for h in hrefs if h.startswith("#")]        # in-page: the id must exist
+    assert anchors and all(f'id="{h[1:]}"' in page for h in anchors)
+    files = [h for h in hrefs if not h.startswith("#")]
+    assert files and all((run_dir / unquote(h)).resolve().is_file() for h in files)
     assert "notebooks/06_transfer.html" in hrefs and "provenance.json" in hrefs
     assert "../../figures/smoke/figure%201%20workflow.png" in hrefs
     assert "07_extra.html (not written)" in page and "status-skipped" in page
@@ -237,6 +240,32 @@ def test_index_html_renders_in_chromium_with_every_link_and_image(tmp_path):
     broken = broken_resources(render_in_chromium(page))
     assert any("image" in b and "figure5_transfer.png" in b for b in broken)
     assert any(b.startswith("link") and "figure5_transfer.png" in b for b in broken)
+
+
+def test_index_html_puts_results_first_banners_brief_figures_then_tables(tmp_path):
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    gate = pd.DataFrame({"method": ["gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam", "random"],
+                         "verdict": ["passes", "inconclusive", "passes", "fails", "passes", "fails"]})
+    artefacts.save_table(gate, "table_validity_gate", figures_dir)
+    long_table = pd.DataFrame({"method": ["gradcam"] * 60, "n": range(60)})
+    artefacts.save_table(long_table, "table_paper_comparison", figures_dir)
+    (figures_dir / "summary.md").write_text(
+        "# Run summary\n\n## In brief\n\n- **Validity gate**: 3 of 5 pass.\n- **Classifier**: fine.\n\n"
+        "## Headline numbers\n\nnot in the brief\n")
+    provenance["data_root"] = "(embedded synthetic cohort)"
+    page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
+    order = [page.index(marker) for marker in (
+        "Synthetic cohort:", "Validity gate: 3 of 5 CAM methods pass", "<h2>In brief</h2>",
+        "<h2>Figures</h2>", "Paper versus this run", 'id="tables"', 'id="notebooks"')]
+    assert order == sorted(order)
+    assert "Grad-CAM++ inconclusive, HiResCAM fails" in page and "banner-gate-warn" in page
+    assert "<strong>Classifier</strong>: fine." in page and "not in the brief" not in page
+    assert "(60 rows)" in page and page.count("<tr>") >= 60            # every row, no "first 40"
+    assert record.FIGURE_CAPTIONS["figure5_transfer"] in page
+    # compute time: the stages' own runs (1.5 s each, three ran or skipped), not the 12 s invocation
+    assert "compute behind these results 0.1 min" in page and "this invocation 12.0 s" in page
+    real = record.write_run_index(run_dir, figures_dir, {**provenance, "data_root": "/data"}).read_text()
+    assert "Synthetic cohort:" not in real
 
 
 # --------------------------------------------------------------------------- final tables, Figures 1-2

@@ -31,6 +31,8 @@ from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.validity_gate import DAGGER
 from endoexplain_core import artefacts, files
 from endoexplain_core.figures import style
+from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.pipeline import summary
 
 INDEX_NAME = "README.md"
 UNKNOWN_STAGE = "unknown stage"
@@ -172,16 +174,30 @@ def write_figure_index(figures_dir: str | Path, stage_records: list[dict]) -> Pa
 # --------------------------------------------------------------------------- index.html
 
 _STYLE = """
-body { font-family: DejaVu Sans, Arial, sans-serif; margin: 1.5em; max-width: 75em; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+body { font-family: DejaVu Sans, Arial, sans-serif; margin: 1.5em auto; max-width: 80em;
+       padding: 0 1em; line-height: 1.4; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
 code { font-size: 0.9em; }
 .status-ran { color: #1b7f3b; } .status-skipped { color: #555; }
 .status-failed { color: #b00020; font-weight: bold; } .status-not_run { color: #999; }
-.gallery { display: flex; flex-wrap: wrap; gap: 1em; }
-figure { margin: 0; width: 16em; }
-figure img { width: 100%; max-height: 14em; object-fit: contain; border: 1px solid #ddd; }
-figcaption { font-size: 0.85em; word-break: break-all; }
+.banner { padding: 0.6em 1em; border-radius: 4px; margin: 0.6em 0; font-weight: bold; }
+.banner-synthetic { background: #fff4d6; border: 1px solid #e0b000; }
+.banner-gate-pass { background: #e3f4e8; border: 1px solid #1b7f3b; }
+.banner-gate-warn { background: #fde8e8; border: 1px solid #b00020; }
+.brief li { margin: 0.3em 0; }
+.facts { color: #444; font-size: 0.9em; }
+.scroll { overflow-x: auto; max-height: 32em; overflow-y: auto; border: 1px solid #eee;
+          margin-bottom: 1.5em; }
+.scroll table { margin: 0; }
+.scroll td { white-space: nowrap; }
+.gallery { display: grid; grid-template-columns: repeat(auto-fill, minmax(24em, 1fr)); gap: 1.2em; }
+figure { margin: 0; }
+figure img { width: 100%; max-height: 22em; object-fit: contain; border: 1px solid #ddd;
+             background: white; }
+figcaption { font-size: 0.85em; }
+figcaption .file { color: #666; word-break: break-all; }
 """
 
 
@@ -205,6 +221,43 @@ def _parameter_table(parameters: dict) -> str:
             f"<table>{rows}</table></details>")
 
 
+# One-sentence captions of the figures (file stem -> caption); others show their file name.
+FIGURE_CAPTIONS = {
+    "figure1_workflow": "Figure 1. The audit's stages, from content-hashed study roles to transfer.",
+    "figure2_calibration_threshold": "Figure 2. (A) Reliability of the primary's scores before and "
+                                     "after temperature scaling; (B) peak failure per map against "
+                                     "the score threshold, with the images each threshold keeps.",
+    "figure3_cases": "Figure 3. Audited high-score cases: the frame, the lesion mask and each map "
+                     "with its peak and IoU.",
+    "figure4_robustness": "Figure 4. The architecture x seed matrix: peak failure on each "
+                          "checkpoint's own high-score subset (A) and on the primary's (B); logit "
+                          "drop after deleting the top area, against random deletion (C).",
+    "figure5_transfer": "Figure 5. The frozen primary on external cohorts: mean IoU of each map "
+                        "with the polyp (95% CI) beside the centre baseline.",
+    "figure_s1_training_curves": "Figure S1. Training loss and validation AUPRC per epoch of every "
+                                 "checkpoint of the matrix.",
+    "figure_s2_reliability": "Figure S2. Reliability diagram of the test split (raw and "
+                             "temperature-scaled scores) and the images per score bin.",
+    "figure_s_extended_iou_curves": "IoU of each map with the lesion mask against the map "
+                                    "threshold; the legend gives the area under the curve.",
+    "figure_s_extended_top_k": "Top-k sweep: IoU of the top k% pixels with the lesion, and the "
+                               "share of top-k saliency inside it, for k = 5-50%.",
+    "figure_s_extended_energy_lift": "Energy lift: each map's energy inside the lesion relative to "
+                                     "the lesion's area, in bits (0 = a uniform map).",
+    "figure_s_extended_c_score": "C-Score: consistency of each method's maps across correctly "
+                                 "classified images.",
+    "figure_s_faithfulness_road": "ROAD: drop of the scaled score when the most (MoRF) or least "
+                                  "(LeRF) relevant pixels are filled by noisy linear imputation.",
+    "figure_s_faithfulness_srg": "Symmetric relevance gain (MoRF minus LeRF drop), and deletion "
+                                 "beyond shape-preserving and pixel-wise random controls.",
+    "figure_s_faithfulness_randomisation": "Cascading randomisation: similarity of each map to the "
+                                           "trained model's as blocks are re-initialised from the head.",
+    "figure_s_faithfulness_subgroups": "Adjusted subgroup gaps in peak failure on the external "
+                                       "cohorts, with the equivalence margin.",
+    "contact_sheet": "Contact sheet: the first frames of every category and external cohort "
+                     "(segmented masks outlined).",
+}
+
 # The tables shown inline at the top of index.html: file stem -> heading.
 HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary checkpoint",
                    "table4_panel_a": "Table 4, panel A: high-score population",
@@ -212,14 +265,13 @@ HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary ch
                    "table_verdict_stability": "Do the headline verdicts hold under a perturbed seed?",
                    "table5_adjusted_model_formatted": "Table 5: adjusted failure model",
                    "table_paper_comparison": "Paper versus this run"}
-HEADLINE_ROWS = 40
 
 
 def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_records: list[dict],
                          tables: dict[str, str] = HEADLINE_TABLES) -> list[str]:
-    """HTML blocks for the headline tables that exist in ``figures_dir``: heading, the table
-    formatted like the paper's final tables (``final_table``), and links to the CSV and to the
-    executed notebook (HTML) that wrote it. Missing tables are skipped."""
+    """HTML blocks for the headline tables that exist in ``figures_dir``: heading, the whole
+    table formatted like the paper's final tables (``final_table``) in a scroll box, and links
+    to the CSV and to the executed notebook (HTML) that wrote it. Missing tables are skipped."""
     figures_dir, run_dir = Path(figures_dir), Path(run_dir)
     attribution = attribute_files(figures_dir, stage_records)
     blocks = ["<h2>Headline tables</h2>"]
@@ -232,10 +284,9 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
         source = _link(path, run_dir, path.name)
         if producer and producer.get("html"):
             source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
-        more = (f"<p>first {HEADLINE_ROWS} of {len(table)} rows</p>" if len(table) > HEADLINE_ROWS else "")
-        blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source}</p>",
-                   table.head(HEADLINE_ROWS).to_html(index=False, escape=True, na_rep="", border=0),
-                   more]
+        blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
+                   '<div class="scroll">'
+                   + table.to_html(index=False, escape=True, na_rep="", border=0) + "</div>"]
     return blocks if len(blocks) > 1 else []
 
 
@@ -251,27 +302,102 @@ def _cpu_numerics_text(provenance: dict) -> str:
             f"{facts.get('torch_threads')} torch threads; torch {facts.get('torch_version')}")
 
 
+def compute_seconds(stage_records: list[dict]) -> float:
+    """Seconds of compute behind the record's artefacts: each stage's own run (for a stage
+    skipped as unchanged, the run that made its files, ``stage_timing``), summed."""
+    return sum(stage_timing(record)[1] for record in stage_records)
+
+
+def is_synthetic(provenance: dict) -> bool:
+    """True when the run used the embedded synthetic cohort (no data root)."""
+    data_root = str(provenance.get("data_root") or "")
+    return not data_root or "synthetic" in data_root
+
+
+def brief_html(figures_dir: Path, run_dir: Path) -> list[str]:
+    """The summary's "In brief" section (``summary.md``, written by notebook 09) as HTML, with
+    a link to the whole summary; [] before notebook 09 has run."""
+    import mistune
+
+    path = figures_dir / summary.SUMMARY_NAME
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    brief = text.split(summary.BRIEF_HEADING, 1)[-1].split("\n## ", 1)[0] if summary.BRIEF_HEADING in text else ""
+    if not brief.strip():
+        return []
+    return ["<h2>In brief</h2>", f'<div class="brief">{mistune.html(brief)}</div>',
+            f"<p>All headline numbers: {_link(path, run_dir, summary.SUMMARY_NAME)}</p>"]
+
+
+def gate_banner(figures_dir: Path) -> str:
+    """One line on the validity gate's verdict for the CAM methods, coloured by outcome."""
+    path = figures_dir / "table_validity_gate.csv"
+    if not path.is_file():
+        return ('<p class="banner banner-gate-warn">Validity gate not run: no CAM method is '
+                "validated in this record.</p>")
+    gate = pd.read_csv(path)
+    cams = gate[gate["method"].isin(CAM_METHODS)]
+    passing = [style.method_label(m) for m, v in zip(cams["method"], cams["verdict"]) if v == "passes"]
+    others = ", ".join(f"{style.method_label(m)} {v}" for m, v in zip(cams["method"], cams["verdict"])
+                       if v != "passes")
+    kind = "pass" if len(passing) == len(cams) else "warn"
+    text = (f"Validity gate: {len(passing)} of {len(cams)} CAM methods pass"
+            + (f" ({', '.join(passing)})" if passing else "")
+            + (f"; {others}. Their rates are marked {DAGGER} and say nothing about lesion "
+               "localisation." if others else "."))
+    return f'<p class="banner banner-gate-{kind}">{html.escape(text)}</p>'
+
+
+def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str]) -> list[str]:
+    """Captioned figures (paper figures first), each linked to its PNG, PDF and notebook cell."""
+    pngs = [n for n in names if n.lower().endswith(".png")]
+    order = {stem: i for i, stem in enumerate(FIGURE_CAPTIONS)}
+    pngs.sort(key=lambda n: (order.get(Path(n).stem, len(order)), n))
+    items = []
+    for name in pngs:
+        png = figures_dir / name
+        pdf = png.with_suffix(".pdf")
+        caption = FIGURE_CAPTIONS.get(Path(name).stem, "")
+        links = _link(png, run_dir, name) + (f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else "")
+        items.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
+                     f' alt="{html.escape(caption or name)}" loading="lazy"></a>'
+                     f"<figcaption>{html.escape(caption)} <span class=\"file\">{links}"
+                     f"{cell_link(figures_dir, name, run_dir)}</span></figcaption></figure>")
+    return ["<h2>Figures</h2>",
+            f'<div class="gallery">{"".join(items)}</div>' if items else "<p>no figures</p>"]
+
+
 def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: dict) -> Path:
-    """Write ``<run_dir>/index.html`` linking the executed notebooks' HTML exports (with their
-    parameters, status and duration), ``provenance.json``, the figure index and a thumbnail of
-    every figure PNG. Returns the path of the page."""
+    """Write ``<run_dir>/index.html``, results first: the synthetic-data and validity-gate
+    banners, the summary's "In brief" sentences, captioned figures, the headline tables (all
+    rows), every table file; then the executed notebooks (HTML, parameters, status, the seconds
+    of the run that made their files), checkpoint hashes and provenance. Returns its path."""
     run_dir, figures_dir = Path(run_dir).resolve(), Path(figures_dir).resolve()
     escape = html.escape
     git = provenance.get("git") or {}
+    stage_records = provenance.get("stages") or []
+    synthetic = is_synthetic(provenance)
     head = [f"<h1>endoExplain run record: profile <code>{escape(str(provenance.get('profile')))}"
-            "</code></h1>",
-            "<ul>",
-            f"<li>status: {escape(str(provenance.get('status', 'unknown')))}, wall time "
-            f"{float(provenance.get('wall_seconds') or 0.0):.1f} s</li>",
-            f"<li>git commit <code>{escape(str(git.get('commit')))}</code>"
-            f"{' (working tree dirty)' if git.get('dirty') else ''}</li>",
-            f"<li>manifest digest <code>{escape(str(provenance.get('manifest_digest')))}</code></li>",
-            f"<li>data: {escape(str(provenance.get('data_root', '')))}</li>",
-            f"<li>CPU numerics: {escape(_cpu_numerics_text(provenance))}</li>",
-            f"<li>provenance record: {_link(run_dir / 'provenance.json', run_dir, 'provenance.json')}"
-            "</li>",
-            f"<li>figure index: {_link(figures_dir / INDEX_NAME, run_dir, INDEX_NAME)}</li>",
-            "</ul>"]
+            "</code></h1>"]
+    if synthetic:
+        head.append('<p class="banner banner-synthetic">Synthetic cohort: every number and image '
+                    "in this record comes from the embedded synthetic cohort (HyperKvasir-, ETIS-, "
+                    "PolypGen- and PolypDB-like frames), not from patients.</p>")
+    head.append(gate_banner(figures_dir))
+    head += ['<ul class="facts">',
+             f"<li>status: {escape(str(provenance.get('status', 'unknown')))}; compute behind "
+             f"these results {compute_seconds(stage_records) / 60:.1f} min (sum of the stages' "
+             f"own runs); this invocation {float(provenance.get('wall_seconds') or 0.0):.1f} s</li>",
+             f"<li>git commit <code>{escape(str(git.get('commit')))}</code>"
+             f"{' (working tree dirty)' if git.get('dirty') else ''}; manifest digest "
+             f"<code>{escape(str(provenance.get('manifest_digest')))[:12]}</code>; data: "
+             f"{escape(str(provenance.get('data_root', '')))}</li>",
+             f"<li>CPU numerics: {escape(_cpu_numerics_text(provenance))}</li>",
+             f"<li>{_link(run_dir / 'provenance.json', run_dir, 'provenance.json')} | "
+             f"{_link(figures_dir / INDEX_NAME, run_dir, 'figure index')} | "
+             '<a href="#notebooks">notebooks</a> | <a href="#tables">all tables</a></li>',
+             "</ul>"]
 
     stage_rows = []
     for record in provenance.get("stages") or []:
@@ -289,7 +415,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
             f"<td>{seconds:.1f}</td>"
             f"<td>{html_cell}<br>{notebook_cell}</td>"
             f"<td>{_parameter_table(record.get('parameters') or {})}</td></tr>")
-    stages = ["<h2>Notebooks</h2>", "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
+    stages = ['<h2 id="notebooks">Notebooks</h2>', "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
               "<th>executed notebook</th><th>parameters</th></tr>", *stage_rows, "</table>"]
 
     # Resume states (``<id>.resume.*``) are training state, not checkpoints of the study.
@@ -301,30 +427,22 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                        f"<table>{checkpoint_rows}</table>" if checkpoints else "<p>none</p>"]
 
     names = figure_files(figures_dir)
-    thumbnails = []
-    for name in (n for n in names if n.lower().endswith(".png")):
-        png = figures_dir / name
-        pdf = png.with_suffix(".pdf")
-        pdf_link = f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else ""
-        thumbnails.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
-                          f' alt="{escape(name)}" loading="eager"></a>'
-                          f"<figcaption>{escape(name)}{pdf_link}"
-                          f"{cell_link(figures_dir, name, run_dir)}</figcaption></figure>")
     tables = [n for n in names if Path(n).suffix.lower() == ".csv"]
     table_items = "".join(
         f"<li>{_link(figures_dir / n, run_dir, n)}"
         + "".join(f" | {_link((figures_dir / n).with_suffix(s), run_dir, s[1:])}"
                   for s in (".md", ".tex") if (figures_dir / n).with_suffix(s).is_file())
         + cell_link(figures_dir, n, run_dir) + "</li>" for n in tables)
-    figures = ["<h2>Figures</h2>", f'<div class="gallery">{"".join(thumbnails)}</div>'
-               if thumbnails else "<p>no figures</p>",
-               "<h2>Tables</h2>", f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
+    table_list = ['<h2 id="tables">All tables</h2>',
+                  f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
 
-    headline = headline_tables_html(figures_dir, run_dir, provenance.get("stages") or [])
+    headline = headline_tables_html(figures_dir, run_dir, stage_records)
     page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
                       f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
                       "</title>", f"<style>{_STYLE}</style></head><body>",
-                      *head, *headline, *stages, *checkpoint_part, *figures, "</body></html>", ""])
+                      *head, *brief_html(figures_dir, run_dir),
+                      *figure_gallery(figures_dir, run_dir, names), *headline, *table_list,
+                      *stages, *checkpoint_part, "</body></html>", ""])
     path = run_dir / "index.html"
     files.write_text_atomic(path, page)
     return path
