@@ -137,3 +137,25 @@ def printable(text: str) -> str:
 def markdown_cell(value) -> str:
     """``value`` as one Markdown table cell: ``printable`` with the pipe escaped."""
     return printable(str(value)).replace("|", "\\|")
+
+
+def display_path(path: str | Path, run_dir: str | Path, figures_dir: str | Path) -> str:
+    """``path`` for a notebook's printed output: relative to the output root (the folder holding
+    ``runs/`` and ``figures/``) or to the repository when it lies inside one of them, else as
+    given (a user's own data folder)."""
+    path = Path(path).resolve()
+    root = Path(os.path.commonpath([Path(run_dir).resolve(), Path(figures_dir).resolve()]))
+    repository = Path(__file__).resolve().parent.parent
+    for base in (root, repository):
+        if path == base or base in path.parents:
+            return path.relative_to(base).as_posix()
+    return str(path)
+
+
+def written_listing(paths, run_dir: str | Path, figures_dir: str | Path) -> str:
+    """The files a notebook wrote, sorted, one per line, relative to the output root (the
+    folder that holds ``runs/`` and ``figures/``), so an executed notebook names no absolute
+    path of the machine it ran on. Duplicates are listed once."""
+    root = Path(os.path.commonpath([Path(run_dir).resolve(), Path(figures_dir).resolve()]))
+    relative = sorted({Path(os.path.relpath(Path(p).resolve(), root)).as_posix() for p in paths})
+    return f"{len(relative)} files written (relative to the output root):\n" + "\n".join(relative)

@@ -56,6 +56,27 @@ def test_every_stage_ran_and_left_its_record(smoke_run):
     assert (run_dir / "index.html").is_file()
 
 
+def _output_text(output: dict) -> str:
+    if "text" in output:
+        return "".join(output["text"])
+    data = output.get("data", {})
+    return "".join("".join(data.get(kind, "")) for kind in ("text/plain", "text/markdown", "text/html"))
+
+
+def test_executed_notebooks_are_clean_records_and_progress_went_to_the_logs(smoke_run):
+    run_dir = smoke_run / "runs" / "smoke"
+    root = str(smoke_run.resolve())
+    for path in sorted((run_dir / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            for output in cell.get("outputs", []):
+                text = _output_text(output)
+                # no progress bar, no warning (both are stderr streams), no machine path
+                assert output.get("name") != "stderr", f"{path.name}: {text[:300]}"
+                assert root not in text, f"{path.name}: {text[:300]}"
+    training_log = (run_dir / "logs" / "01_training.log").read_text()
+    assert "efficientnet_b0_s1129: 100%" in training_log and "\r" not in training_log
+
+
 def test_the_run_records_its_cpu_numerics_and_writes_a_summary(smoke_run):
     from endoexplain_core import numerics
     from endoexplain_core.pipeline import summary

@@ -34,8 +34,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from tqdm.auto import tqdm
 
+from endoexplain_core.progress import progress_bar
 from endoexplain_core.analysis import map_diagnostics
 from endoexplain_core import files
 from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metrics, threshold
@@ -314,7 +314,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     try:
         with pq.ParquetWriter(temporary_table, AUDIT_SCHEMA) as table_writer, \
                 pq.ParquetWriter(temporary_deletion, deletion_schema) as deletion_writer, \
-                tqdm(total=total, desc=checkpoint_id, unit="img") as bar:
+                progress_bar(total=total, desc=checkpoint_id, unit="img") as bar:
             for ids, images, masks in prepared_batches(cases, image_size, batch_size, excluded):
                 rows, random_table = audit_batch(
                     model, layer_module, images.to(torch_device), masks.to(torch_device), ids,

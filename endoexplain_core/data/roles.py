@@ -30,8 +30,8 @@ import imagehash
 import numpy as np
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
-from tqdm.auto import tqdm
 
+from endoexplain_core.progress import progress_bar
 from endoexplain_core.config import resolve_data_root
 from endoexplain_core.data.imageio import ImageReadError
 from endoexplain_core import files
@@ -90,7 +90,7 @@ def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
     """Hash every file: DataFrame (one row per path, input order) with columns
     ``sha256`` (str), ``ahash`` (str, 64 hex), ``width``, ``height`` (int, pixels)."""
     rows = []
-    for path in tqdm(paths, desc=description, disable=not progress, unit="file"):
+    for path in progress_bar(paths, desc=description, disable=not progress, unit="file"):
         path = Path(path)
         if not path.is_file():
             raise ImageReadError(f"{path}: file does not exist")
@@ -363,7 +363,7 @@ def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
                                         f"{recorded[:12]}; rerun 00_roles")
     manifest = read_manifest(csv_path)
     missing, changed = [], []
-    for path, digest, mask in tqdm(manifest[["path", "sha256", "mask_path"]].itertuples(
+    for path, digest, mask in progress_bar(manifest[["path", "sha256", "mask_path"]].itertuples(
             index=False), total=len(manifest), desc="verifying files", disable=not progress):
         file = root / path
         if not file.is_file():

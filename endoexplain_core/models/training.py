@@ -38,8 +38,8 @@ import torch
 from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
+from endoexplain_core.progress import progress_bar
 from endoexplain_core import files, numerics
 from endoexplain_core.data import datasets
 from endoexplain_core.models import checkpoint as checkpoint_files
@@ -485,7 +485,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
         _set_rng_state(state["rng"])
         progress = {key: state[key] for key in progress}
 
-    bar = tqdm(total=settings.epochs, initial=progress["epoch"], desc=spec.checkpoint_id,
+    bar = progress_bar(total=settings.epochs, initial=progress["epoch"], desc=spec.checkpoint_id,
                unit="epoch", disable=not show_progress)
     with deterministic_algorithms(device):
         while not progress["finished"]:
@@ -753,7 +753,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
     manifest = manifest[manifest["role"].isin(roles)].reset_index(drop=True)
     dataset = datasets.ManifestDataset(manifest, data_root, image_size, cache=datasets.ImageCache())
     frames = []
-    for entry in tqdm(registry.itertuples(index=False), total=len(registry), desc="logits",
+    for entry in progress_bar(registry.itertuples(index=False), total=len(registry), desc="logits",
                       disable=not show_progress):
         model, _ = load_model(run_dir / entry.path, manifest_digest, image_size, device)
         logits = predict_logits(model, dataset, batch_size, device)

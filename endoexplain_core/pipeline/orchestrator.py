@@ -190,19 +190,64 @@ def _link_provenance(figures_dir: Path, stage: str, executed: Path, parameters: 
     record.link_provenance(figures_dir, stage, executed, parameters, digest)
 
 
+class _ProgressEcho:
+    """Echo a stage's progress log to this process's log while the stage runs: the kernel
+    writes its bars there (``progress``), not into the executed notebook."""
+
+    def __init__(self, path: Path, stage: str, interval: float = 2.0):
+        import threading
+
+        self.path, self.stage, self.interval = path, stage, interval
+        self._offset, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"progress-{stage}", daemon=True)
+
+    def _echo_new_lines(self) -> None:
+        if not self.path.is_file():
+            return
+        with self.path.open("r", encoding="utf-8", errors="replace") as stream:
+            stream.seek(self._offset)
+            text = stream.read()
+        complete = text[: text.rfind("\n") + 1]        # a half-written line waits for its end
+        self._offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            log.info("[%s] %s", self.stage, line.strip())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._echo_new_lines()
+
+    def __enter__(self) -> "_ProgressEcho":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._echo_new_lines()
+
+
 @contextlib.contextmanager
-def _stage_environment(stage: str):
-    """``ENDOEXPLAIN_STAGE=<stage>`` for the kernel Papermill starts (the artefact sidecars
-    record it); the previous value is restored afterwards."""
-    previous = os.environ.get(artefacts.STAGE_ENV)
-    os.environ[artefacts.STAGE_ENV] = stage
+def _stage_environment(stage: str, progress_log: Path):
+    """The environment of the kernel Papermill starts for ``stage``: ``ENDOEXPLAIN_STAGE``
+    (the artefact sidecars record it) and ``ENDOEXPLAIN_PROGRESS_LOG`` = ``progress_log``
+    (emptied first; echoed to the console while the stage runs). Previous values are restored
+    afterwards."""
+    from endoexplain_core.progress import PROGRESS_LOG_ENV
+
+    progress_log.parent.mkdir(parents=True, exist_ok=True)
+    progress_log.write_text("")
+    updates = {artefacts.STAGE_ENV: stage, PROGRESS_LOG_ENV: str(progress_log)}
+    previous = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
     try:
-        yield
+        with _ProgressEcho(progress_log, stage):
+            yield
     finally:
-        if previous is None:
-            os.environ.pop(artefacts.STAGE_ENV, None)
-        else:
-            os.environ[artefacts.STAGE_ENV] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def export_html(executed: Path) -> Path:
@@ -408,7 +453,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         before = _figure_snapshot(paths.figures_dir)
         stage_started = time.perf_counter()
         try:
-            with _stage_environment(stage):
+            with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
                 execute_stage(notebook, executed, parameters, kernel_name)
             record["status"] = "ran"
         except StageFailed as error:

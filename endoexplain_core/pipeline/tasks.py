@@ -224,14 +224,14 @@ class TaskRunner:
         if self.client is None:
             raise RuntimeError("TaskRunner.map on Dask needs the runner entered (with TaskRunner(...))")
         from distributed import as_completed
-        from tqdm.auto import tqdm
+        from endoexplain_core.progress import progress_bar
 
         name = getattr(function, "__name__", "task")
         futures = [self.client.submit(run_task, function, kwargs, label, self.torch_threads,
                                       key=f"{name}-{label}-{time.time_ns()}", pure=False)
                    for kwargs, label in zip(calls, labels)]
         by_key = {future.key: label for future, label in zip(futures, labels)}
-        with tqdm(total=len(futures), desc=name, unit="task", disable=not self.progress,
+        with progress_bar(total=len(futures), desc=name, unit="task", disable=not self.progress,
                   file=sys.stdout) as bar:
             for future in as_completed(futures):
                 if future.status == "error":

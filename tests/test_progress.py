@@ -1,0 +1,48 @@
+"""Progress bars go to the stage's log under the orchestrator, never into the executed notebook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from endoexplain_core import artefacts, progress
+
+
+def test_bar_writes_plain_lines_to_the_progress_log_and_nothing_to_stderr(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "logs" / "01_training.log"
+    log.parent.mkdir()
+    monkeypatch.setenv(progress.PROGRESS_LOG_ENV, str(log))
+    for _ in progress.progress_bar(range(3), desc="efficientnet_b0_s1129", unit="epoch"):
+        pass
+    lines = log.read_text().splitlines()
+    assert lines and all("\r" not in line for line in lines)
+    assert lines[-1].startswith("efficientnet_b0_s1129: 100%") and "3/3" in lines[-1]
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+    with progress.progress_bar(total=2, desc="logits") as bar:   # manual updates and postfix
+        bar.update(2)
+        bar.set_postfix(loss=0.5)
+    assert log.read_text().splitlines()[-1].startswith("logits: 100%")
+    assert bar._log_stream is None                                 # the bar closed its log file
+
+
+def test_without_the_log_the_bar_is_an_ordinary_stderr_bar(monkeypatch, capsys):
+    monkeypatch.delenv(progress.PROGRESS_LOG_ENV, raising=False)
+    for _ in progress.progress_bar(range(2), desc="hashing"):
+        pass
+    assert "hashing: 100%" in capsys.readouterr().err
+
+
+def test_written_listing_and_display_path_name_no_absolute_path(tmp_path):
+    run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
+    paths = [run_dir / "checkpoints" / "registry.csv", str(figures_dir / "table2_roles.csv"),
+             figures_dir / "table2_roles.csv"]
+    listing = artefacts.written_listing(paths, run_dir, figures_dir)
+    assert listing.splitlines() == ["2 files written (relative to the output root):",
+                                    "figures/smoke/table2_roles.csv",
+                                    "runs/smoke/checkpoints/registry.csv"]
+    assert str(tmp_path) not in listing
+    assert artefacts.display_path(run_dir / "data", run_dir, figures_dir) == "runs/smoke/data"
+    repository = Path(artefacts.__file__).resolve().parent.parent
+    assert artefacts.display_path(repository / "data_manifest" / "smoke", run_dir, figures_dir) == "data_manifest/smoke"
+    elsewhere = Path("/srv/hyperkvasir")
+    assert artefacts.display_path(elsewhere, run_dir, figures_dir) == str(elsewhere)   # a user's data
