@@ -318,3 +318,37 @@ def test_secondary_outcomes_and_checkpoint_ranges():
     assert row["max_checkpoint"] == "resnet34_s1" and row["identical_by_construction_in"] == "resnet34"
     assert row["non_learning_checkpoints"] == "resnet34_s1"
     assert row["temperature_at_bound_checkpoints"] == "resnet34_s1"
+
+
+def test_a_term_whose_bootstrap_interval_is_unbounded_is_printed_not_estimable_beside_firth():
+    # Separated replicates count as infinite estimates, so a percentile bound they reach is
+    # exactly 0 or inf (the default run's Grad-CAM++ row: OR 1.000, CI 0 to 1.000).
+    table = pd.DataFrame({"term": ["Grad-CAM++ versus Grad-CAM", "HiResCAM versus Grad-CAM",
+                                   "XGrad-CAM versus Grad-CAM"],
+                          "odds_ratio": [0.9997, 116.67, 1.699], "ci_low": [0.0, 40.9, 0.734],
+                          "ci_high": [0.9998, np.inf, 60.1], "estimable": True, "note": "",
+                          "separated_replicates": [18, 67, 22]})
+    assert [summaries.interval_unbounded(lo, hi) for lo, hi in zip(table["ci_low"], table["ci_high"])] == [
+        True, True, False]
+    firth = pd.DataFrame({"term": table["term"], "odds_ratio": [1.0, 45.3, np.nan],
+                          "ci_low": [0.143, 5.32, np.nan], "ci_high": [6.995, 887.4, np.nan],
+                          "separated_in_mle": False,
+                          "interval": ["profile penalised likelihood (rows independent)"] * 2
+                          + ["not converged in 200 iterations"]})
+    shown = summaries.format_table5(table, firth=firth).set_index("Term")
+    assert shown.loc["Grad-CAM++ versus Grad-CAM", "Odds ratio (95% CI)"] == (
+        "not estimable (bootstrap interval unbounded: 18 replicates separated)")
+    assert shown.loc["HiResCAM versus Grad-CAM", "Odds ratio (95% CI)"].startswith("not estimable")
+    # 22 separated replicates split between the two directions leave both bounds finite
+    assert shown.loc["XGrad-CAM versus Grad-CAM", "Odds ratio (95% CI)"] == "1.699 (0.734 to 60.100)"
+    assert shown.loc["HiResCAM versus Grad-CAM", "Firth odds ratio (95% profile CI)"] == "45.300 (5.320 to 887.400)"
+    assert shown.loc["XGrad-CAM versus Grad-CAM", "Firth odds ratio (95% profile CI)"] == "not converged in 200 iterations"
+    footnote = summaries.table5_footnote(table, 500)
+    assert "Grad-CAM++ versus Grad-CAM, HiResCAM versus Grad-CAM." in footnote and "Firth column" in footnote
+
+
+def test_table5_heading_states_outcome_n_and_reference():
+    frame = pd.DataFrame({"sample_id": ["a"] * 5 + ["b"] * 5})
+    heading = summaries.table5_heading(frame)
+    assert "n = 2 high-score images x 5 CAMs = 10 rows" in heading and "reference: Grad-CAM" in heading
+    assert heading.startswith("Outcome: the CAM's peak lies outside the lesion")

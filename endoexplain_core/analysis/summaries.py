@@ -678,17 +678,60 @@ def format_odds_ratio(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def format_table5(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """Table 5 as printed: term and "odds ratio (low to high)", or the not-estimable note."""
+UNBOUNDED_NOTE = "not estimable (bootstrap interval unbounded: {k} replicates separated)"
+
+
+def interval_unbounded(ci_low, ci_high) -> bool:
+    """True when a percentile bound of the image-cluster bootstrap is 0 or infinity: more than
+    (1 - level) / 2 of the replicates separate the term in that direction (their estimates are
+    infinite), so the data do not bound the odds ratio on that side. Such a term is printed as
+    not estimable, never as a number beside a bound of 0 or infinity."""
+    return bool(ci_low <= 0.0 or not np.isfinite(ci_high))
+
+
+def odds_ratio_cell(odds_ratio, low, high, digits: int = 3) -> str:
+    """ "1.699 (0.734 to 60.099)", values beyond 1/1,000..1,000 shown as bounds."""
+    return (f"{format_odds_ratio(odds_ratio, digits)} ({format_odds_ratio(low, digits)} to "
+            f"{format_odds_ratio(high, digits)})")
+
+
+def format_table5(table: pd.DataFrame, digits: int = 3, firth: pd.DataFrame | None = None
+                  ) -> pd.DataFrame:
+    """Table 5 as printed: term and "odds ratio (low to high)", or why it is not estimable
+    (separated in the data, or an interval the bootstrap leaves unbounded,
+    ``interval_unbounded``). ``firth``: ``table5_firth`` output, shown beside it in a second
+    column (its intervals treat rows as independent, so they are narrower)."""
     cells = []
     for row in table.itertuples():
         if not row.estimable:
             cells.append(row.note)
+        elif interval_unbounded(row.ci_low, row.ci_high):
+            cells.append(UNBOUNDED_NOTE.format(k=int(row.separated_replicates)))
         else:
-            cells.append(f"{format_odds_ratio(row.odds_ratio, digits)} "
-                         f"({format_odds_ratio(row.ci_low, digits)} to "
-                         f"{format_odds_ratio(row.ci_high, digits)})")
-    return pd.DataFrame({"Term": table["term"], "Odds ratio (95% CI)": cells})
+            cells.append(odds_ratio_cell(row.odds_ratio, row.ci_low, row.ci_high, digits))
+    shown = pd.DataFrame({"Term": table["term"], "Odds ratio (95% CI)": cells})
+    if firth is not None:
+        shown["Firth odds ratio (95% profile CI)"] = format_table5_firth(firth, digits)[
+            "Firth odds ratio (95% profile CI)"].to_numpy()
+    return shown
+
+
+def format_table5_firth(firth: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """``table5_firth`` as printed: term, "odds ratio (low to high)" or why it was not fitted,
+    and whether the ordinary MLE of the term is infinite."""
+    cells = [odds_ratio_cell(o, lo, hi, digits) if pd.notna(o) else status for o, lo, hi, status
+             in zip(firth["odds_ratio"], firth["ci_low"], firth["ci_high"], firth["interval"])]
+    return pd.DataFrame({"Term": firth["term"], "Firth odds ratio (95% profile CI)": cells,
+                         "Separated in the MLE": firth["separated_in_mle"]})
+
+
+def table5_heading(frame: pd.DataFrame) -> str:
+    """What Table 5 models, for its caption: outcome, n and reference category."""
+    n_images, n_rows = frame["sample_id"].nunique(), len(frame)
+    return (f"Outcome: the CAM's peak lies outside the lesion (a constant map counts as a "
+            f"failure); n = {n_images} high-score images x {len(CAM_METHODS)} CAMs = {n_rows} "
+            "rows, clustered by image; reference: Grad-CAM; slopes per 0.10 of lesion area "
+            "(frame fraction), lesion-centre distance and scaled score.")
 
 
 def table5_footnote(table: pd.DataFrame, replicates: int, temperature_note: str = "") -> str:
@@ -706,6 +749,15 @@ def table5_footnote(table: pd.DataFrame, replicates: int, temperature_note: str 
                      "programming), so no number is reported; those rows were left out of the "
                      "fit, which leaves the other terms' estimates unchanged. See the Firth "
                      "sensitivity table.")
+    bounds = (table["ci_low"], table["ci_high"]) if {"ci_low", "ci_high"} <= set(table.columns) else ([], [])
+    unbounded = [t for t, e, low, high in zip(table["term"], table["estimable"], *bounds)
+                 if e and interval_unbounded(low, high)]
+    if unbounded:
+        parts.append("Printed as not estimable because a bound of their bootstrap interval is 0 "
+                     "or infinite (more than 2.5% of the replicates separate them in one "
+                     "direction): " + ", ".join(unbounded) + ". The Firth column gives a finite "
+                     "penalised estimate for every term; it treats the rows as independent, so "
+                     "its intervals are narrower than an image-cluster interval.")
     hit = table.loc[table["estimable"] & (table["separated_replicates"] > 0)]
     if len(hit):
         parts.append("Replicates with separation count as infinite estimates: " + "; ".join(

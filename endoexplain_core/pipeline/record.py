@@ -361,7 +361,7 @@ def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str]) -> list[s
         caption = FIGURE_CAPTIONS.get(Path(name).stem, "")
         links = _link(png, run_dir, name) + (f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else "")
         items.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
-                     f' alt="{html.escape(caption or name)}" loading="lazy"></a>'
+                     f' alt="{html.escape(caption or name)}" loading="eager"></a>'
                      f"<figcaption>{html.escape(caption)} <span class=\"file\">{links}"
                      f"{cell_link(figures_dir, name, run_dir)}</span></figcaption></figure>")
     return ["<h2>Figures</h2>",
@@ -553,7 +553,9 @@ def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_
         if {"odds_ratio", "estimable", "note"} <= set(table.columns):
             # Odds ratios: separated terms as "not estimable", values beyond 1/1,000..1,000 as
             # bounds, never as numbers set by a penalty (analysis.summaries.format_table5).
-            tables[name] = summaries.format_table5(table, digits)
+            firth_path = figures_dir / "table5_firth.csv"
+            firth = pd.read_csv(firth_path) if firth_path.is_file() else None
+            tables[name] = summaries.format_table5(table, digits, firth=firth)
         else:
             tables[name] = final_table(table, digits)
     return tables

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from endoexplain_core import files, numerics
+from endoexplain_core.analysis.summaries import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
 
 SUMMARY_NAME = "summary.md"
@@ -131,6 +132,8 @@ def _table5_lines(figures_dir: Path) -> list[str]:
     for row in rows.itertuples():
         if not bool(row.estimable) or pd.isna(row.odds_ratio):
             parts.append(f"{row.term}: not estimable")
+        elif interval_unbounded(row.ci_low, row.ci_high):
+            parts.append(f"{row.term}: not estimable (bootstrap interval unbounded)")
         else:
             parts.append(f"{row.term}: OR {_with_ci(row.odds_ratio, row.ci_low, row.ci_high, 2)}")
     return ["**Table 5** (odds of a peak outside the lesion, primary's panel A, image-cluster "
