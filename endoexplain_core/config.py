@@ -336,8 +336,12 @@ class FaithfulnessSettings(StageSettings):
 
 
 class FiguresSettings(StageSettings):
-    uses_shared: ClassVar[tuple[str, ...]] = ()
+    uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "score_threshold", "top_fraction")
     table_digits: int = Field(3, ge=0, le=8, description="decimals in the final tables")
+    case_browser: bool = Field(True, description="write the case browser (runs/<profile>/cases/): "
+                               "every audited image of the primary, its maps recomputed")
+    case_browser_batch_size: int = Field(16, ge=1, description="images per CAM batch of the case "
+                                         "browser (the audit's batch size redraws its maps exactly)")
 
 
 # One model per stage; a notebook without an entry here cannot be configured.

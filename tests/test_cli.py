@@ -221,7 +221,7 @@ def test_report_is_self_contained(demo):
 
 @pytest.mark.browser
 def test_report_renders_in_chromium_with_its_figure(demo):
-    from tests.test_record import broken_resources, render_in_chromium
+    from tests.browser import broken_resources, render_in_chromium
 
     report = render_in_chromium(demo["out"] / "report.html")
     assert not broken_resources(report), broken_resources(report)
