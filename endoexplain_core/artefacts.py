@@ -61,11 +61,25 @@ def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: s
     return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
-def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI) -> list[Path]:
+SYNTHETIC_FOOTER = "Synthetic cohort: generated frames, not patient data."
+
+
+def data_footer(data_root: str | Path | None) -> str:
+    """The footer every figure of a run carries: ``SYNTHETIC_FOOTER`` when the run used the
+    embedded synthetic cohort (no data root), else ""."""
+    return "" if data_root else SYNTHETIC_FOOTER
+
+
+def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
+                footer: str = "") -> list[Path]:
     """Write ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf``; return the two paths.
 
-    PDF metadata dates are fixed so that reruns produce byte-identical files.
+    ``footer`` (e.g. ``data_footer(data_root)``) is printed in small grey type below
+    everything else, right-aligned; the tight bounding box grows to hold it. PDF metadata
+    dates are fixed so that reruns produce byte-identical files.
     """
+    if footer:
+        fig.text(0.995, -0.005, footer, ha="right", va="top", fontsize=6, color="#555555")
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
     png = figures_dir / f"{name}.png"

@@ -139,3 +139,23 @@ def test_figure_specific_fixes(figures):
 
     s1_legend = " ".join(t.get_text() for t in figures["figure_s1"].axes[1].get_legend().get_texts())
     assert "(primary)" in s1_legend
+
+
+def test_a_synthetic_run_prints_its_footer_below_every_figure(tmp_path):
+    from PIL import Image
+
+    from endoexplain_core import artefacts
+
+    assert artefacts.data_footer("") == artefacts.SYNTHETIC_FOOTER and artefacts.data_footer("/data") == ""
+    heights = {}
+    for footer in ("", artefacts.data_footer("")):
+        fig, ax = plt.subplots(figsize=(3, 2), layout="constrained")
+        ax.plot([0, 1], [0, 1])
+        fig.supxlabel("a note at the bottom left", fontsize=7, x=0.01, ha="left")
+        name = "with" if footer else "without"
+        artefacts.save_figure(fig, name, tmp_path, dpi=100, footer=footer)
+        texts = [t.get_text() for t in fig.texts]
+        plt.close(fig)
+        heights[name] = Image.open(tmp_path / f"{name}.png").size[1]
+        assert (artefacts.SYNTHETIC_FOOTER in texts) == bool(footer)
+    assert heights["with"] > heights["without"]          # below everything: the canvas grows
