@@ -66,4 +66,5 @@ def progress_bar(iterable=None, **kwargs) -> tqdm:
     log = os.environ.get(PROGRESS_LOG_ENV)
     if not log or kwargs.get("disable"):
         return tqdm(iterable, **kwargs)
+    kwargs.pop("file", None)          # the stage's log is where a bar goes under the orchestrator
     return _LoggedBar(iterable, log_stream=_LogLines(log), **kwargs)

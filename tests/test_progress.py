@@ -46,3 +46,14 @@ def test_written_listing_and_display_path_name_no_absolute_path(tmp_path):
     assert artefacts.display_path(repository / "data_manifest" / "smoke", run_dir, figures_dir) == "data_manifest/smoke"
     elsewhere = Path("/srv/hyperkvasir")
     assert artefacts.display_path(elsewhere, run_dir, figures_dir) == str(elsewhere)   # a user's data
+
+
+def test_a_callers_file_argument_yields_to_the_stage_log(tmp_path, monkeypatch, capsys):
+    # pipeline.tasks once passed file=sys.stdout: under the orchestrator the log still wins
+    import sys
+
+    log = tmp_path / "stage.log"
+    monkeypatch.setenv(progress.PROGRESS_LOG_ENV, str(log))
+    with progress.progress_bar(total=1, desc="tasks", file=sys.stdout) as bar:
+        bar.update(1)
+    assert "tasks: 100%" in log.read_text() and capsys.readouterr().out == ""

@@ -486,7 +486,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
         progress = {key: state[key] for key in progress}
 
     bar = progress_bar(total=settings.epochs, initial=progress["epoch"], desc=spec.checkpoint_id,
-               unit="epoch", disable=not show_progress)
+                       unit="epoch", disable=not show_progress)
     with deterministic_algorithms(device):
         while not progress["finished"]:
             epoch = progress["epoch"]
@@ -754,7 +754,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
     dataset = datasets.ManifestDataset(manifest, data_root, image_size, cache=datasets.ImageCache())
     frames = []
     for entry in progress_bar(registry.itertuples(index=False), total=len(registry), desc="logits",
-                      disable=not show_progress):
+                              disable=not show_progress):
         model, _ = load_model(run_dir / entry.path, manifest_digest, image_size, device)
         logits = predict_logits(model, dataset, batch_size, device)
         frames.append(pd.DataFrame({

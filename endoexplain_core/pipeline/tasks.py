@@ -231,8 +231,7 @@ class TaskRunner:
                                       key=f"{name}-{label}-{time.time_ns()}", pure=False)
                    for kwargs, label in zip(calls, labels)]
         by_key = {future.key: label for future, label in zip(futures, labels)}
-        with progress_bar(total=len(futures), desc=name, unit="task", disable=not self.progress,
-                  file=sys.stdout) as bar:
+        with progress_bar(total=len(futures), desc=name, unit="task", disable=not self.progress) as bar:
             for future in as_completed(futures):
                 if future.status == "error":
                     for other in futures:
