@@ -99,7 +99,8 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
 
     CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``, except
     counts (``n``, ``n_*``): a count column holds floats only because some rows have none
-    (NaN), and prints as an integer ("139", not "139.000").
+    (NaN), and prints as an integer ("139", not "139.000"); and p-values
+    (``is_p_value_column``), which print as "<0.001" below that, never "0.000".
     """
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -110,13 +111,28 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
                                                                 lineterminator="\n"))
     shown = table.copy()
     for column in shown.columns:
-        if pd.api.types.is_float_dtype(shown[column]):
+        if pd.api.types.is_float_dtype(shown[column]) and is_p_value_column(column):
+            shown[column] = shown[column].map(format_p_value)
+        elif pd.api.types.is_float_dtype(shown[column]):
             fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
             shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
     files.write_text_atomic(md, _markdown(shown, index=index) + "\n")
     files.write_text_atomic(tex, shown.to_latex(index=index, escape=True))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
+
+
+def is_p_value_column(name) -> bool:
+    """``p``, ``p_*``, ``*_p``, ``*p_value*`` (e.g. ``failure_p_holm``): columns of p-values."""
+    name = str(name).lower()
+    return name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name or "_p_" in name
+
+
+def format_p_value(value) -> str:
+    """A p-value for print: "<0.001" below 0.001, else three decimals; NaN as ""."""
+    if pd.isna(value):
+        return ""
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
 def integer_valued(column: pd.Series) -> bool:

@@ -159,3 +159,18 @@ def test_a_synthetic_run_prints_its_footer_below_every_figure(tmp_path):
         heights[name] = Image.open(tmp_path / f"{name}.png").size[1]
         assert (artefacts.SYNTHETIC_FOOTER in texts) == bool(footer)
     assert heights["with"] > heights["without"]          # below everything: the canvas grows
+
+
+def test_p_values_print_as_below_0_001_never_0_000(tmp_path):
+    import pandas as pd
+
+    from endoexplain_core import artefacts
+
+    table = pd.DataFrame({"pair": ["a", "b"], "failure_p": [0.0004, 0.2], "failure_p_holm": [0.0008, 1.0],
+                          "p_value": [1e-9, float("nan")], "prop": [0.0004, 0.5]})
+    artefacts.save_table(table, "tests", tmp_path)
+    markdown = (tmp_path / "tests.md").read_text().splitlines()
+    assert markdown[2] == "| a | <0.001 | <0.001 | <0.001 | 0.000 |"   # a rate is not a p-value
+    assert markdown[3] == "| b | 0.200 | 1.000 |  | 0.500 |"
+    assert "<0.001" in (tmp_path / "tests.tex").read_text()
+    assert [c for c in table.columns if artefacts.is_p_value_column(c)] == ["failure_p", "failure_p_holm", "p_value"]

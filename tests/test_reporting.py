@@ -98,14 +98,27 @@ def test_paper_values_ship_with_the_manifest_facts_and_compare_to_a_run(tmp_path
               "primary_test_auprc": 0.9,
               "or_xgradcam": "not estimable (59/59 failed; quasi-complete separation)"}
     table = paper_comparison.comparison_table(paper, values).set_index("key")
-    assert table.loc["test_scaled_ece", "reproduced"] is True          # 0.0115 at 4 decimals
-    assert table.loc["primary_test_auprc", "reproduced"] is False
-    assert table.loc["or_xgradcam", "reproduced"] is False
-    assert table.loc["panel_a_failure_gradcam", "run_value"] == ""      # no counterpart: blank
+    assert table.loc["test_scaled_ece", "agreement"] == "agrees"          # 0.01154 -> 0.0115
+    assert table.loc["test_scaled_ece", "run_value"] == "0.0115"          # the paper's precision
+    assert table.loc["primary_test_auprc", "agreement"] == "differs"
+    assert table.loc["or_xgradcam", "agreement"] == "differs"
+    assert table.loc["panel_a_failure_gradcam", "run_value"] == ""        # no counterpart: blank
+    assert table.loc["panel_a_failure_gradcam", "agreement"] == ""
     assert "matches the paper's cohort" in paper_comparison.same_cohort_statement(table.reset_index())
+    # the tolerance: one unit of the last printed digit, no more
+    values.update(test_scaled_ece=0.0116, primary_test_auprc=0.9695, or_hirescam=0.062, or_gradcampp=0.8)
+    table = paper_comparison.comparison_table(paper, values).set_index("key")
+    assert table.loc["test_scaled_ece", "agreement"] == "agrees"          # 0.0116 vs 0.0115
+    assert table.loc["primary_test_auprc", "agreement"] == "differs"      # 0.970 vs 0.968
+    assert table.loc["or_hirescam", "direction_agrees"] is True           # both below 1
+    assert table.loc["or_gradcampp", "direction_agrees"] is False         # 0.8 vs the paper's 1.628
+    # another cohort: only the manifest facts are compared, the rest is not comparable
     values["manifest_rows"] = 136
-    other = paper_comparison.comparison_table(paper, values)
-    assert "does NOT use the paper's cohort" in paper_comparison.same_cohort_statement(other)
+    other = paper_comparison.comparison_table(paper, values).set_index("key")
+    assert "does NOT use the paper's cohort" in paper_comparison.same_cohort_statement(other.reset_index())
+    assert other.loc["manifest_rows", "agreement"] == "differs" and other.loc["role_train", "agreement"] == "agrees"
+    assert other.loc["test_scaled_ece", "agreement"] == paper_comparison.NOT_COMPARABLE
+    assert other.loc["or_gradcampp", "direction_agrees"] is False         # still shown: informative
     with pytest.raises(FileNotFoundError, match="paper_reported_values.csv"):
         paper_comparison.read_paper_values(tmp_path)
 

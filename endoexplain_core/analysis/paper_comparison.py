@@ -134,39 +134,85 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
     return {k: v for k, v in values.items() if not (isinstance(v, float) and np.isnan(v))}
 
 
-def _same(paper: str, run) -> bool | None:
-    """Does the run reproduce the paper's value at the paper's printed precision?"""
-    if run is None or run == "":
-        return None
+AGREES = "agrees"
+DIFFERS = "differs"
+NOT_COMPARABLE = "not comparable (not the paper's cohort)"
+TOLERANCE_NOTE = ("Agreement: 'agrees' is equal at the paper's printed precision, within one "
+                  "unit of its last printed digit (0.0115 accepts 0.0114-0.0116; a count or text "
+                  "must be equal); 'not comparable': this run's manifest is not the paper's "
+                  "cohort, so only the manifest facts are compared. Direction: whether an odds "
+                  "ratio lies on the same side of 1 as the paper's.")
+
+
+def _decimals(paper: str) -> int:
+    return len(paper.split(".")[1]) if "." in paper else 0
+
+
+def _agrees(paper: str, run) -> bool:
+    """Equal within one unit of the paper's last printed digit (text and counts: equal)."""
     try:
         paper_number = float(paper)
     except ValueError:
         return str(run) == paper or str(run).startswith(paper)
     if isinstance(run, str):
         return False
-    decimals = len(paper.split(".")[1]) if "." in paper else 0
-    return bool(round(float(run), decimals) == round(paper_number, decimals))
+    unit = 10.0 ** -_decimals(paper)
+    return bool(abs(round(float(run), _decimals(paper)) - paper_number) <= unit * (1 + 1e-9))
+
+
+def _direction(key: str, paper: str, run) -> object:
+    """For odds ratios: does the run's lie on the same side of 1 as the paper's? "" otherwise."""
+    if not key.startswith("or_") or isinstance(run, str) or run is None:
+        return ""
+    return bool((float(run) > 1.0) == (float(paper) > 1.0))
+
+
+def _printed(run, paper: str) -> str:
+    """The run's value at the paper's precision (one more digit for a number printed to 0)."""
+    if run is None:
+        return ""
+    if isinstance(run, float):
+        try:
+            float(paper)
+        except ValueError:
+            return f"{run:.4g}"
+        return f"{run:.{_decimals(paper)}f}"
+    return str(run)
+
+
+def is_paper_cohort(paper: pd.DataFrame, values: dict[str, object]) -> bool:
+    """Do the manifest facts (row count, digest prefix, role counts) equal the paper's?"""
+    facts = paper[paper["key"].isin(MANIFEST_KEYS)]
+    return all(values.get(k) is not None and _agrees(v, values.get(k))
+               for k, v in zip(facts["key"], facts["paper_value"]))
 
 
 def comparison_table(paper: pd.DataFrame, values: dict[str, object]) -> pd.DataFrame:
     """Paper value and run value side by side: key, quantity, source_section, paper_value,
-    run_value (blank where the run has no counterpart), reproduced (True/False at the paper's
-    printed precision; blank without a run value)."""
+    run_value (at the paper's precision; blank where the run has no counterpart), agreement
+    (``agrees`` / ``differs`` / ``not comparable``; blank without a run value) and direction
+    (odds ratios only). ``TOLERANCE_NOTE`` states the rules. On another cohort than the
+    paper's (``is_paper_cohort``) only the manifest facts are compared."""
+    same_cohort = is_paper_cohort(paper, values)
     rows = []
     for row in paper.itertuples(index=False):
         run = values.get(row.key)
-        same = _same(row.paper_value, run)
+        if run is None or run == "":
+            agreement = ""
+        elif row.key in MANIFEST_KEYS or same_cohort:
+            agreement = AGREES if _agrees(row.paper_value, run) else DIFFERS
+        else:
+            agreement = NOT_COMPARABLE
         rows.append({"key": row.key, "quantity": row.quantity, "source_section": row.source_section,
-                     "paper_value": row.paper_value,
-                     "run_value": "" if run is None else (f"{run:.4g}" if isinstance(run, float) else str(run)),
-                     "reproduced": "" if same is None else same})
+                     "paper_value": row.paper_value, "run_value": _printed(run, row.paper_value),
+                     "agreement": agreement, "direction_agrees": _direction(row.key, row.paper_value, run)})
     return pd.DataFrame(rows)
 
 
 def same_cohort_statement(table: pd.DataFrame) -> str:
     """One sentence: does this run's manifest match the paper's (rows, digest prefix, roles)?"""
     facts = table[table["key"].isin(MANIFEST_KEYS)]
-    differing = facts[facts["reproduced"] != True]  # noqa: E712 (blank counts as differing)
+    differing = facts[facts["agreement"] != AGREES]   # blank (no run value) counts as differing
     if differing.empty:
         return ("The manifest matches the paper's cohort (7,210 rows, digest prefix and role counts "
                 "equal): the numbers below are a reproduction check.")

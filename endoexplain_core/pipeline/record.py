@@ -469,12 +469,6 @@ def _format_integer(value) -> str:
     return "" if pd.isna(value) else f"{int(value):,}"
 
 
-def _format_p(value) -> str:
-    if pd.isna(value):
-        return ""
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
-
-
 def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
     """(estimate, low, high) column triples: ``x, x_ci_low, x_ci_high`` anywhere, and bare
     ``ci_low, ci_high`` that directly follow their estimate column."""
@@ -521,9 +515,8 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     for column in shown.columns:
         name = str(column).lower()
         if pd.api.types.is_float_dtype(shown[column]):
-            is_p = name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name
-            if is_p:
-                shown[column] = shown[column].map(_format_p)
+            if artefacts.is_p_value_column(name):
+                shown[column] = shown[column].map(artefacts.format_p_value)
             elif artefacts.integer_valued(shown[column]) and not _is_rate(name):
                 shown[column] = shown[column].map(_format_integer)
             else:
