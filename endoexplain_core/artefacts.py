@@ -117,9 +117,22 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
             fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
             shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
     files.write_text_atomic(md, _markdown(shown, index=index) + "\n")
-    files.write_text_atomic(tex, shown.to_latex(index=index, escape=True))
+    files.write_text_atomic(tex, latex_symbols(shown.to_latex(index=index, escape=True)))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
+
+
+# Marks the tables carry (validity gate, instability, class-agnostic maps) as LaTeX commands, so
+# the manuscript compiles with pdflatex and without a Unicode font.
+LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u2212": "-", "\u2013": "--",
+                 "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}
+
+
+def latex_symbols(text: str) -> str:
+    """``text`` (escaped LaTeX) with the Unicode marks of ``LATEX_SYMBOLS`` as LaTeX commands."""
+    for symbol, command in LATEX_SYMBOLS.items():
+        text = text.replace(symbol, command)
+    return text
 
 
 def is_p_value_column(name) -> bool:

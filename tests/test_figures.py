@@ -174,3 +174,15 @@ def test_p_values_print_as_below_0_001_never_0_000(tmp_path):
     assert markdown[3] == "| b | 0.200 | 1.000 |  | 0.500 |"
     assert "<0.001" in (tmp_path / "tests.tex").read_text()
     assert [c for c in table.columns if artefacts.is_p_value_column(c)] == ["failure_p", "failure_p_holm", "p_value"]
+
+
+def test_latex_tables_carry_the_dagger_as_a_command(tmp_path):
+    import pandas as pd
+
+    from endoexplain_core import artefacts
+
+    artefacts.save_table(pd.DataFrame({"label": ["Grad-CAM\u2020", "Eigen-CAM*\u2021"], "n": [3, 4]}), "marks", tmp_path)
+    tex = (tmp_path / "marks.tex").read_text()
+    assert "\u2020" not in tex and "\u2021" not in tex
+    assert r"Grad-CAM\dag{}" in tex and r"Eigen-CAM*\ddag{}" in tex
+    assert "Grad-CAM\u2020" in (tmp_path / "marks.md").read_text()     # Markdown keeps the mark
