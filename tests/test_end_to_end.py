@@ -188,3 +188,36 @@ def test_a_local_dask_cluster_gives_the_sequential_tables(smoke_run, tmp_path):
     assert set(TIMING_COLUMNS) <= set(names)
     different = [n for n in names if not same_results(sequential_dir / n, cluster_dir / n)]
     assert not different, f"tables differ between local:2 and sequential: {different}"
+
+
+def _execute_by_hand(notebook_path: Path) -> None:
+    """Run a notebook as a person would: the ``endoexplain`` kernel, in the notebook's folder,
+    no Papermill and no injected parameters."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(notebook_path, as_version=4)
+    NotebookClient(notebook, kernel_name="endoexplain", timeout=900,
+                   resources={"metadata": {"path": str(notebook_path.parent)}}).execute()
+
+
+def test_a_notebook_reruns_by_hand_from_notebooks_and_in_place_in_its_record(smoke_run):
+    """README "Rerun a notebook yourself": notebooks/NN.ipynb opened by hand works on the smoke
+    run (its parameters cell holds the smoke profile and ``../runs/smoke``), and an executed
+    record notebook reruns in place on its own run; both give the orchestrated run's table."""
+    import shutil
+
+    repo = orchestrator.REPO_ROOT
+    expected = (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes()
+    # The project's layout around the test's run: notebooks/ and data_manifest/ beside runs/.
+    hand = smoke_run / "notebooks"
+    hand.mkdir(exist_ok=True)
+    shutil.copy(repo / "notebooks" / "02_calibration.ipynb", hand)
+    shutil.copytree(repo / "data_manifest", smoke_run / "data_manifest", dirs_exist_ok=True)
+    (smoke_run / "figures" / "smoke" / "table3_calibration.csv").unlink()
+    _execute_by_hand(hand / "02_calibration.ipynb")
+    assert (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes() == expected
+    # The executed record notebook, rerun where it lies.
+    (smoke_run / "figures" / "smoke" / "table3_calibration.csv").unlink()
+    _execute_by_hand(smoke_run / "runs" / "smoke" / "notebooks" / "02_calibration.ipynb")
+    assert (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes() == expected
