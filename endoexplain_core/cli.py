@@ -470,7 +470,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     statement = summaries.identical_statement(identical, args.arch, layer_name)
 
     style.apply()
-    selection = case_figures.select_figure3_cases(table, args.score_threshold)
+    selection = case_figures.select_figure3_cases(table, args.score_threshold, image_size=args.image_size)
     chosen = {s for s in selection.values() if s}
     by_id = {case.sample_id: case for case in cases}
     needed = {i for sid in chosen for i in case_figures.audit_batch_ids(table, sid, args.batch_size)}

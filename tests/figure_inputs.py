@@ -88,19 +88,24 @@ def training_curves() -> pd.DataFrame:
 
 
 def figure3_rows(size: int = 32) -> list[dict]:
-    """One drawn row (discordant) with a constant HiResCAM map and a peak on the frame edge."""
+    """One drawn row (discordant) with a constant HiResCAM map, a peak on the frame edge and the
+    two baselines."""
+    from endoexplain_core.methods import MAP_METHODS
+
     yy, xx = np.mgrid[0:size, 0:size]
     mask = (yy - 12) ** 2 + (xx - 14) ** 2 < 36
     rgb = np.stack([np.full((size, size), 0.6), np.full((size, size), 0.3), np.full((size, size), 0.3)], -1)
     maps = {}
-    for k, method in enumerate(CAM_METHODS):
+    for k, method in enumerate(MAP_METHODS):
         heat = np.exp(-((yy - 4 * k) ** 2 + (xx - (size - 1)) ** 2) / 60.0)
         maps[method] = heat / heat.max()
     maps["hirescam"] = np.zeros((size, size))
-    cam_rows = {m: {"iou": 0.1 * k, "constant_map": m == "hirescam", "peak_outside_mask": k % 2 == 0}
-                for k, m in enumerate(CAM_METHODS)}
+    tops = {m: v >= np.quantile(v, 0.8) for m, v in maps.items()}
+    rows = {m: {"iou": 0.1 * k, "constant_map": m == "hirescam", "peak_outside_mask": k % 2 == 0,
+                "distance": 0.0 if k % 2 else 7.4}
+            for k, m in enumerate(MAP_METHODS)}
     return [{"role": "discordant", "sample_id": "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
-             "score": 0.974, "rgb": rgb, "mask": mask, "maps": maps, "rows": cam_rows}]
+             "score": 0.9996, "rgb": rgb, "mask": mask, "maps": maps, "tops": tops, "rows": rows}]
 
 
 __all__ = ["reliability_table", "threshold_table", "robustness_table", "transfer_summary",

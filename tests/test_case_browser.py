@@ -21,7 +21,8 @@ def audit_rows(sample_id: str, outside: dict, *, score: float, area: float, cons
              "constant_map": m in constant, "iou": 0.25, "energy_in_mask": 0.3,
              "logit_drop": 1.0 if m in CAM_METHODS else np.nan,
              "max_multiplicity": (peak_ties or {}).get(m, 1), "boundary_ties": 1,
-             "peak_row": 10, "peak_col": 20} for m in MAP_METHODS]
+             "peak_row": 10, "peak_col": 20, "peak_lesion_distance": 0.0 if not outside.get(m, True) else 6.5}
+            for m in MAP_METHODS]
 
 
 def hand_table() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -48,6 +49,7 @@ def test_case_rows_compute_each_image_flags_by_hand():
     assert not hit["worse_than_centre"]                      # the centre misses, every CAM hits
     assert miss["random_drop_mean"] == 2.0 and miss["random_drop_sd"] == round(np.sqrt(2.0), 4)   # rounded for the page
     assert hit["maps"]["random"]["logit_drop"] is None       # baselines have no deletion drop
+    assert miss["maps"]["gradcam"]["distance"] == 6.5 and miss["maps"]["centre"]["distance"] == 0.0
     tertiles = {r["sample_id"]: r["size_tertile"] for r in case_browser.add_size_tertiles(list(records.values()))}
     assert tertiles == {"all_miss": "small", "split": "medium", "all_hit": "large"}
 

@@ -26,24 +26,34 @@ def selection_table():
         "e": (0.91, [0, 0, 0, 0, 0], [0.6, 0.6, 0.6, 0.6, 0.6]),    # consensus, mean 0.6
         "f": (0.93, [0, 0, 0, 0, 0], [0.6, 0.6, 0.6, 0.6, 0.6]),    # tie with e: e wins by id
         "g": (0.40, [0, 0, 0, 0, 0], [0.9, 0.9, 0.9, 0.9, 0.9]),    # low score
+        "h": (0.97, [1, 1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0, 0.0]),    # every peak out, 9 px
+        "i": (0.98, [1, 1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0, 0.0]),    # every peak out, 30 px: far
+        "j": (0.99, [1, 1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0, 0.0]),    # every peak out, 2 px: a near miss
+        "k": (0.92, [1, 1, 1, 1, 1], [0.0, 0.0, 0.0, 0.0, 0.0]),    # every peak out, 12 px
     }
+    distances = {"h": 9.0, "i": 30.0, "j": 2.0, "k": 12.0}
     rows = [{"sample_id": s, "method": m, "scaled_score": score, "peak_outside_mask": bool(o),
-             "iou": iou}
+             "iou": iou, "constant_map": False, "peak_lesion_distance": distances.get(s, 0.0 if not o else 5.0)}
             for s, (score, outside, ious) in specs.items()
             for m, o, iou in zip(CAM_METHODS, outside, ious)]
-    rows += [{"sample_id": "c", "method": "random", "scaled_score": 0.99,
-              "peak_outside_mask": False, "iou": 1.0}]              # baselines never count
+    rows += [{"sample_id": "c", "method": "random", "scaled_score": 0.99, "constant_map": False,
+              "peak_outside_mask": False, "iou": 1.0, "peak_lesion_distance": 0.0}]  # baselines never count
     return pd.DataFrame(rows)
 
 
 def test_selection_rule_on_a_crafted_table():
-    selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.90)
-    assert selection == {"discordant": "b", "consensus": "e"}
+    selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.90, image_size=100)
+    # misses by at least 5 px (5% of 100): h 9, i 30, k 12 (j, 2 px, is a near miss); median 12
+    assert selection == {"miss": "k", "discordant": "b", "consensus": "e"}
+    # without the input size, every all-out image qualifies and the median score picks one
+    # (scores 0.92-0.99, median 0.975: h and i tie, the smaller id wins)
+    assert case_figures.select_figure3_cases(selection_table(), 0.90)["miss"] == "h"
+    assert case_figures.format_score(0.9996) == ">0.999" and case_figures.format_score(0.97) == "0.970"
 
 
 def test_selection_with_no_eligible_case_returns_none():
     selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.999)
-    assert selection == {"discordant": None, "consensus": None}
+    assert selection == {"miss": None, "discordant": None, "consensus": None}
     fig, checks = case_figures.render_figure3(selection_table(), selection, None, None, {}, 8, 0.2)
     assert checks.empty and fig is not None
 
@@ -78,9 +88,9 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
     table = audit.read_audit_table(tmp_path / "a.parquet")
     selection = {"discordant": "x1", "consensus": "x2"}
     fig, checks = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2)
-    assert len(checks) == 10 and checks["peak_matches"].all()
+    assert len(checks) == 14 and checks["peak_matches"].all()          # 5 CAMs + 2 baselines per case
     np.testing.assert_allclose(checks["rendered_iou"], checks["table_iou"], atol=1e-6)
-    assert len(fig.axes) >= 14
+    assert len(fig.axes) >= 16
     # Recomputed in the audit's own batch (batch 2 here), the maps equal the table's exactly.
     assert case_figures.audit_batch_ids(table, "x2", 2) == ["x1", "x2"]
     assert case_figures.audit_batch_ids(table, "x2", 1) == ["x2"]

@@ -115,10 +115,13 @@ def test_figure_specific_fixes(figures):
     assert any("n = 0 at every threshold" in t.get_text() for t in no_eligible.texts)
 
     figure3_text = " ".join(t.get_text() for t in figures["figure3"].findobj(Text))
-    assert "constant map" in figure3_text and "B  Consensus case: not drawn" in figure3_text
+    assert "IoU 0.30\nconstant" in figure3_text and "C  Consensus: not drawn" in figure3_text
+    assert "A  Typical high-score miss: not drawn" in figure3_text and "score >0.999" in figure3_text
+    assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
     peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]
-    assert len(peak_markers) == 4 and not any(line.get_clip_on() for line in peak_markers)
+    assert len(peak_markers) == 6 and not any(line.get_clip_on() for line in peak_markers)  # 7 maps, 1 constant
+    assert figures["figure3"].get_size_inches()[0] == pytest.approx(7.2)                   # 183 mm
 
     figure4 = figures["figure4"]
     titles = [ax.get_title(loc="left") for ax in figure4.axes]

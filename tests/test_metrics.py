@@ -119,3 +119,30 @@ def test_centre_gaussian_hand_values():
     assert gaussian[0, 1, 1].item() == pytest.approx(1.0)
     assert gaussian[0, 0, 0].item() == pytest.approx(math.exp(-4.0 / 2), rel=1e-6)
     assert torch.equal(gaussian, gaussian.flip(1)) and torch.equal(gaussian, gaussian.flip(2))
+
+
+def test_peak_lesion_distance_hand_cases():
+    maps = torch.zeros(3, 6, 6)
+    maps[0, 2, 2] = 1.0            # peak inside the lesion
+    maps[1, 0, 0] = 1.0            # peak at (0, 0); nearest lesion pixel (3, 4): distance 5
+    masks = torch.zeros(3, 6, 6, dtype=torch.bool)
+    masks[0, 1:4, 1:4] = True
+    masks[1, 3:6, 4:6] = True
+    masks[2, 0, 0] = True          # map 2 is constant: no peak
+    distance = metrics.peak_lesion_distance(maps, masks)
+    assert distance[0].item() == 0.0 and distance[1].item() == 5.0 and math.isnan(distance[2].item())
+
+
+def test_peak_lesion_distance_matches_scipy_distance_transform_on_random_inputs():
+    from scipy import ndimage
+
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(40):
+        height, width = 5 + trial % 7, 4 + (trial * 3) % 9
+        maps = torch.rand(4, height, width, generator=generator)
+        maps[0] = torch.round(maps[0] * 3)                        # ties: the first maximum counts
+        masks = torch.rand(4, height, width, generator=generator) < 0.15
+        masks[:, height // 2, width // 2] = True                  # never empty
+        rows, cols = metrics.peak_location(maps)
+        expected = [ndimage.distance_transform_edt(~masks[i].numpy())[rows[i], cols[i]] for i in range(4)]
+        assert metrics.peak_lesion_distance(maps, masks).tolist() == pytest.approx(expected, abs=1e-5)

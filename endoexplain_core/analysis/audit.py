@@ -72,9 +72,11 @@ AUDIT_SCHEMA = pa.schema([
     ("feature_grid_height", pa.int64()), ("feature_grid_width", pa.int64()),
     ("peak_border_ring", pa.bool_()), ("peak_corner_cell", pa.bool_()),
     ("prior_top_iou", pa.float64()), ("lesion_logit_drop", pa.float64()),
+    # Pixels from the peak to the nearest lesion pixel (0 inside; NaN for a constant map).
+    ("peak_lesion_distance", pa.float64()),
 ])
 DIAGNOSTIC_COLUMNS = ("feature_grid_height", "feature_grid_width", "peak_border_ring",
-                      "peak_corner_cell", "prior_top_iou", "lesion_logit_drop")
+                      "peak_corner_cell", "prior_top_iou", "lesion_logit_drop", "peak_lesion_distance")
 # Tables written before the diagnostics existed (and hand-made test tables) stay valid.
 REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_COLUMNS)
 

@@ -64,7 +64,8 @@ def case_rows(table: pd.DataFrame, random_deletion: pd.DataFrame, cohort: str,
                 "iou": _float(row["iou"]), "energy": _float(row["energy_in_mask"]),
                 "logit_drop": _float(row["logit_drop"]), "constant": bool(row["constant_map"]),
                 "peak_ties": int(row["max_multiplicity"]), "boundary_ties": int(row["boundary_ties"]),
-                "peak": [int(row["peak_row"]), int(row["peak_col"])]}
+                "peak": [int(row["peak_row"]), int(row["peak_col"])],
+                "distance": _float(row["peak_lesion_distance"]) if "peak_lesion_distance" in row else None}
         cam_inside = [maps[m]["inside"] for m in CAM_METHODS]
         high = float(first["scaled_score"]) >= score_threshold
         record = {
@@ -247,7 +248,7 @@ function show(index) {
     const flags = [r.constant ? 'constant map' : '', !r.constant && r.peak_ties > 1 ? `peak tied over ${r.peak_ties} pixels` : '',
                    !r.constant && r.boundary_ties > 1 ? `${r.boundary_ties} pixels tied at the top-area boundary` : '',
                    IDENTICAL[m] || ''].filter(Boolean).join('; ');
-    return `<tr><td>${esc(LABELS[m])}</td><td>${badge(r)}</td><td>${r.peak ? r.peak.join(', ') : ''}</td>`
+    return `<tr><td>${esc(LABELS[m])}</td><td>${badge(r)}</td><td>${r.peak ? r.peak.join(', ') : ''}</td><td>${num(r.distance, 1)}</td>`
       + `<td>${num(r.iou)}</td><td>${num(r.energy)}</td><td>${num(r.logit_drop)}</td><td>${esc(flags)}</td></tr>`;
   }).join('');
   document.getElementById('random-reference').textContent = reference;
@@ -306,7 +307,7 @@ scale. High score: scaled score &ge; {score_threshold:.2f}.</p>
 <h2 id="detail-title"></h2>
 <div class="labels">{strip_labels}</div>
 <img id="strip" alt="the case's frame and maps">
-<table id="detail-table"><thead><tr><th>map</th><th>peak</th><th>peak (row, col)</th><th>IoU</th>
+<table id="detail-table"><thead><tr><th>map</th><th>peak</th><th>peak (row, col)</th><th>peak to lesion (px)</th><th>IoU</th>
 <th>energy in mask</th><th>logit drop (top area deleted)</th><th>flags</th></tr></thead><tbody></tbody></table>
 <p>Random deletion of the same area, mean logit drop over repetitions: <span id="random-reference"></span></p>
 </div>

@@ -2,12 +2,16 @@
 
 Figure 3 selection rule (docs/protocol.md), applied to the primary checkpoint's audit table
 before anything is drawn, among high-score images (scaled score >= threshold), CAMs only:
+- typical miss: every defined CAM peak outside the lesion, the median peak-to-lesion distance
+  at least ``MISS_MARGIN_FRACTION`` of the input side; of those, the image whose median
+  distance is closest to the candidates' median (a typical miss, not the worst one);
 - discordant: at least one CAM peak inside and one outside the mask; maximise the balance
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;
 - consensus: all five CAM peaks inside; maximise the mean IoU;
 - remaining ties: the smallest sample id.
-The drawn maps are recomputed from the checkpoint; the IoU of each rendered map with the
-rendered mask must equal the table's within ``IOU_TOLERANCE`` or rendering raises.
+The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint;
+the IoU of each rendered map with the rendered mask must equal the table's within
+``IOU_TOLERANCE`` or rendering raises.
 """
 
 from __future__ import annotations
@@ -21,26 +25,34 @@ import numpy as np
 import pandas as pd
 import torch
 
-from endoexplain_core.kernels import cams, metrics, threshold
-from endoexplain_core.analysis.audit import CAM_METHODS, prepare_case
+from endoexplain_core.kernels import baselines, cams, deletion, metrics, threshold
+from endoexplain_core.analysis.audit import CAM_METHODS, CENTRE_SIGMA_FRACTION, prepare_case
+from endoexplain_core.methods import MAP_METHODS
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_LABELS, CONTOUR_COLOUR, EIGEN_FOOTNOTE, HEATMAP_CMAP,
                                     METHOD_COLOURS, PEAK_COLOUR, method_label)
 
 IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55
+MISS_MARGIN_FRACTION = 0.05   # a typical miss: median CAM peak this share of the side outside
+FIGURE3_WIDTH_INCHES = 7.2    # 183 mm, a journal's double column
 
 
 class RenderedIoUMismatch(AssertionError):
     """A rendered CAM's IoU differs from the audit table by more than the tolerance."""
 
 
-def select_figure3_cases(table: pd.DataFrame, score_threshold: float) -> dict[str, str | None]:
-    """Sample ids of the discordant and the consensus case (None when no case qualifies).
-
-    ``table``: the primary checkpoint's audit rows on one dataset.
+def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
+                         image_size: int | None = None) -> dict[str, str | None]:
+    """Sample ids of the typical-miss, discordant and consensus cases (None when no case
+    qualifies), in drawing order. ``table``: the primary checkpoint's audit rows on one
+    dataset. ``image_size``: the input side behind ``peak_lesion_distance`` (the miss margin is
+    ``MISS_MARGIN_FRACTION`` of it); without it, or in a table without distances, any miss
+    of every CAM qualifies and the median score picks the typical one.
     """
     cam_rows = table[table["method"].isin(CAM_METHODS) & (table["scaled_score"] >= score_threshold)]
+    constant = cam_rows["constant_map"].astype(bool) if "constant_map" in cam_rows else False
+    cam_rows = cam_rows.assign(defined=~constant)
     per_image = cam_rows.groupby("sample_id").agg(
         outside=("peak_outside_mask", "sum"), n_maps=("method", "size"),
         iou_min=("iou", "min"), iou_max=("iou", "max"), iou_mean=("iou", "mean"),
@@ -49,12 +61,27 @@ def select_figure3_cases(table: pd.DataFrame, score_threshold: float) -> dict[st
     per_image["balance"] = np.minimum(per_image["inside"], per_image["outside"])
     per_image["iou_range"] = per_image["iou_max"] - per_image["iou_min"]
 
+    defined = cam_rows[cam_rows["defined"]]
+    misses = defined.groupby("sample_id").agg(
+        n_defined=("method", "size"), all_outside=("peak_outside_mask", "all"),
+        distance=("peak_lesion_distance", "median") if "peak_lesion_distance" in defined else ("iou", "size"),
+        score=("scaled_score", "first")).reset_index()
+    misses = misses[misses["all_outside"] & (misses["n_defined"] >= 3)]
+    if "peak_lesion_distance" in defined and image_size:
+        misses = misses[misses["distance"] >= MISS_MARGIN_FRACTION * image_size]
+        key = "distance"
+    else:
+        key = "score"
+    if len(misses):
+        misses = misses.assign(off=(misses[key] - misses[key].median()).abs())
+        misses = misses.sort_values(["off", "sample_id"])
     discordant = per_image[(per_image["inside"] > 0) & (per_image["outside"] > 0)]
     discordant = discordant.sort_values(["balance", "iou_range", "score", "sample_id"],
                                         ascending=[False, False, False, True])
     consensus = per_image[per_image["outside"] == 0]
     consensus = consensus.sort_values(["iou_mean", "sample_id"], ascending=[False, True])
-    return {"discordant": discordant["sample_id"].iloc[0] if len(discordant) else None,
+    return {"miss": misses["sample_id"].iloc[0] if len(misses) else None,
+            "discordant": discordant["sample_id"].iloc[0] if len(discordant) else None,
             "consensus": consensus["sample_id"].iloc[0] if len(consensus) else None}
 
 
@@ -76,11 +103,18 @@ def verify_rendered_iou(rendered_map: np.ndarray, rendered_mask: np.ndarray, tab
     return rendered_iou
 
 
-ROW_LETTERS = {"discordant": "A", "consensus": "B"}
+ROLE_TITLES = {"miss": "Typical high-score miss", "discordant": "Discordant CAMs",
+               "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
+    "miss": "no high-score image has every CAM peak clearly outside the mask",
     "discordant": "no high-score image has CAM peaks both inside and outside the mask",
     "consensus": "no high-score image has all five CAM peaks inside the mask",
 }
+
+
+def format_score(score: float) -> str:
+    """A scaled score for a caption: three decimals, never a rounded "1.000"."""
+    return ">0.999" if score > 0.999 else "<0.001" if score < 0.001 else f"{score:.3f}"
 
 
 def audit_batch_ids(table: pd.DataFrame, sample_id: str, batch_size: int | None) -> list[str]:
@@ -104,11 +138,12 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
     with ``batch_size`` (the audit's), for every id of their audit batches
     (``audit_batch_ids``): the maps are then recomputed in the very batch the audit used, so
     they equal the table's to the last bit (convolution kernels block their work by batch
-    size; a map recomputed alone can move a near-tie across the top-area boundary).
-    The verification table lists, per drawn map, the table IoU and the rendered IoU (checked
-    within ``IOU_TOLERANCE``; a constant map is checked like any other) and whether the drawn
-    peak equals the table's (a constant map has no peak: True when the table also says
-    constant). Drawing is ``draw_figure3``.
+    size; a map recomputed alone can move a near-tie across the top-area boundary). The
+    centre baseline and the random heatmap (seeded by sample id) are drawn beside the CAMs.
+    The verification table lists, per drawn map with a table row, the table IoU and the
+    rendered IoU (checked within ``IOU_TOLERANCE``; a constant map is checked like any other)
+    and whether the drawn peak equals the table's (a constant map has no peak: True when the
+    table also says constant). Drawing is ``draw_figure3``.
     """
     drawn, checks = [], []
     for role, sample_id in selection.items():
@@ -119,99 +154,139 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
         image_tensor, mask_tensor = prepared[sample_id]
         batch = torch.stack([prepared[i][0] for i in batch_ids]).to(device)
         maps = cams.compute_cams(model, target_layer, batch, target_class=1, methods=CAM_METHODS)
-        maps = {method: maps[method][batch_ids.index(sample_id)][None] for method in CAM_METHODS}
+        at = batch_ids.index(sample_id)
+        maps = {method: maps[method][at][None].detach().cpu() for method in CAM_METHODS}
+        maps["random"] = baselines.random_heatmaps([deletion.sample_key(sample_id)], image_size, image_size)
+        maps["centre"] = baselines.centre_gaussian(1, image_size, image_size, CENTRE_SIGMA_FRACTION)
         mask_array = mask_tensor.numpy()
         rows = table[table["sample_id"] == sample_id].set_index("method")
-        rendered_maps, cam_rows = {}, {}
-        for method in CAM_METHODS:
-            rendered = maps[method][0].cpu().numpy()
-            recorded = rows.loc[method]
-            rendered_iou = verify_rendered_iou(rendered, mask_array, float(recorded["iou"]),
-                                               top_fraction, f"{sample_id}/{method}")
-            constant = bool(recorded.get("constant_map", False)) or float(np.ptp(rendered)) == 0.0
+        rendered_maps, map_rows, tops = {}, {}, {}
+        for method in MAP_METHODS:
+            rendered = maps[method][0].numpy()
+            distance = float(metrics.peak_lesion_distance(maps[method], mask_tensor[None])[0])
+            keep = threshold.top_fraction_mask(maps[method], top_fraction)[0].numpy()
+            constant = float(np.ptp(rendered)) == 0.0
             peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
-            rendered_maps[method] = rendered
-            cam_rows[method] = {"iou": rendered_iou, "constant_map": constant,
-                                "peak_outside_mask": bool(recorded["peak_outside_mask"])}
-            checks.append({"case": role, "sample_id": sample_id, "method": method,
-                           "table_iou": float(recorded["iou"]), "rendered_iou": rendered_iou,
-                           "peak_matches": (peak_row, peak_col) == (int(recorded["peak_row"]),
-                                                                    int(recorded["peak_col"]))})
+            outside = not bool(mask_array[peak_row, peak_col])
+            if method in rows.index:
+                recorded = rows.loc[method]
+                rendered_iou = verify_rendered_iou(rendered, mask_array, float(recorded["iou"]),
+                                                   top_fraction, f"{sample_id}/{method}")
+                constant = constant or bool(recorded.get("constant_map", False))
+                outside = bool(recorded["peak_outside_mask"])
+                checks.append({"case": role, "sample_id": sample_id, "method": method,
+                               "table_iou": float(recorded["iou"]), "rendered_iou": rendered_iou,
+                               "peak_matches": (peak_row, peak_col) == (int(recorded["peak_row"]),
+                                                                        int(recorded["peak_col"]))})
+            else:
+                rendered_iou = float(metrics.top_fraction_iou(torch.from_numpy(keep)[None],
+                                                              mask_tensor[None])[0])
+            rendered_maps[method], tops[method] = rendered, keep
+            map_rows[method] = {"iou": rendered_iou, "constant_map": constant,
+                                "peak_outside_mask": outside, "distance": distance}
         drawn.append({"role": role, "sample_id": sample_id,
                       "score": float(rows["scaled_score"].iloc[0]), "rgb": _display_rgb(image_tensor),
-                      "mask": mask_array, "maps": rendered_maps, "rows": cam_rows})
-    figure = draw_figure3(drawn, roles=tuple(selection) or ("discordant", "consensus"))
+                      "mask": mask_array, "maps": rendered_maps, "tops": tops, "rows": map_rows})
+    figure = draw_figure3(drawn, roles=tuple(selection) or ("miss", "discordant", "consensus"),
+                          top_fraction=top_fraction)
     return figure, pd.DataFrame(checks, columns=["case", "sample_id", "method", "table_iou",
                                                  "rendered_iou", "peak_matches"])
 
 
-def draw_figure3(drawn: list[dict], roles=("discordant", "consensus")):
+PANEL_TITLES = {"random": "Random", "centre": "Centre"}   # Figure 3's narrow columns
+
+
+def _panel_note(info: dict) -> str:
+    """Under a map: its IoU and where its peak is ("in", or how many pixels "out")."""
+    if info["constant_map"]:
+        return f"IoU {info['iou']:.2f}\nconstant"
+    if not info["peak_outside_mask"]:
+        return f"IoU {info['iou']:.2f}\nin"
+    distance = info.get("distance")
+    far = f" {distance:.0f} px" if distance is not None and np.isfinite(distance) else ""
+    return f"IoU {info['iou']:.2f}\nout{far}"
+
+
+def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), top_fraction: float = 0.20):
     """Draw Figure 3 from prepared rows (no model needed; tested from fixed arrays).
 
     ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in
-    [0, 1]), mask (bool/float (S, S)), maps (method -> float (S, S) in [0, 1]), rows (method
-    -> {"iou", "constant_map", "peak_outside_mask"}). Each role of ``roles`` is one row of
-    the figure, titled with its letter, sample id and score; a role with no case gets a
-    full-width note saying why instead of empty panels. CAM panels: greyscale frame, inferno
-    activation (one colour bar per row), cyan mask contour, white peak marker (never clipped
-    at the frame edge); a constant map is labelled as such and has no peak marker.
+    [0, 1]), mask (bool/float (S, S)), maps (method -> float (S, S) in [0, 1]; the CAMs and,
+    when present, the centre baseline and random heatmap), tops (method -> bool (S, S) top
+    area; optional), rows (method -> {"iou", "constant_map", "peak_outside_mask",
+    "distance"}). Each role of ``roles`` is one row, lettered A, B, C..., titled with its role
+    and score; a role with no case gets a full-width note saying why instead of empty panels.
+    Panels: the frame with the lesion contour, then each map over the greyscale frame (inferno,
+    one colour scale), cyan lesion contour, dashed white top-area outline (not for the random
+    heatmap, whose top area is scattered pixels), white peak marker
+    (never clipped at the frame edge); the sample ids are listed in the footer. 183 mm wide.
     """
     by_role = {row["role"]: row for row in drawn}
-    n_columns = 2 + len(CAM_METHODS)
-    heights = [1.0 if role in by_role else 0.22 for role in roles]
-    fig = plt.figure(figsize=(1.45 * n_columns + 0.8, 0.6 + 1.75 * sum(heights)), layout="constrained")
+    methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
+    n_columns = 1 + len(methods)
+    heights = [1.0 if role in by_role else 0.18 for role in roles]
+    fig = plt.figure(figsize=(FIGURE3_WIDTH_INCHES, 0.55 + 1.45 * sum(heights)), layout="constrained")
     subfigures = np.atleast_1d(fig.subfigures(len(roles), 1, height_ratios=heights))
-    for subfigure, role in zip(subfigures, roles):
-        letter = ROW_LETTERS.get(role, role)
+    ids = []
+    for index, (subfigure, role) in enumerate(zip(subfigures, roles)):
+        letter = chr(ord("A") + index)
+        title = ROLE_TITLES.get(role, role.capitalize())
         if role not in by_role:
             ax = subfigure.subplots()
             ax.axis("off")
-            ax.text(0.0, 0.5, f"{letter}  {role.capitalize()} case: not drawn \u2013 "
+            ax.text(0.0, 0.5, f"{letter}  {title}: not drawn \u2013 "
                     f"{MISSING_ROW_REASONS.get(role, 'no case meets the selection rule')}.",
-                    transform=ax.transAxes, ha="left", va="center", fontsize=8)
+                    transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
         case = by_role[role]
-        subfigure.suptitle(f"{letter}  {role.capitalize()} case: sample {case['sample_id']}, "
-                           f"temperature-scaled score {case['score']:.3f}", x=0.0, ha="left",
-                           fontsize=8, parse_math=False)  # a file name is text, never mathtext
+        ids.append(f"{letter} = {case['sample_id']}")
+        subfigure.suptitle(f"{letter}  {title} (scaled score {format_score(case['score'])})", x=0.0,
+                           ha="left", fontsize=8, fontweight="bold", parse_math=False)
         axes = subfigure.subplots(1, n_columns)
         grey = np.asarray(case["rgb"]) @ np.array([0.299, 0.587, 0.114])
         mask = np.asarray(case["mask"], dtype=float)
         axes[0].imshow(case["rgb"])
+        axes[0].contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
         axes[0].set_title("Frame", fontsize=7)
-        axes[1].imshow(mask, cmap="gray", vmin=0, vmax=1)
-        axes[1].set_title("Mask", fontsize=7)
-        for ax, method in zip(axes[2:], CAM_METHODS):
+        for ax, method in zip(axes[1:], methods):
+            ax.set_title(PANEL_TITLES.get(method, method_label(method)), fontsize=7)
+            if method not in case["maps"]:
+                ax.axis("off")
+                continue
             rendered = np.asarray(case["maps"][method])
             info = case["rows"][method]
             ax.imshow(grey, cmap="gray", vmin=0, vmax=1)
             ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
             ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
-            if info["constant_map"]:
-                ax.text(0.5, 0.08, "constant map\n(no peak)", transform=ax.transAxes, ha="center",
-                        va="bottom", fontsize=6, color="white",
-                        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.5, "linewidth": 0})
-            else:
+            top = (case.get("tops") or {}).get(method)
+            # The random map's top area is scattered pixels by design: no outline to draw.
+            if top is not None and method != "random" and top.any() and not top.all():
+                ax.contour(np.asarray(top, dtype=float), levels=[0.5], colors="white",
+                           linewidths=0.6, linestyles="--")
+            if not info["constant_map"]:
                 peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
                 # A peak on the frame edge is half outside the image: a dark outline keeps the
                 # white marker visible on the white page as well.
-                ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=6, mew=1.5,
+                ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=5, mew=1.3,
                         clip_on=False, zorder=5,
-                        path_effects=[patheffects.withStroke(linewidth=3, foreground="black")])
-            where = "outside" if info["peak_outside_mask"] else "inside"
-            ax.set_title(f"{method_label(method)}\nIoU {info['iou']:.2f}; peak {where}"
-                         if not info["constant_map"] else
-                         f"{method_label(method)}\nIoU {info['iou']:.2f}; constant", fontsize=7)
+                        path_effects=[patheffects.withStroke(linewidth=2.5, foreground="black")])
+            ax.set_xlabel(_panel_note(info), fontsize=6.5, labelpad=2)
         for ax in axes:
             ax.set_xticks([])
             ax.set_yticks([])
-        # The bar shows the colour map itself, not the translucent overlay on grey.
+        last_row = (subfigure, axes)
+    if by_role:   # one colour scale for every map: its bar beside the last drawn row
         scale = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(0, 1), cmap=HEATMAP_CMAP)
-        colour_bar = subfigure.colorbar(scale, ax=axes, shrink=0.8, pad=0.01, aspect=15)
-        colour_bar.set_label("CAM (min-max\nnormalised)", fontsize=6)
+        colour_bar = last_row[0].colorbar(scale, ax=last_row[1], shrink=0.7, pad=0.01, aspect=12)
+        colour_bar.set_label("map value", fontsize=6)
         colour_bar.ax.tick_params(labelsize=6)
-    fig.supxlabel("Cyan: lesion mask contour; white \u00d7: CAM peak (first maximum); IoU of the "
-                  "top-20% map pixels with the mask. " + EIGEN_FOOTNOTE, fontsize=7, x=0.0, ha="left")
+    fig.supxlabel(f"Cyan: lesion contour; dashed white: the map's top {top_fraction:.0%} area; "
+                  "white \u00d7: peak (first maximum); in / out k px: the peak inside the lesion or "
+                  "k pixels from it; constant: a constant map has no peak; IoU of the top area with "
+                  "the lesion. Random: random heatmap; Centre: centre baseline. Maps "
+                  "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
+                  + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),
+                  fontsize=6.5, x=0.0, ha="left", wrap=True)
     return fig
 
 

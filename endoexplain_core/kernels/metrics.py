@@ -19,7 +19,7 @@ IOU_FAILURE_LEVEL = 0.10  # "IoU < 0.10": the top area barely touches the lesion
 SPATIAL_METRIC_KEYS = (
     "peak_row", "peak_col", "peak_outside_mask", "iou", "iou_below_0_10", "energy_in_mask",
     "centre_of_mass_distance", "lesion_area_fraction", "lesion_centre_distance",
-    "constant_map", "max_multiplicity", "boundary_ties",
+    "constant_map", "max_multiplicity", "boundary_ties", "peak_lesion_distance",
 )
 
 
@@ -71,6 +71,24 @@ def peak_location(maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     at_max = flat == flat.amax(dim=1, keepdim=True)
     first = torch.where(at_max, index, height * width).amin(dim=1)
     return first // width, first % width
+
+
+def peak_lesion_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """float32 (B,): Euclidean distance in pixels from the map's peak (``peak_location``) to
+    the nearest lesion pixel, 0 when the peak is inside. NaN for a constant map (no peak) and
+    for an empty mask. How far a miss is: one pixel past the contour and across the frame both
+    count as "outside"."""
+    masks = _as_masks(masks)
+    _check_maps(maps, masks)
+    rows, cols = peak_location(maps)
+    batch, height, width = masks.shape
+    grid_rows = torch.arange(height, device=masks.device, dtype=torch.float64).view(1, height, 1)
+    grid_cols = torch.arange(width, device=masks.device, dtype=torch.float64).view(1, 1, width)
+    squared = ((grid_rows - rows.view(batch, 1, 1)) ** 2 + (grid_cols - cols.view(batch, 1, 1)) ** 2)
+    nearest = torch.where(masks, squared, torch.inf).reshape(batch, -1).amin(dim=1).sqrt()
+    flat = maps.reshape(batch, -1)
+    undefined = (flat.amax(dim=1) == flat.amin(dim=1)) | ~masks.reshape(batch, -1).any(dim=1)
+    return torch.where(undefined, torch.nan, nearest).float()
 
 
 def peak_outside_mask(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
@@ -174,4 +192,5 @@ def spatial_metrics(maps: torch.Tensor, masks: torch.Tensor, fraction: float = 0
         "constant_map": ties["constant"],
         "max_multiplicity": ties["max_multiplicity"],
         "boundary_ties": ties["boundary_ties"],
+        "peak_lesion_distance": peak_lesion_distance(maps, masks),
     }
