@@ -29,8 +29,9 @@ from endoexplain_core.kernels import baselines, cams, deletion, metrics, thresho
 from endoexplain_core.analysis.audit import CAM_METHODS, CENTRE_SIGMA_FRACTION, prepare_case
 from endoexplain_core.methods import MAP_METHODS
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
-from endoexplain_core.figures.style import (ARCH_LABELS, CONTOUR_COLOUR, EIGEN_FOOTNOTE, HEATMAP_CMAP,
-                                    METHOD_COLOURS, PEAK_COLOUR, method_label)
+from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
+                                            EIGEN_FOOTNOTE, HEATMAP_CMAP, METHOD_COLOURS, PEAK_COLOUR,
+                                            RANDOM_REFERENCE, method_label)
 
 IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55
@@ -290,8 +291,6 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
     return fig
 
 
-ARCH_COLOURS = {"efficientnet_b0": "#000000", "resnet34": "#0072B2", "convnext_tiny": "#CC79A7"}
-ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^"}
 
 
 def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: int | None = None):
@@ -353,7 +352,7 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
             ax.text(0.5, 0.5, "no eligible images in any checkpoint", transform=ax.transAxes,
                     ha="center", color="dimgrey", in_layout=False)
         if column == "logit_drop_all":
-            ax.axhline(random_deletion_mean, ls="--", color="dimgrey", lw=0.9,
+            ax.axhline(random_deletion_mean, lw=0.9, **RANDOM_REFERENCE,
                        label="Random deletion, primary (mean)")
             ax.axhline(0.0, color="grey", lw=0.5)
         else:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from endoexplain_core.figures import style
 
-REFERENCE_COLOUR = "black"
+REFERENCE_COLOUR = style.RANDOM_REFERENCE["color"]   # the random heatmap, as in every figure
 
 
 def _colour(method: str) -> str:

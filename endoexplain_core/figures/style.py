@@ -17,6 +17,14 @@ from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
 ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
                "convnext_tiny": "ConvNeXt-Tiny"}
 
+# Architectures are told apart by marker and grey level, never by a colour that means a CAM
+# method elsewhere (ConvNeXt-Tiny used to be HiResCAM's pink).
+ARCH_COLOURS = {"efficientnet_b0": "#000000", "resnet34": "#555555", "convnext_tiny": "#999999"}
+ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^"}
+# Reference maps look the same in every figure: the registry's colour, dashed.
+REFERENCE_LINESTYLE = "--"
+RANDOM_REFERENCE = {"color": METHOD_COLOURS["random"], "linestyle": REFERENCE_LINESTYLE}
+
 HEATMAP_CMAP = "inferno"
 CONTOUR_COLOUR = "cyan"
 PEAK_COLOUR = "white"
