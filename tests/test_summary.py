@@ -41,3 +41,36 @@ def test_replace_readme_block_keeps_the_rest_and_refuses_a_readme_without_marker
     assert summary.replace_readme_block(updated, "# Run summary\n\n## Headline numbers\n\nx = 1\n") == updated
     with pytest.raises(ValueError, match="no results block"):
         summary.replace_readme_block("no markers here", "x")
+
+
+def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
+    import pandas as pd
+
+    from endoexplain_core.methods import CAM_METHODS
+
+    def save(name, rows):
+        pd.DataFrame(rows).to_csv(tmp_path / f"{name}.csv", index=False)
+
+    save("table_validity_gate", {"method": [*CAM_METHODS, "random"],
+                                 "verdict": ["passes", "passes", "inconclusive", "fails", "passes", "fails"]})
+    save("table_s1_training", {"checkpoint_id": ["a", "b"], "primary": [False, True], "test_auprc": [0.5, 0.91],
+                               "test_auprc_ci_low": [0.4, 0.85], "test_auprc_ci_high": [0.6, 0.95], "n_test": [50, 50]})
+    save("table4_spatial_audit", {"panel": ["A"] * 7 + ["B"], "method": [*CAM_METHODS, "random", "centre", "gradcam"],
+                                  "n": [12] * 8, "peak_failure": [0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 0.25, 0.6]})
+    save("table_transfer", {"cohort": ["ETIS-LaribPolypDB", "PolypGen"], "method": ["Grad-CAM", "Grad-CAM"],
+                            "mean_iou": [0.08, 0.2], "ci_low": [0.06, 0.17], "ci_high": [0.1, 0.23],
+                            "centre_baseline_iou": [0.08, 0.15]})
+    save("table_verdict_stability", {"held": [True, True, False, "not assessed"]})
+    lines = summary.verdict_lines(tmp_path, synthetic=True)
+    assert lines[0].startswith("**Validity gate**: 3 of 5 CAM methods find planted truth")
+    assert "(Grad-CAM, Grad-CAM++, Eigen-CAM*); 1 inconclusive, 1 fail." in lines[0] and "\u2020" in lines[0]
+    assert "test AUPRC 0.910 (0.850-0.950) (n = 50" in lines[1]
+    assert "On the 12 audit images" in lines[2] and "for 0.10-0.50 of maps" in lines[2]
+    assert "centre baseline 0.25, random map 1.00" in lines[2]
+    assert "0.08-0.20; its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[3]
+    assert lines[4] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
+                        "are printed as UNSTABLE; 1 could not be rerun.")
+    assert lines[5].startswith("**Data**: every number comes from the embedded synthetic cohort")
+    assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 5
+    assert summary.verdict_lines(tmp_path / "missing", synthetic=False) == [
+        "The validity gate did not run: no CAM method is validated."]
