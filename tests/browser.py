@@ -111,21 +111,7 @@ PAGE_REPORT = """JSON.stringify({
 
 def render_in_chromium(page: Path) -> dict:
     """Load ``page`` from disk in headless Chromium; return its images and resolved links."""
-    binary = chromium_binary()
-    with tempfile.TemporaryDirectory() as profile_dir:
-        browser = DevTools(binary, profile_dir)
-        try:
-            target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-            session = browser.send("Target.attachToTarget",
-                                   {"targetId": target, "flatten": True})["sessionId"]
-            browser.send("Page.enable", session=session)
-            browser.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
-            browser.wait_event("Page.loadEventFired")
-            result = browser.send("Runtime.evaluate", {"expression": PAGE_REPORT,
-                                                       "returnByValue": True}, session=session)
-            return json.loads(result["result"]["value"])
-        finally:
-            browser.close()
+    return json.loads(run_in_page(page, [PAGE_REPORT], wait_seconds=0.0)[0])
 
 
 def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3) -> list:
