@@ -189,3 +189,23 @@ def test_latex_tables_carry_the_dagger_as_a_command(tmp_path):
     assert "\u2020" not in tex and "\u2021" not in tex
     assert r"Grad-CAM\dag{}" in tex and r"Eigen-CAM*\ddag{}" in tex
     assert "Grad-CAM\u2020" in (tmp_path / "marks.md").read_text()     # Markdown keeps the mark
+
+
+def test_figure2a_ece_from_the_bins_equals_the_calibration_ece_and_small_bins_are_open():
+    import numpy as np
+
+    from endoexplain_core.analysis import calibration
+
+    rng = np.random.default_rng(4)
+    score = rng.uniform(size=300)
+    target = (rng.uniform(size=300) < score ** 2).astype(int)
+    bins = calibration.reliability_table(score, target)
+    assert calibration.ece_from_bins(bins) == pytest.approx(calibration.ece(score, target))
+    fig, ax = plt.subplots()
+    table = bins.assign(score="Temperature-scaled")
+    table.loc[table.index[0], "count"] = 2                         # one small bin
+    calibration_figures.draw_reliability(ax, table)
+    open_markers = [line for line in ax.lines if line.get_markerfacecolor() == "white"]
+    assert len(open_markers) == 1 and len(open_markers[0].get_xdata()) == 1
+    assert any("ECE" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(fig)

@@ -84,10 +84,17 @@ def reliability_table(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -
 
 def ece(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -> float:
     """Expected calibration error: ``sum_b (n_b / N) * |mean score_b - positive rate_b|``."""
-    table = reliability_table(score, target, n_bins)
+    return ece_from_bins(reliability_table(score, target, n_bins))
+
+
+def ece_from_bins(table: pd.DataFrame) -> float:
+    """The ECE of a ``reliability_table`` (count, mean_score, observed_frequency per bin);
+    NaN when every bin is empty."""
     filled = table[table["count"] > 0]
+    if filled.empty:
+        return float("nan")
     gaps = (filled["mean_score"] - filled["observed_frequency"]).abs()
-    return float((filled["count"] * gaps).sum() / table["count"].sum())
+    return float((filled["count"] * gaps).sum() / filled["count"].sum())
 
 
 def fit_temperature(z_val: np.ndarray, y_val: np.ndarray,

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.figures import style
 
 RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
@@ -39,9 +40,15 @@ def read_checked_csv(path: str | Path, columns: tuple[str, ...], producer: str) 
 AXIS_MARGIN = 0.03   # axes run from -margin to 1 + margin so points at 0 and 1 are not clipped
 
 
+MIN_BIN_COUNT = 5   # a bin with fewer images is drawn open and left off the line
+
+
 def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     """Observed positive frequency vs mean score per bin, raw and scaled; empty bins skipped.
 
+    Bins of at least ``MIN_BIN_COUNT`` images are joined by a line; smaller bins are drawn as
+    open markers only (a frequency of 1 of 2 images is not a calibration estimate). The
+    temperature-scaled points carry Wilson 95% intervals; each legend entry gives its ECE.
     The number of images per bin (temperature-scaled score) is printed in a row above the
     axes at each bin's centre, so that counts never sit on the points; the legend goes below
     the axes, clear of the diagonal.
@@ -49,8 +56,18 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     ax.plot([0, 1], [0, 1], color="black", linewidth=0.7, linestyle=":", label="Perfect calibration")
     for kind in ("Raw", "Temperature-scaled"):
         part = reliability[(reliability["score"] == kind) & (reliability["count"] > 0)]
-        ax.plot(part["mean_score"], part["observed_frequency"], marker="o", markersize=3,
-                linewidth=1.0, color=SCORE_COLOURS[kind], label=f"{kind} score", clip_on=False)
+        colour = SCORE_COLOURS[kind]
+        ece = calibration.ece_from_bins(part)
+        enough = part[part["count"] >= MIN_BIN_COUNT]
+        few = part[part["count"] < MIN_BIN_COUNT]
+        ax.plot(enough["mean_score"], enough["observed_frequency"], marker="o", markersize=3,
+                linewidth=1.0, color=colour, label=f"{kind} score (ECE {ece:.3f})", clip_on=False)
+        ax.plot(few["mean_score"], few["observed_frequency"], marker="o", markersize=3.5,
+                linestyle="none", markerfacecolor="white", color=colour, clip_on=False)
+        if kind == "Temperature-scaled" and len(part):
+            positives = np.round(part["observed_frequency"] * part["count"]).astype(int)
+            low, high = stats.wilson_interval(positives.to_numpy(), part["count"].to_numpy())
+            ax.vlines(part["mean_score"], low, high, color=colour, linewidth=0.8, alpha=0.7)
     scaled = reliability[reliability["score"] == "Temperature-scaled"]
     counts_transform = ax.get_xaxis_transform()          # x in data, y in axes fraction
     ax.text(-AXIS_MARGIN, 1.03, "n:", transform=counts_transform, ha="right", va="bottom",
@@ -67,7 +84,9 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     ax.set_aspect("equal")
     ax.set_xlabel("Mean score in bin")
     ax.set_ylabel("Observed frequency of target")
-    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7)
+    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7,
+              title=f"open: bin of < {MIN_BIN_COUNT} images; bars: Wilson 95% CI",
+              title_fontsize=6)
 
 
 def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
