@@ -2,9 +2,10 @@
 
 Figure 3 selection rule (docs/protocol.md), applied to the primary checkpoint's audit table
 before anything is drawn, among high-score images (scaled score >= threshold), CAMs only:
-- typical miss: every defined CAM peak outside the lesion, the median peak-to-lesion distance
-  at least ``MISS_MARGIN_FRACTION`` of the input side; of those, the image whose median
-  distance is closest to the candidates' median (a typical miss, not the worst one);
+- typical miss: a clear miss is a CAM peak at least ``MISS_MARGIN_FRACTION`` of the input side
+  outside the lesion; among the images (other than the discordant case) with the most clear
+  misses, the one whose median miss distance is closest to the median over all clear misses
+  (a typical miss, not the worst one);
 - discordant: at least one CAM peak inside and one outside the mask; maximise the balance
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;
 - consensus: all five CAM peaks inside; maximise the mean IoU;
@@ -47,13 +48,11 @@ def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
                          image_size: int | None = None) -> dict[str, str | None]:
     """Sample ids of the typical-miss, discordant and consensus cases (None when no case
     qualifies), in drawing order. ``table``: the primary checkpoint's audit rows on one
-    dataset. ``image_size``: the input side behind ``peak_lesion_distance`` (the miss margin is
-    ``MISS_MARGIN_FRACTION`` of it); without it, or in a table without distances, any miss
-    of every CAM qualifies and the median score picks the typical one.
+    dataset. ``image_size``: the input side behind ``peak_lesion_distance``; a clear miss is a
+    defined CAM peak at least ``MISS_MARGIN_FRACTION`` of it outside the lesion (without it, or
+    in a table without distances, any peak outside the lesion counts).
     """
     cam_rows = table[table["method"].isin(CAM_METHODS) & (table["scaled_score"] >= score_threshold)]
-    constant = cam_rows["constant_map"].astype(bool) if "constant_map" in cam_rows else False
-    cam_rows = cam_rows.assign(defined=~constant)
     per_image = cam_rows.groupby("sample_id").agg(
         outside=("peak_outside_mask", "sum"), n_maps=("method", "size"),
         iou_min=("iou", "min"), iou_max=("iou", "max"), iou_mean=("iou", "mean"),
@@ -61,29 +60,35 @@ def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
     per_image["inside"] = per_image["n_maps"] - per_image["outside"]
     per_image["balance"] = np.minimum(per_image["inside"], per_image["outside"])
     per_image["iou_range"] = per_image["iou_max"] - per_image["iou_min"]
-
-    defined = cam_rows[cam_rows["defined"]]
-    misses = defined.groupby("sample_id").agg(
-        n_defined=("method", "size"), all_outside=("peak_outside_mask", "all"),
-        distance=("peak_lesion_distance", "median") if "peak_lesion_distance" in defined else ("iou", "size"),
-        score=("scaled_score", "first")).reset_index()
-    misses = misses[misses["all_outside"] & (misses["n_defined"] >= 3)]
-    if "peak_lesion_distance" in defined and image_size:
-        misses = misses[misses["distance"] >= MISS_MARGIN_FRACTION * image_size]
-        key = "distance"
-    else:
-        key = "score"
-    if len(misses):
-        misses = misses.assign(off=(misses[key] - misses[key].median()).abs())
-        misses = misses.sort_values(["off", "sample_id"])
     discordant = per_image[(per_image["inside"] > 0) & (per_image["outside"] > 0)]
     discordant = discordant.sort_values(["balance", "iou_range", "score", "sample_id"],
                                         ascending=[False, False, False, True])
     consensus = per_image[per_image["outside"] == 0]
     consensus = consensus.sort_values(["iou_mean", "sample_id"], ascending=[False, True])
-    return {"miss": misses["sample_id"].iloc[0] if len(misses) else None,
-            "discordant": discordant["sample_id"].iloc[0] if len(discordant) else None,
+    discordant_id = discordant["sample_id"].iloc[0] if len(discordant) else None
+    return {"miss": _typical_miss(cam_rows, image_size, exclude=discordant_id),
+            "discordant": discordant_id,
             "consensus": consensus["sample_id"].iloc[0] if len(consensus) else None}
+
+
+def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str | None) -> str | None:
+    """The typical high-score miss: among the images with the most clearly missing CAM peaks
+    (other than ``exclude``, the discordant case), the one whose median miss distance is
+    closest to the median over every clear miss; ties by sample id. None without a clear miss."""
+    defined = cam_rows[~cam_rows["constant_map"].astype(bool)] if "constant_map" in cam_rows else cam_rows
+    misses = defined[defined["peak_outside_mask"].astype(bool)]
+    has_distance = "peak_lesion_distance" in misses and image_size
+    if has_distance:
+        misses = misses[misses["peak_lesion_distance"] >= MISS_MARGIN_FRACTION * image_size]
+    distance = misses["peak_lesion_distance"] if has_distance else misses["scaled_score"]
+    per_image = misses.assign(distance=distance).groupby("sample_id").agg(
+        n_misses=("method", "size"), distance=("distance", "median")).reset_index()
+    per_image = per_image[per_image["sample_id"] != exclude]
+    if per_image.empty:
+        return None
+    most = per_image[per_image["n_misses"] == per_image["n_misses"].max()]
+    most = most.assign(off=(most["distance"] - distance.median()).abs())
+    return most.sort_values(["off", "sample_id"])["sample_id"].iloc[0]
 
 
 def _display_rgb(image_tensor: torch.Tensor) -> np.ndarray:
@@ -107,7 +112,7 @@ def verify_rendered_iou(rendered_map: np.ndarray, rendered_mask: np.ndarray, tab
 ROLE_TITLES = {"miss": "Typical high-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
-    "miss": "no high-score image has every CAM peak clearly outside the mask",
+    "miss": "no high-score image has a CAM peak clearly outside the mask",
     "discordant": "no high-score image has CAM peaks both inside and outside the mask",
     "consensus": "no high-score image has all five CAM peaks inside the mask",
 }
