@@ -205,7 +205,7 @@ def test_figure2a_ece_from_the_bins_equals_the_calibration_ece_and_small_bins_ar
     table = bins.assign(score="Temperature-scaled")
     table.loc[table.index[0], "count"] = 2                         # one small bin
     calibration_figures.draw_reliability(ax, table)
-    open_markers = [line for line in ax.lines if line.get_markerfacecolor() == "white"]
+    open_markers = [line for line in ax.lines if line.get_markerfacecolor() == "white" and len(line.get_xdata())]
     assert len(open_markers) == 1 and len(open_markers[0].get_xdata()) == 1
     assert any("ECE" in t.get_text() for t in ax.get_legend().get_texts())
     plt.close(fig)
