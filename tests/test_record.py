@@ -199,8 +199,10 @@ def test_figure2_panels_from_run_tables(tmp_path):
                                 "ci_low": [0.1, 0.1, 0.4, 0.3], "ci_high": [0.3, 0.4, 0.8, 0.7]})
     fig = calibration_figures.figure2_calibration_threshold(reliability, sensitivity)
     panel_a, panel_b = fig.axes
-    raw_line = [l for l in panel_a.lines if l.get_label() == "Raw score"][0]
-    assert list(raw_line.get_xdata()) == [0.05, 0.97]          # the empty bin is skipped
+    raw_line = [l for l in panel_a.lines if l.get_label().startswith("Raw score (ECE ")][0]
+    assert list(raw_line.get_xdata()) == [0.97]                 # the empty bin is skipped, and
+    open_points = [x for l in panel_a.lines if l.get_markerfacecolor() == "white" for x in l.get_xdata()]
+    assert sorted(open_points) == [0.05, 0.08, 0.55]            # bins under 5 images are open points
     assert sorted(t.get_text() for t in panel_b.texts) == ["n=12", "n=30"]
     assert panel_b.get_title(loc="left") == "B"
     counts_row = sorted(t.get_text() for t in panel_a.texts)      # scaled-score bin counts
