@@ -94,8 +94,12 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
 
 
 def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
-               float_format: str = "{:.3f}", index: bool = False) -> list[Path]:
+               float_format: str = "{:.3f}", index: bool = False, notes=()) -> list[Path]:
     """Write ``table`` as CSV, Markdown and LaTeX under ``figures_dir``; return the paths.
+
+    ``notes``: footnotes the table carries wherever it goes (the gate's dagger, "unstable",
+    Eigen-CAM's asterisk, "synthetic"): printed below the Markdown table and below the LaTeX
+    tabular; the CSV stays data only.
 
     CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``, except
     counts (``n``, ``n_*``): a count column holds floats only because some rows have none
@@ -116,8 +120,10 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
         elif pd.api.types.is_float_dtype(shown[column]):
             fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
             shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
-    files.write_text_atomic(md, _markdown(shown, index=index) + "\n")
-    files.write_text_atomic(tex, latex_symbols(shown.to_latex(index=index, escape=True)))
+    markdown_notes = "".join(f"\n{markdown_cell(note)}\n" for note in notes)
+    files.write_text_atomic(md, _markdown(shown, index=index) + "\n" + markdown_notes)
+    latex_notes = "".join(f"\\par\\footnotesize {latex_escape(note)}\n" for note in notes)
+    files.write_text_atomic(tex, latex_symbols(shown.to_latex(index=index, escape=True) + latex_notes))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
     return [csv, md, tex]
 
@@ -126,6 +132,16 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
 # the manuscript compiles with pdflatex and without a Unicode font.
 LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u2212": "-", "\u2013": "--",
                  "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}
+
+
+LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+                  "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    """Plain text for LaTeX: each special character escaped, in one pass."""
+    return "".join(LATEX_SPECIALS.get(char, char) for char in text)
 
 
 def latex_symbols(text: str) -> str:

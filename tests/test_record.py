@@ -224,3 +224,20 @@ def test_markdown_prints_counts_as_integers_and_other_floats_rounded(tmp_path):
     assert lines[2] == "| 139 | 2 | 0.999 | 0.500 | 6.000 |"
     assert lines[3] == "|  | 3 |  | 1.000 | 1.000 |"
     assert "139.000" not in (tmp_path / "table_counts.tex").read_text()
+
+
+def test_final_tables_carry_their_footnotes_into_markdown_and_latex(tmp_path):
+    from endoexplain_core.analysis import stability, validity_gate
+
+    table = pd.DataFrame({"label": ["Grad-CAM\u2020", "HiResCAM\u2021", "Eigen-CAM*"],
+                          "odds ratio": ["1.2 (0.5 to 3.1)", "not estimable (bootstrap interval unbounded: 18 replicates separated)", ""]})
+    notes = record.final_table_notes(table, synthetic=True)
+    assert notes == [validity_gate.GATE_FOOTNOTE, stability.UNSTABLE_FOOTNOTE, "* Eigen-CAM is class-agnostic (no target class).",
+                     record.NOT_ESTIMABLE_NOTE, artefacts.SYNTHETIC_FOOTER]
+    assert record.final_table_notes(pd.DataFrame({"label": ["Grad-CAM"]}), synthetic=False) == []
+    artefacts.save_table(table, "final_t", tmp_path, notes=notes)
+    markdown = (tmp_path / "final_t.md").read_text()
+    assert markdown.rstrip().endswith(artefacts.SYNTHETIC_FOOTER) and validity_gate.GATE_FOOTNOTE[:40] in markdown
+    latex = (tmp_path / "final_t.tex").read_text()
+    assert r"\par\footnotesize Synthetic cohort" in latex and "\u2020" not in latex and r"\dag{}" in latex
+    assert pd.read_csv(tmp_path / "final_t.csv").shape == (3, 2)            # the CSV stays data only

@@ -527,6 +527,32 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     return shown.rename(columns=lambda c: str(c).replace("_", " "))
 
 
+NOT_ESTIMABLE_NOTE = ("not estimable: the maximum-likelihood estimate is infinite (separation), "
+                      "or a bound of the image-cluster bootstrap interval is 0 or infinite; the "
+                      "Firth column of Table 5 gives a finite penalised estimate.")
+
+
+def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
+    """The footnotes a formatted table needs, read from its cells: the validity gate's dagger,
+    the instability mark, Eigen-CAM's asterisk, "not estimable", and the synthetic cohort."""
+    from endoexplain_core.analysis import stability, validity_gate
+    from endoexplain_core.methods import EIGEN_FOOTNOTE
+
+    cells = " ".join(str(v) for column in table.columns for v in [column, *table[column].tolist()])
+    notes = []
+    if DAGGER in cells:
+        notes.append(validity_gate.GATE_FOOTNOTE)
+    if stability.UNSTABLE_MARK in cells:
+        notes.append(stability.UNSTABLE_FOOTNOTE)
+    if "Eigen-CAM*" in cells:
+        notes.append(EIGEN_FOOTNOTE)
+    if "not estimable" in cells:
+        notes.append(NOT_ESTIMABLE_NOTE)
+    if synthetic:
+        notes.append(artefacts.SYNTHETIC_FOOTER)
+    return notes
+
+
 def _is_rate(name: str) -> bool:
     """Columns that are rates or scores even when a run's values happen to be 0 or 1."""
     return any(part in name for part in ("rate", "sensitivity", "specificity", "score", "share",
