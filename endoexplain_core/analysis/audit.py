@@ -186,6 +186,25 @@ def prepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded
 
 # --- the audit --------------------------------------------------------------------------------
 
+def batch_maps(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,
+               sample_ids: list[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Every map the audit scores for one batch, and the logits (B, 2) of its forward.
+
+    ``images``: float32 (B, 3, S, S) normalised, on the model's device. Returns ({method in
+    ``MAP_METHODS``: (B, S, S) map in [0, 1]}, logits): the five CAMs of one fused pass
+    (target class 1), the random heatmap seeded by each sample id and the centre baseline.
+    Figure 3 and the case browser redraw maps with this, so they draw what the audit scored.
+    """
+    batch, _, height, width = images.shape
+    maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
+                                     methods=CAM_METHODS, return_logits=True)
+    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
+    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
+    maps["centre"] = baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
+                                               images.device)
+    return maps, logits
+
+
 def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,
                 masks: torch.Tensor, sample_ids: list[str], *, temperature: float,
                 top_fraction: float, repetitions: int, grid: tuple[int, int] | None = None,
@@ -202,12 +221,8 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
     if grid is None:
         grid = map_diagnostics.feature_grid(model, target_layer, images.shape[-1], images.device)
     batch, _, height, width = images.shape
-    maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
-                                     methods=CAM_METHODS, return_logits=True)
+    maps, logits = batch_maps(model, target_layer, images, sample_ids)
     keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
-    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
-    maps["centre"] = baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
-                                               images.device)
     logits = logits.detach().double()
     z = logits[:, 1] - logits[:, 0]
 

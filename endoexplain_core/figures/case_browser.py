@@ -30,7 +30,7 @@ from PIL import Image
 
 from endoexplain_core import files
 from endoexplain_core.analysis import audit
-from endoexplain_core.kernels import baselines, cams, deletion, threshold
+from endoexplain_core.kernels import threshold
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.figures.case_figures import _display_rgb
 from endoexplain_core.figures.style import HEATMAP_CMAP
@@ -155,13 +155,7 @@ def case_strips(model: torch.nn.Module, target_layer: torch.nn.Module, cases, ta
         table["sample_id"], table["method"], table["peak_row"], table["peak_col"], table["constant_map"]) if not k}
     names, excluded = {}, []
     for sample_ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
-        images = images.to(device)
-        maps = cams.compute_cams(model, target_layer, images, target_class=1, methods=CAM_METHODS)
-        keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
-        height, width = images.shape[-2:]
-        maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
-        maps["centre"] = baselines.centre_gaussian(len(sample_ids), height, width,
-                                                   audit.CENTRE_SIGMA_FRACTION, images.device)
+        maps, _ = audit.batch_maps(model, target_layer, images.to(device), sample_ids)
         for index, sample_id in enumerate(sample_ids):
             rgb, mask = _display_rgb(images[index]), masks[index].cpu().numpy()
             panels = [draw_panel(rgb, mask, None, None, None)]
@@ -337,7 +331,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     """Write ``<run_dir>/cases/index.html`` and its strips for the primary checkpoint's audits:
     the HyperKvasir pool (``audit/hyperkvasir``) and each external cohort it was audited on
     (``audit/<cohort>``; ``cohort_names`` limits them). Returns the page's path."""
-    from endoexplain_core.analysis import extended_localisation
+    from endoexplain_core.analysis import extended_localisation, transfer
     from endoexplain_core.config import resolve_data_root
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import load_manifest
@@ -345,9 +339,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
 
     run_dir = Path(run_dir)
     cohort_root = resolve_data_root(data_root, run_dir)
-    registry = audit.read_registry(run_dir)
-    primary_id = str(registry.loc[registry["is_primary"].astype(str).str.lower() == "true",
-                                  "checkpoint_id"].iloc[0])
+    primary_id = str(transfer.primary_checkpoint(run_dir)["checkpoint_id"])
     model, metadata = audit.load_registered_model(run_dir, primary_id, image_size, device)
     layer_name, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     names = [n for n in (cohort_names if cohort_names is not None else cohorts.DATASET_FOLDERS)

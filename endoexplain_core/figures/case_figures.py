@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from endoexplain_core.kernels import baselines, cams, deletion, metrics, threshold
-from endoexplain_core.analysis.audit import CAM_METHODS, CENTRE_SIGMA_FRACTION, prepare_case
+from endoexplain_core.kernels import metrics, threshold
+from endoexplain_core.analysis.audit import CAM_METHODS, batch_maps, prepare_case
 from endoexplain_core.methods import MAP_METHODS
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
@@ -159,11 +159,9 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
         prepared = {i: prepare_case(i, *cases[i], image_size) for i in batch_ids}
         image_tensor, mask_tensor = prepared[sample_id]
         batch = torch.stack([prepared[i][0] for i in batch_ids]).to(device)
-        maps = cams.compute_cams(model, target_layer, batch, target_class=1, methods=CAM_METHODS)
+        maps, _ = batch_maps(model, target_layer, batch, batch_ids)
         at = batch_ids.index(sample_id)
-        maps = {method: maps[method][at][None].detach().cpu() for method in CAM_METHODS}
-        maps["random"] = baselines.random_heatmaps([deletion.sample_key(sample_id)], image_size, image_size)
-        maps["centre"] = baselines.centre_gaussian(1, image_size, image_size, CENTRE_SIGMA_FRACTION)
+        maps = {method: maps[method][at][None].detach().cpu() for method in MAP_METHODS}
         mask_array = mask_tensor.numpy()
         rows = table[table["sample_id"] == sample_id].set_index("method")
         rendered_maps, map_rows, tops = {}, {}, {}

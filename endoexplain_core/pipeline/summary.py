@@ -54,6 +54,11 @@ def _read(figures_dir: Path, name: str) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.is_file() else None
 
 
+def _primary_row(training: pd.DataFrame) -> pd.Series:
+    """The primary checkpoint's row of ``table_s1_training``."""
+    return training[training["primary"].astype(str).str.lower() == "true"].iloc[0]
+
+
 def _training_lines(figures_dir: Path) -> list[str]:
     learning, training = _read(figures_dir, "table_checkpoint_learning"), _read(figures_dir, "table_s1_training")
     if learning is None or training is None:
@@ -62,7 +67,7 @@ def _training_lines(figures_dir: Path) -> list[str]:
         "checkpoint": learning["checkpoint_id"],
         "validation AUPRC": learning["val_auprc"].map(_number),
         "learned": learning["learned"].map(lambda v: "yes" if str(v).lower() == "true" else "no")})
-    primary = training[training["primary"].astype(str).str.lower() == "true"].iloc[0]
+    primary = _primary_row(training)
     prevalence = learning["val_prevalence"].iloc[0]
     lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = AUPRC >= "
              f"{_number(learning['learning_threshold'].iloc[0])}):", ""] + _table(table)
@@ -195,7 +200,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
         lines.append(text)
     training = _read(figures_dir, "table_s1_training")
     if training is not None:
-        primary = training[training["primary"].astype(str).str.lower() == "true"].iloc[0]
+        primary = _primary_row(training)
         lines.append(f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
                      f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
                      f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
