@@ -62,8 +62,12 @@ RANDOM_DELETION = "random_deletion"
 METHOD_LABELS = {m.name: m.label for m in REGISTRY} | {RANDOM_DELETION: "Random deletion"}
 METHOD_COLOURS = {m.name: m.colour for m in REGISTRY}
 EIGEN_FOOTNOTE = "* Eigen-CAM is class-agnostic (no target class)."
+# The mark of a CAM method the run's validity gate does not validate (fails or inconclusive).
+NOT_VALIDATED_MARK = "\u2020"
 
 
-def method_label(method: str) -> str:
-    """Display name of a map method; Eigen-CAM carries its class-agnostic asterisk."""
-    return METHOD_LABELS.get(method, method)
+def method_label(method: str, not_validated=()) -> str:
+    """Display name of a map method; Eigen-CAM carries its class-agnostic asterisk, and a method
+    in ``not_validated`` (the validity gate's failing methods) ends with ``NOT_VALIDATED_MARK``."""
+    label = METHOD_LABELS.get(method, method)
+    return f"{label}{NOT_VALIDATED_MARK}" if method in not_validated else label

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.kernels import road
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
 
 
@@ -108,5 +109,95 @@ def figure3_rows(size: int = 32) -> list[dict]:
              "score": 0.9996, "rgb": rgb, "mask": mask, "maps": maps, "tops": tops, "rows": rows}]
 
 
+# --- supplementary figures (notebooks 07 and 08) ----------------------------------------------
+
+def road_curves() -> pd.DataFrame:
+    """MoRF/LeRF curves of one checkpoint; XGrad-CAM coincides with Grad-CAM (drawn once)."""
+    slopes = {"gradcam": 3.0, "gradcampp": 2.5, "xgradcam": 3.0, "hirescam": 1.5, "eigencam": 2.0,
+              "random": 1.0}
+    return pd.DataFrame([{"checkpoint_id": "efficientnet_b0_s2089", "method": m, "order": o,
+                          "fraction": f, "drop": slope * f * (1 if o == "morf" else 0.3),
+                          "ci_low": 0.8 * slope * f * (1 if o == "morf" else 0.3) - 0.01,
+                          "ci_high": 1.2 * slope * f * (1 if o == "morf" else 0.3) + 0.01}
+                         for m, slope in slopes.items() for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+
+
+def srg_table() -> pd.DataFrame:
+    methods = list(CAM_METHODS) + ["random"]
+    estimates = [0.5, 0.42, 0.31, -0.05, 0.2, 0.0]
+    return pd.DataFrame({"checkpoint_id": "efficientnet_b0_s2089", "method": methods, "srg": estimates,
+                         "ci_low": [e - 0.15 for e in estimates], "ci_high": [e + 0.15 for e in estimates]})
+
+
+def shape_table() -> pd.DataFrame:
+    estimates = [0.4, 0.35, 0.2, -0.1, 0.3]
+    return pd.DataFrame({"checkpoint_id": "efficientnet_b0_s2089", "method": list(CAM_METHODS),
+                         "cam_minus_shifted": estimates, "ci_low": [e - 0.2 for e in estimates],
+                         "ci_high": [e + 0.2 for e in estimates],
+                         "cam_minus_pixel_random": [e + 0.4 for e in estimates],
+                         "pixel_ci_low": [e + 0.2 for e in estimates],
+                         "pixel_ci_high": [e + 0.6 for e in estimates]})
+
+
+def randomisation_table() -> pd.DataFrame:
+    """Cascading randomisation of an EfficientNet-B0: eleven steps, head first."""
+    blocks = ["trained", "classifier"] + [f"features.{k}" for k in range(8, -1, -1)]
+    return pd.DataFrame([{"checkpoint_id": "efficientnet_b0_s2089", "step": step, "block": block,
+                          "method": m, "spearman": 1.0 if step == 0 else float(np.cos(step + k)) * 0.8,
+                          "top_iou": 1.0 if step == 0 else 0.1 + 0.05 * ((step + k) % 5)}
+                         for step, block in enumerate(blocks) for k, m in enumerate(CAM_METHODS)])
+
+
+def subgroup_gaps() -> pd.DataFrame:
+    """Adjusted gaps of two contrasts; one not estimable (separated), one equivalent to 0."""
+    rows = []
+    for contrast in ("PolypGen C3 vs rest", "PolypDB NBI vs WLI"):
+        for outcome, scale in (("energy_lift", 0.3), ("pointing_hit", 8.0)):
+            for k, m in enumerate(CAM_METHODS):
+                gap = scale * (k - 2) / 2
+                separated = contrast.startswith("PolypGen") and m == "hirescam"
+                rows.append({"contrast": contrast, "outcome": outcome, "model": "M1", "slopes": "shared",
+                             "method": m, "gap": np.nan if separated else gap,
+                             "ci_low": gap - scale, "ci_high": gap + scale,
+                             "ci90_low": gap - 0.8 * scale, "ci90_high": gap + 0.8 * scale,
+                             "tost_equivalent": k == 2})
+    return pd.DataFrame(rows)
+
+
+EXTENDED_FIGURE_METHODS = (*CAM_METHODS, "layercam", "random", "centre", "dog")
+
+
+def iou_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
+    thresholds = np.round(np.arange(0.05, 0.96, 0.05), 2)
+    curves = pd.DataFrame([{"method": m, "threshold": t, "mean_iou": max(0.0, 0.4 - 0.3 * t - 0.03 * k),
+                            "n": 90} for k, m in enumerate(EXTENDED_FIGURE_METHODS) for t in thresholds])
+    auc = curves.groupby("method", sort=False)["mean_iou"].mean().rename("auc_iou").reset_index()
+    return curves, auc
+
+
+def energy_table() -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame([{"method": m, "sample_id": f"s{i}", "energy_lift_bits": float(rng.normal(1.0 - 0.1 * k, 0.8))}
+                         for k, m in enumerate(EXTENDED_FIGURE_METHODS) for i in range(40)])
+
+
+def c_scores() -> pd.DataFrame:
+    rows = []
+    for arch in ("efficientnet_b0", "resnet34", "convnext_tiny"):
+        for seed in (1129, 2089, 3253):
+            for k, m in enumerate(EXTENDED_FIGURE_METHODS):
+                rows.append({"checkpoint_id": f"{arch}_s{seed}", "method": m, "n_gold": 40 + seed % 7,
+                             "c_score": 1.0 if m == "centre" else 0.3 + 0.05 * k})
+    return pd.DataFrame(rows)
+
+
+def top_k_sweep() -> pd.DataFrame:
+    return pd.DataFrame([{"method": m, "fraction": f, "mean_iou": 0.3 * f / (0.1 + f) - 0.02 * k,
+                          "mean_energy": 0.6 - 0.03 * k - 0.2 * f, "n": 90}
+                         for k, m in enumerate(EXTENDED_FIGURE_METHODS) for f in (0.05, 0.1, 0.2, 0.3, 0.5)])
+
+
 __all__ = ["reliability_table", "threshold_table", "robustness_table", "transfer_summary",
-           "training_curves", "figure3_rows", "BASELINE_METHODS"]
+           "training_curves", "figure3_rows", "road_curves", "srg_table", "shape_table",
+           "randomisation_table", "subgroup_gaps", "iou_curves", "energy_table", "c_scores",
+           "top_k_sweep", "BASELINE_METHODS"]

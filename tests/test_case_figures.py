@@ -106,17 +106,22 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
         case_figures.render_figure3(tampered, selection, model, model.features, cases, 16, 0.2)
 
 
-def test_figure4_draws_three_panels_with_the_random_deletion_line():
+def test_figure4_draws_three_panels_with_each_checkpoints_random_deletion_control():
+    controls = {("efficientnet_b0", 1): 0.7, ("efficientnet_b0", 2): 0.8, ("resnet34", 1): -0.5,
+                ("resnet34", 2): -0.3}
     rows = [{"checkpoint_id": f"{arch}_s{seed}", "arch": arch, "seed": seed, "control": "none",
              "method": method, "failure_own": 0.1 * seed, "failure_fixed": 0.2,
-             "logit_drop_all": 0.5, "n_own": 10 + seed, "n_fixed": 12}
+             "logit_drop_all": 0.5, "n_own": 10 + seed, "n_fixed": 12,
+             "random_deletion_mean": controls[arch, seed]}
             for arch in ("efficientnet_b0", "resnet34") for seed in (1, 2) for method in CAM_METHODS]
-    fig = case_figures.figure4(pd.DataFrame(rows), random_deletion_mean=0.75)
+    fig = case_figures.figure4(pd.DataFrame(rows), not_validated=("hirescam",))
     panel_c = fig.axes[2]
-    dashed = [line for line in panel_c.get_lines() if line.get_linestyle() == "--"]
-    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == 0.75
-    labels = [t.get_text().replace("\n", "") for t in fig.axes[0].get_xticklabels()]
-    assert "Eigen-CAM*" in labels
+    references = [line for line in panel_c.get_lines() if line.get_label() == "Random deletion (own control)"
+                  or (line.get_color() == case_figures.RANDOM_REFERENCE["color"] and line.get_marker() != "None")]
+    # one point per architecture at the mean of its own checkpoints' controls
+    assert sorted(line.get_ydata()[0] for line in references) == pytest.approx([-0.4, 0.75])
+    labels = [t.get_text().replace("\n", "") for t in panel_c.get_xticklabels()]
+    assert "Eigen-CAM*" in labels and "Randomdeletion" in labels and "HiResCAM\u2020" in labels
 
 
 def test_figure4_says_when_a_panel_has_no_eligible_images():
@@ -124,6 +129,6 @@ def test_figure4_says_when_a_panel_has_no_eligible_images():
              "control": "none", "method": method, "failure_own": float("nan"),
              "failure_fixed": float("nan"), "logit_drop_all": 0.1, "n_own": 0, "n_fixed": 0}
             for method in CAM_METHODS]
-    fig = case_figures.figure4(pd.DataFrame(rows), random_deletion_mean=0.0)
+    fig = case_figures.figure4(pd.DataFrame(rows))
     assert any("no eligible images" in t.get_text() for t in fig.axes[0].texts)
     assert not fig.axes[2].texts

@@ -2,40 +2,80 @@
 boxes overlap, no axes is empty without a note saying why, and the fixes a reviewer asked for
 are present (n stated, constant map labelled, missing rows explained, primary marked)."""
 
+import re
 from itertools import combinations
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from endoexplain_core.figures import (calibration_figures, case_figures, style,  # noqa: E402
+from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
+                                      extended_figures, faithfulness_figures, style,
                                       training_figures, transfer_figures, workflow_figure)
 from tests import figure_inputs as inputs  # noqa: E402
 
 
+NOT_VALIDATED = ("xgradcam", "hirescam")   # as a run's gate would return them
+
+
 def _figures():
     style.apply()
-    steps = workflow_figure.workflow_steps({"train": 700, "val": 150, "test": 150, "spatial_audit": 150},
-                                           10, ["ETIS-LaribPolypDB", "PolypGen", "PolypDB"])
+    roles = {"train": 700, "val": 150, "test": 150, "spatial_audit": 150}
+    gate = pd.DataFrame({"method": [*style.CAM_METHODS, "random"],
+                         "passes": [True, True, False, False, True, False],
+                         "verdict": ["passes", "passes", "inconclusive", "fails", "passes", "fails"]})
+    steps = workflow_figure.workflow_steps(roles, 10, ["Synthetic ETIS-like", "Synthetic PolypGen-like",
+                                                       "Synthetic PolypDB-like"], gate=gate)
+    flow = workflow_figure.exclusion_flow(roles, 147, 147, 59, 0.90)
+    external = [("Synthetic ETIS-like", 193, 16), ("Synthetic PolypGen-like", 1410, 342),
+                ("Synthetic PolypDB-like", 3934, 748)]
+    curves, auc = inputs.iou_curves()
+    methods = inputs.EXTENDED_FIGURE_METHODS
     return {
-        "figure1": workflow_figure.figure1_workflow(steps),
+        "figure1": workflow_figure.figure1_workflow(steps, flow, external),
         "figure2": calibration_figures.figure2_calibration_threshold(inputs.reliability_table(),
-                                                                     inputs.threshold_table()),
+                                                                     inputs.threshold_table(),
+                                                                     not_validated=NOT_VALIDATED),
         "figure2_no_eligible": calibration_figures.figure2_calibration_threshold(
             inputs.reliability_table(), inputs.threshold_table().assign(n_eligible=0, failure_rate=float("nan"))),
         "figure_s2": calibration_figures.plot_reliability_with_counts(inputs.reliability_table()),
-        "figure3": case_figures.draw_figure3(inputs.figure3_rows()),
+        "figure3": case_figures.draw_figure3(inputs.figure3_rows(), not_validated=NOT_VALIDATED),
         "figure3_nothing": case_figures.draw_figure3([]),
-        "figure4": case_figures.figure4(inputs.robustness_table(), 0.562, n_images=150),
+        "figure4": case_figures.figure4(inputs.robustness_table(), n_images=150, not_validated=NOT_VALIDATED),
         "figure4_no_eligible": case_figures.figure4(
             inputs.robustness_table().assign(failure_own=float("nan"), failure_fixed=float("nan"), n_own=0),
-            0.0, n_images=20),
-        "figure5": transfer_figures.figure5_transfer(inputs.transfer_summary(), score_threshold=0.90),
+            n_images=20),
+        "figure5": transfer_figures.figure5_transfer(inputs.transfer_summary(), score_threshold=0.90,
+                                                     top_fraction=0.2, synthetic=True,
+                                                     not_validated=NOT_VALIDATED),
         "figure_s1": training_figures.plot_training_curves(inputs.training_curves(), "efficientnet_b0_s2089"),
+        "road": faithfulness_figures.road_curves_figure(inputs.road_curves(), not_validated=NOT_VALIDATED),
+        "srg": faithfulness_figures.srg_shape_figure(inputs.srg_table(), inputs.shape_table(),
+                                                     not_validated=NOT_VALIDATED),
+        "randomisation": faithfulness_figures.randomisation_figure(inputs.randomisation_table(),
+                                                                   not_validated=NOT_VALIDATED),
+        "subgroups": faithfulness_figures.subgroup_forest_figure(inputs.subgroup_gaps(),
+                                                                 not_validated=NOT_VALIDATED),
+        "iou_curves": extended_figures.iou_threshold_curves(curves, auc, not_validated=NOT_VALIDATED),
+        "energy_lift": extended_figures.energy_lift_distributions(inputs.energy_table(), methods,
+                                                                  not_validated=NOT_VALIDATED),
+        "c_score": extended_figures.c_score_heatmap(inputs.c_scores(), methods, not_validated=NOT_VALIDATED),
+        "top_k": extended_figures.top_k_sweep_figure(inputs.top_k_sweep(), not_validated=NOT_VALIDATED),
     }
+
+
+FIGURES = ["figure1", "figure2", "figure2_no_eligible", "figure_s2", "figure3", "figure3_nothing",
+           "figure4", "figure4_no_eligible", "figure5", "figure_s1", "road", "srg", "randomisation",
+           "subgroups", "iou_curves", "energy_lift", "c_score", "top_k"]
+# Figures that name CAM methods: each marks the gate's failing ones.
+MARKING_FIGURES = ["figure2", "figure3", "figure4", "figure5", "road", "srg", "randomisation",
+                   "subgroups", "iou_curves", "energy_lift", "c_score", "top_k"]
+MULTI_PANEL = ["figure2", "figure_s2", "figure3", "figure4", "figure_s1", "road", "srg", "randomisation",
+               "top_k"]
 
 
 @pytest.fixture(scope="module")
@@ -62,23 +102,10 @@ def _undrawn_tick_labels(fig) -> set[int]:
 
 
 def _text_boxes(fig):
-    renderer = fig.canvas.get_renderer()
-    hidden = _undrawn_tick_labels(fig)
-    boxes = []
-    for text in fig.findobj(Text):
-        if not text.get_visible() or not text.get_text().strip() or id(text) in hidden:
-            continue
-        if text.axes is not None and not text.axes.get_visible():
-            continue
-        box = text.get_window_extent(renderer)
-        if box.width > 0 and box.height > 0:
-            boxes.append((text.get_text(), box))
-    return boxes
+    return [(text.get_text(), box) for text, box in _text_objects(fig)]
 
 
-@pytest.mark.parametrize("name", [
-    "figure1", "figure2", "figure2_no_eligible", "figure_s2", "figure3", "figure3_nothing",
-    "figure4", "figure4_no_eligible", "figure5", "figure_s1"])
+@pytest.mark.parametrize("name", FIGURES)
 def test_no_two_text_boxes_overlap(figures, name):
     boxes = _text_boxes(figures[name])
     overlaps = []
@@ -95,15 +122,68 @@ def _has_data(ax) -> bool:
                 or any(len(line.get_xdata()) for line in ax.lines))
 
 
-@pytest.mark.parametrize("name", ["figure1", "figure2", "figure2_no_eligible", "figure_s2", "figure3",
-                                  "figure3_nothing", "figure4", "figure4_no_eligible", "figure5",
-                                  "figure_s1"])
+@pytest.mark.parametrize("name", FIGURES)
 def test_every_axes_has_data_or_a_note(figures, name):
     for ax in figures[name].axes:
         if ax.get_label() == "<colorbar>":
             continue
         notes = [t.get_text() for t in ax.texts if t.get_text().strip()]
         assert _has_data(ax) or notes, f"{name}: an axes has neither data nor a note"
+
+
+def _printed_size(fig):
+    """(width in inches of the saved, tight-cropped figure; smallest text in points at that size).
+    ``save_figure`` crops to the tight box, so that is the size a journal prints; a figure wider
+    than two columns is shrunk to 183 mm, and its text with it."""
+    renderer = fig.canvas.get_renderer()
+    width = fig.get_tightbbox(renderer).width
+    scale = min(1.0, style.DOUBLE_COLUMN_INCHES / width)
+    sizes = [text.get_fontsize() for text, _ in _text_objects(fig)]
+    return width, min(sizes) * scale
+
+
+def _text_objects(fig):
+    hidden = _undrawn_tick_labels(fig)
+    renderer = fig.canvas.get_renderer()
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip() or id(text) in hidden:
+            continue
+        if text.axes is not None and not text.axes.get_visible():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.width > 0 and box.height > 0:
+            yield text, box
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_every_figure_prints_at_one_or_two_columns_with_no_text_under_6_pt(figures, name):
+    width, smallest = _printed_size(figures[name])
+    assert width <= style.DOUBLE_COLUMN_INCHES + 0.05, f"{name}: {width * 25.4:.0f} mm wide"
+    assert smallest >= style.SMALLEST_TEXT_POINTS - 1e-9, f"{name}: text of {smallest:.1f} pt in print"
+
+
+PANEL_LETTER = re.compile(r"^\$\\mathbf\{([A-Z])\}\$")
+
+
+@pytest.mark.parametrize("name", MULTI_PANEL)
+def test_panel_letters_are_bold_and_in_order(figures, name):
+    letters = [match.group(1) for text, _ in _text_objects(figures[name])
+               if (match := PANEL_LETTER.match(text.get_text()))]
+    assert len(letters) >= 2 and letters == sorted(letters), f"{name}: panel letters {letters}"
+    assert letters[0] == "A" and len(set(letters)) == len(letters)
+
+
+@pytest.mark.parametrize("name", MARKING_FIGURES)
+def test_figures_mark_the_methods_the_gate_does_not_validate(figures, name):
+    text = " ".join(t.get_text().replace("\n", "") for t, _ in _text_objects(figures[name]))
+    marked = {label for label in ("XGrad-CAM\u2020", "HiResCAM\u2020") if label in text}
+    assert marked, f"{name}: no dagger on a method the gate does not validate"
+    assert "Grad-CAM\u2020" not in text.replace("XGrad-CAM\u2020", ""), f"{name}: a validated method marked"
+
+
+def test_a_figure_without_failing_methods_carries_no_mark(figures):
+    text = " ".join(t.get_text() for t, _ in _text_objects(figures["figure3_nothing"]))
+    assert "\u2020" not in text
 
 
 def test_figure_specific_fixes(figures):
@@ -115,8 +195,8 @@ def test_figure_specific_fixes(figures):
     assert any("n = 0 at every threshold" in t.get_text() for t in no_eligible.texts)
 
     figure3_text = " ".join(t.get_text() for t in figures["figure3"].findobj(Text))
-    assert "IoU 0.30\nconstant" in figure3_text and "C  Consensus: not drawn" in figure3_text
-    assert "A  Typical high-score miss: not drawn" in figure3_text and "score >0.999" in figure3_text
+    assert "IoU 0.30\nconstant" in figure3_text and "$\\mathbf{C}$  Consensus: not drawn" in figure3_text
+    assert "$\\mathbf{A}$  Typical high-score miss: not drawn" in figure3_text and "score >0.999" in figure3_text
     assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
     peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]

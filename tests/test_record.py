@@ -177,14 +177,26 @@ def test_collect_final_tables_names_missing_files(tmp_path):
 def test_figure1_workflow_shows_run_counts():
     from endoexplain_core.figures import workflow_figure
 
-    steps = workflow_figure.workflow_steps({"train": 70, "val": 15, "test": 15, "spatial_audit": 20},
-                                           n_checkpoints=10, cohort_names=["ETIS", "PolypGen"])
-    fig = workflow_figure.figure1_workflow(steps)
+    roles = {"train": 70, "val": 15, "test": 15, "spatial_audit": 20}
+    gate = pd.DataFrame({"method": ["gradcam", "gradcampp", "xgradcam", "hirescam", "eigencam", "random"],
+                         "passes": [True, False, False, True, True, False],
+                         "verdict": ["passes", "inconclusive", "fails", "passes", "passes", "fails"]})
+    steps = workflow_figure.workflow_steps(roles, n_checkpoints=10, cohort_names=["ETIS", "PolypGen"], gate=gate)
+    flow = workflow_figure.exclusion_flow(roles, n_masked_pool=18, n_audited=17, n_panel_a=6, score_threshold=0.9)
+    fig = workflow_figure.figure1_workflow(steps, flow, [("ETIS", 30, 1)])
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert "70 / 15 / 15 / 20" in texts and "10 checkpoints" in texts and "ETIS, PolypGen" in texts
+    assert [s.notebook for s in steps] == ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
+    assert "3 of 5 CAMs pass (1 inconclusive, 1 fails)" in texts          # the gate's own verdict
+    assert steps[3].face == workflow_figure.GATE_FACE["inconclusive"]
+    for shown in ("n = 120", "n = 20", "100 train/val/test", "2 without a mask", "n = 18",
+                  "1 empty mask", "n = 6", "11 below 0.90", "ETIS 30 cases, 1 at high score"):
+        assert shown in texts, shown
     arrows = [p for p in fig.axes[0].patches if type(p).__name__ == "FancyArrowPatch"]
-    assert len(arrows) == len(steps) - 1 == 5
+    assert len(arrows) == (len(steps) - 1) + (len(flow) - 1) == 12
     plt.close(fig)
+    with pytest.raises(ValueError, match="grow along the flow"):
+        workflow_figure.exclusion_flow(roles, n_masked_pool=18, n_audited=19, n_panel_a=6, score_threshold=0.9)
 
 
 def test_figure2_panels_from_run_tables(tmp_path):
@@ -204,7 +216,7 @@ def test_figure2_panels_from_run_tables(tmp_path):
     open_points = [x for l in panel_a.lines if l.get_markerfacecolor() == "white" for x in l.get_xdata()]
     assert sorted(open_points) == [0.05, 0.08, 0.55]            # bins under 5 images are open points
     assert sorted(t.get_text() for t in panel_b.texts) == ["n=12", "n=30"]
-    assert panel_b.get_title(loc="left") == "B"
+    assert panel_b.get_title(loc="left") == "$\\mathbf{B}$  Failure by threshold"
     counts_row = sorted(t.get_text() for t in panel_a.texts)      # scaled-score bin counts
     assert counts_row == ["2", "3", "5", "n:"]
     assert "Eigen-CAM*" in [t.get_text() for t in panel_b.get_legend().get_texts()]

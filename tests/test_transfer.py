@@ -84,8 +84,8 @@ def independent_bootstrap(values, replicates, seed):
 
 
 def test_transfer_summary_against_hand_values():
-    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, replicates=300,
-                                        seed=7)
+    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2,
+                                        replicates=300, seed=7)
     etis = summary[summary["dataset"] == "etis"].set_index("method")
     assert list(etis.index) == list(audit.MAP_METHODS)
     assert etis.loc["gradcam", "n_cases"] == 4 and etis.loc["gradcam", "n_eligible"] == 2
@@ -105,11 +105,29 @@ def test_transfer_summary_against_hand_values():
         "ETIS-LaribPolypDB", "PolypGen"}
 
 
+def test_chance_iou_matches_random_top_area_sets_drawn_at_random():
+    """The analytic chance level against an independent Monte Carlo: random subsets of exactly
+    the top fraction of pixels of a 64 x 64 frame, lesions of several sizes (and none)."""
+    rng = np.random.default_rng(3)
+    pixels, top = 64 * 64, 0.2
+    for lesion_pixels in (0, 40, 205, 800, 2500):
+        mask = np.zeros(pixels, bool)
+        mask[:lesion_pixels] = True
+        ious = []
+        for _ in range(400):
+            chosen = np.zeros(pixels, bool)
+            chosen[rng.choice(pixels, int(top * pixels), replace=False)] = True
+            ious.append((chosen & mask).sum() / (chosen | mask).sum())
+        expected = transfer.chance_top_fraction_iou(np.array([lesion_pixels / pixels]), top)[0]
+        assert expected == pytest.approx(np.mean(ious), abs=0.004), lesion_pixels
+    assert transfer.chance_top_fraction_iou(np.array([1.0]), top)[0] == pytest.approx(top)
+
+
 def test_summary_rejects_mixed_checkpoints():
     table = crafted_audit()
     table.loc[table["dataset"] == "polypgen", "checkpoint_id"] = "resnet34_s1129"
     with pytest.raises(ValueError, match="one \\(frozen\\) checkpoint"):
-        transfer.transfer_summary(table, score_threshold=0.9, replicates=10)
+        transfer.transfer_summary(table, score_threshold=0.9, top_fraction=0.2, replicates=10)
 
 
 def test_breakdown_by_centre():
@@ -126,12 +144,20 @@ def test_breakdown_by_centre():
 
 
 def test_figure5_bars_and_centre_segments():
-    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, replicates=50)
+    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2, replicates=50)
     fig = transfer_figures.figure5_transfer(summary, score_threshold=0.90)
     ax = fig.axes[0]
     bars = [p for p in ax.patches if p.get_height() > 0 or p.get_width() > 0]
-    cam_bars = [p for p in bars if not p.get_hatch()]
+    random_bars = [p for p in bars if p.get_linestyle() == "--"]
+    cam_bars = [p for p in bars if not p.get_hatch() and p not in random_bars]
     centre_bars = [p for p in bars if p.get_hatch()]
+    # the random heatmap is its own dashed bar per cohort; the chance level a tick on it
+    assert sorted(p.get_height() for p in random_bars) == pytest.approx(
+        sorted(summary.loc[summary["method"] == "random", "mean_iou"]))
+    ticks = [line for line in ax.lines if line.get_label().startswith("Chance") or
+             (len(line.get_xdata()) == 2 and line.get_color() == "black")]
+    assert sorted(line.get_ydata()[0] for line in ticks) == pytest.approx(
+        sorted(summary.drop_duplicates("dataset")["chance_iou"]))
     expected = summary[summary["method"].isin(audit.CAM_METHODS)]["mean_iou"]
     assert sorted(round(p.get_height(), 6) for p in cam_bars) == sorted(round(v, 6) for v in expected)
     # the centre baseline is its own hatched bar per cohort, at the cohort's centre-baseline mean

@@ -191,7 +191,22 @@ def _mean_ci(values: np.ndarray, replicates: int, seed: int) -> tuple[float, flo
     return result["estimate"], result["ci_low"], result["ci_high"]
 
 
-def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
+def chance_top_fraction_iou(lesion_fraction, top_fraction: float) -> np.ndarray:
+    """Expected IoU of a uniformly random top-area set with the lesion, per image.
+
+    ``lesion_fraction``: lesion area / frame area (array, in [0, 1]); ``top_fraction``: share of
+    pixels the top-area rule keeps. A random set of f·N pixels meets a lesion of a·N pixels in
+    f·a·N pixels on average, so IoU ≈ f·a / (f + a − f·a) (the ratio of expected areas; the
+    exact expectation differs by O(1/N)). This is the chance level a map's top-20% IoU should
+    be read against: it grows with the lesion, unlike the model-free centre baseline.
+    """
+    a = np.asarray(lesion_fraction, dtype=float)
+    f = float(top_fraction)
+    union = f + a - f * a
+    return np.divide(f * a, union, out=np.zeros_like(a), where=union > 0)
+
+
+def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float, top_fraction: float,
                      replicates: int = stats.CLASSIFIER_REPLICATES,
                      seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
     """Mean top-fraction IoU per (dataset, method) with bootstrap 95% CIs.
@@ -200,9 +215,10 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
     (dataset, method): ``n_cases``, ``n_eligible`` (scaled score >= ``score_threshold``),
     ``mean_iou`` / ``ci_low`` / ``ci_high`` over all cases, ``mean_iou_high_score`` /
     ``mean_iou_high_score_ci_low`` / ``_ci_high`` over the eligible cases (NaN if none), the
-    peak-outside-mask rate among eligible cases, and ``centre_baseline_iou`` (the cohort's mean
-    IoU of the centred Gaussian). Each method's bootstrap uses the same seed, hence the same
-    resampled images within a cohort.
+    peak-outside-mask rate among eligible cases, ``centre_baseline_iou`` (the cohort's mean
+    IoU of the centred Gaussian) and ``chance_iou`` (the cohort's mean expected IoU of a
+    uniformly random top-area set, ``chance_top_fraction_iou`` at ``top_fraction``). Each
+    method's bootstrap uses the same seed, hence the same resampled images within a cohort.
     """
     audit.validate_audit_table(audit_table, source="transfer audit tables")
     if audit_table["checkpoint_id"].nunique() != 1:
@@ -211,6 +227,8 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
     rows = []
     for dataset, cohort in audit_table.groupby("dataset", sort=False):
         centre_iou = cohort.loc[cohort["method"] == "centre", "iou"].mean()
+        lesions = cohort.drop_duplicates("sample_id")["lesion_area_fraction"].to_numpy()
+        chance_iou = float(chance_top_fraction_iou(lesions, top_fraction).mean())
         for method in [m for m in audit.MAP_METHODS if m in set(cohort["method"])]:
             part = cohort[cohort["method"] == method].sort_values("sample_id")
             eligible = part[part["scaled_score"] >= score_threshold]
@@ -228,7 +246,7 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float,
                          "peak_outside_high_score": failure["estimate"],
                          "peak_outside_high_score_ci_low": failure["ci_low"],
                          "peak_outside_high_score_ci_high": failure["ci_high"],
-                         "centre_baseline_iou": centre_iou})
+                         "centre_baseline_iou": centre_iou, "chance_iou": chance_iou})
     return pd.DataFrame(rows)
 
 
@@ -272,7 +290,7 @@ def table_transfer(summary: pd.DataFrame) -> pd.DataFrame:
                   "mean_iou_high_score_ci_low", "mean_iou_high_score_ci_high",
                   "n_constant_high_score", "peak_outside_high_score",
                   "peak_outside_high_score_ci_low", "peak_outside_high_score_ci_high",
-                  "centre_baseline_iou"]]
+                  "centre_baseline_iou", *(["chance_iou"] if "chance_iou" in table.columns else [])]]
 
 
 def no_negatives_statement(cohort_cases: dict[str, pd.DataFrame]) -> str:

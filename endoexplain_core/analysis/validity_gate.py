@@ -75,13 +75,13 @@ from torch import nn
 from endoexplain_core.analysis import audit, stats, summaries
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import load_manifest, to_normalised_tensor
-from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, NOT_VALIDATED_MARK, method_label
 from endoexplain_core.models import networks, training
 
 GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
-DAGGER = "\u2020"
+DAGGER = NOT_VALIDATED_MARK
 GATE_FOOTNOTE = (f"{DAGGER} not validated by the planted-truth gate at this architecture, layer and "
                  "input size (table_validity_gate: fails, or inconclusive when its interval straddles "
                  "the bar): its peaks are not shown to find planted evidence, so its failure rates "
@@ -630,6 +630,20 @@ def read_gate_table(figures_dir: str | Path) -> pd.DataFrame | None:
             raise ValueError(f"{path}: missing column {column!r}")
     table["passes"] = table["passes"].astype(str).str.lower() == "true"
     return table
+
+
+FIGURE_GATE_NOTE = (f"{DAGGER} not validated by this run's planted-truth gate (fails or inconclusive): "
+                    "its maps are not shown to find planted evidence.")
+
+
+def figure_marks(figures_dir: str | Path) -> tuple[tuple[str, ...], str]:
+    """What a figure needs to mark the gate's verdict: the CAM methods the gate does not validate
+    (pass them as ``not_validated=`` to a figure function, whose labels then carry ``DAGGER``)
+    and the footer line explaining the mark ("" when every method passes or the gate was not
+    run, so a figure never carries a mark without its note)."""
+    gate = read_gate_table(figures_dir)
+    failing = tuple(failing_methods(gate)) if gate is not None else ()
+    return failing, (FIGURE_GATE_NOTE if failing else "")
 
 
 def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column: str = "method",

@@ -89,8 +89,9 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
               title_fontsize=6)
 
 
-def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
-    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top.
+def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=()) -> None:
+    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top; methods
+    in ``not_validated`` carry the validity gate's mark.
 
     Thresholds without an eligible image get no tick and no point, only "n=0" in the count
     row (and the whole panel says so when no threshold has an image). Methods are
@@ -112,7 +113,7 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
                     color=style.METHOD_COLOURS.get(method, "black"),
                     linestyle="--" if method in style.BASELINES else "-",
-                    label=style.method_label(method), clip_on=False)
+                    label=style.method_label(method, not_validated), clip_on=False)
     for threshold in (counts.index if len(thresholds) else []):
         n = int(counts.loc[threshold])
         ax.annotate(f"n={n}" if n else f"n=0 at\n\u2265 {threshold:.2f}", (threshold, 1.0),
@@ -135,15 +136,17 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame) -> None:
         ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
-def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame):
-    """Figure 2 with panels A (reliability) and B (failure vs threshold)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.8), layout="constrained",
-                                      gridspec_kw={"width_ratios": [1, 1.25]})
+def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame,
+                                  not_validated=()):
+    """Figure 2 with panels A (reliability) and B (failure vs threshold); 183 mm wide.
+    ``not_validated``: CAM methods whose labels carry the validity gate's mark."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.2, 3.6),
+                                      layout="constrained", gridspec_kw={"width_ratios": [1, 1.25]})
     draw_reliability(left, reliability)
-    draw_threshold_sensitivity(right, sensitivity)
-    for ax, letter in ((left, "A"), (right, "B")):
-        ax.set_title(letter, loc="left", fontsize=11, fontweight="bold", pad=14)
-    fig.supxlabel(style.EIGEN_FOOTNOTE, fontsize=7, x=0.01, ha="left")
+    draw_threshold_sensitivity(right, sensitivity, not_validated)
+    for ax, letter, title in ((left, "A", "Reliability"), (right, "B", "Failure by threshold")):
+        style.panel_title(ax, letter, title, pad=14)
+    style.footnote(fig, style.EIGEN_FOOTNOTE)
     return fig
 
 
@@ -167,7 +170,7 @@ def plot_reliability_with_counts(reliability: pd.DataFrame):
     fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.8), layout="constrained",
                                              gridspec_kw={"width_ratios": [1, 1.1]})
     draw_reliability(curve_ax, reliability)
-    curve_ax.set_title("A  Reliability", loc="left", pad=14)
+    style.panel_title(curve_ax, "A", "Reliability", pad=14)
     width = 0.045
     for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
         part = reliability[reliability["score"] == kind]
@@ -176,6 +179,6 @@ def plot_reliability_with_counts(reliability: pd.DataFrame):
                      label=f"{kind} score")
     count_ax.set_yscale("symlog", linthresh=1)
     count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
-    count_ax.set_title("B  Bin counts", loc="left")
+    style.panel_title(count_ax, "B", "Bin counts")
     count_ax.legend(frameon=False)
     return fig

@@ -31,8 +31,9 @@ from endoexplain_core.analysis.audit import CAM_METHODS, batch_maps, prepare_cas
 from endoexplain_core.methods import MAP_METHODS
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
-                                            EIGEN_FOOTNOTE, HEATMAP_CMAP, METHOD_COLOURS, PEAK_COLOUR,
-                                            RANDOM_REFERENCE, method_label)
+                                            DOUBLE_COLUMN_INCHES, EIGEN_FOOTNOTE, HEATMAP_CMAP,
+                                            METHOD_COLOURS, PEAK_COLOUR, RANDOM_REFERENCE,
+                                            footnote, method_label, panel_title, two_line_label)
 
 IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55
@@ -137,7 +138,7 @@ def audit_batch_ids(table: pd.DataFrame, sample_id: str, batch_size: int | None)
 def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model: torch.nn.Module,
                    target_layer: torch.nn.Module, cases: dict, image_size: int,
                    top_fraction: float, device: str | torch.device = "cpu",
-                   batch_size: int | None = None):
+                   batch_size: int | None = None, not_validated=()):
     """Recompute the selected cases' maps, verify them and draw Figure 3; return (figure, checks).
 
     ``cases``: sample_id -> (uint8 (H, W, 3) RGB, bool (H, W) mask) for the selected ids and,
@@ -149,7 +150,8 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
     The verification table lists, per drawn map with a table row, the table IoU and the
     rendered IoU (checked within ``IOU_TOLERANCE``; a constant map is checked like any other)
     and whether the drawn peak equals the table's (a constant map has no peak: True when the
-    table also says constant). Drawing is ``draw_figure3``.
+    table also says constant). Drawing is ``draw_figure3`` (``not_validated``: methods whose
+    titles carry the validity gate's mark).
     """
     drawn, checks = [], []
     for role, sample_id in selection.items():
@@ -192,7 +194,7 @@ def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model:
                       "score": float(rows["scaled_score"].iloc[0]), "rgb": _display_rgb(image_tensor),
                       "mask": mask_array, "maps": rendered_maps, "tops": tops, "rows": map_rows})
     figure = draw_figure3(drawn, roles=tuple(selection) or ("miss", "discordant", "consensus"),
-                          top_fraction=top_fraction)
+                          top_fraction=top_fraction, not_validated=not_validated)
     return figure, pd.DataFrame(checks, columns=["case", "sample_id", "method", "table_iou",
                                                  "rendered_iou", "peak_matches"])
 
@@ -211,7 +213,8 @@ def _panel_note(info: dict) -> str:
     return f"IoU {info['iou']:.2f}\nout{far}"
 
 
-def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), top_fraction: float = 0.20):
+def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), top_fraction: float = 0.20,
+                 not_validated=()):
     """Draw Figure 3 from prepared rows (no model needed; tested from fixed arrays).
 
     ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in
@@ -224,6 +227,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
     one colour scale), cyan lesion contour, dashed white top-area outline (not for the random
     heatmap, whose top area is scattered pixels), white peak marker
     (never clipped at the frame edge); the sample ids are listed in the footer. 183 mm wide.
+    Methods in ``not_validated`` (the validity gate's failing methods) carry its mark.
     """
     by_role = {row["role"]: row for row in drawn}
     methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
@@ -238,14 +242,14 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
         if role not in by_role:
             ax = subfigure.subplots()
             ax.axis("off")
-            ax.text(0.0, 0.5, f"{letter}  {title}: not drawn \u2013 "
+            ax.text(0.0, 0.5, rf"$\mathbf{{{letter}}}$  {title}: not drawn \u2013 "
                     f"{MISSING_ROW_REASONS.get(role, 'no case meets the selection rule')}.",
                     transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
         case = by_role[role]
         ids.append(f"{letter} = {case['sample_id']}")
-        subfigure.suptitle(f"{letter}  {title} (scaled score {format_score(case['score'])})", x=0.0,
-                           ha="left", fontsize=8, fontweight="bold", parse_math=False)
+        subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {title} (scaled score {format_score(case['score'])})",
+                           x=0.0, ha="left", fontsize=8, fontweight="bold")
         axes = subfigure.subplots(1, n_columns)
         grey = np.asarray(case["rgb"]) @ np.array([0.299, 0.587, 0.114])
         mask = np.asarray(case["mask"], dtype=float)
@@ -253,7 +257,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
         axes[0].contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
         axes[0].set_title("Frame", fontsize=7)
         for ax, method in zip(axes[1:], methods):
-            ax.set_title(PANEL_TITLES.get(method, method_label(method)), fontsize=7)
+            ax.set_title(PANEL_TITLES.get(method, method_label(method, not_validated)), fontsize=7)
             if method not in case["maps"]:
                 ax.axis("off")
                 continue
@@ -296,7 +300,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
 
 
 
-def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: int | None = None):
+def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=()):
     """Figure 4: failure on own (A) and fixed (B) subsets, logit drop over all images (C).
 
     ``robustness``: ``summaries.checkpoint_robustness`` output (controls are left out). Points
@@ -304,8 +308,11 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
     Colour and marker encode the architecture only (tick labels stay black). An
     architecture with no eligible image in a panel is left out of that panel and named in it.
     Open markers: the method is identical by construction to another CAM at that
-    architecture's layer (``identical_with``). ``random_deletion_mean``: the dashed line in C
-    (logits). ``n_images``: images of the audit pool (panel C's n; from the table if None).
+    architecture's layer (``identical_with``). Panel C ends with each checkpoint's own
+    random-deletion control (``random_deletion_mean``, logits), drawn like the CAMs in the
+    reference colour, so every architecture's CAM drops sit beside their own reference.
+    ``n_images``: images of the audit pool (panel C's n; from the table if None).
+    ``not_validated``: CAM methods whose labels carry the validity gate's mark. 183 mm wide.
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
     archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)
@@ -316,15 +323,18 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
     own_text = (f"n = {own_n.min()}\u2013{own_n.max()} per checkpoint" if own_n.min() != own_n.max()
                 else f"n = {own_n.min()} per checkpoint")
     pool = n_images if n_images is not None else "all"
-    panels = (("A", "failure_own", "Peak failure, own high-score subset", own_text,
+    panels = (("A", "failure_own", "Own high-score subset", own_text,
                "Peak outside lesion (share)"),
-              ("B", "failure_fixed", "Peak failure, primary's fixed subset", f"n = {fixed_n} images",
+              ("B", "failure_fixed", "Primary's high-score subset", f"n = {fixed_n} images",
                "Peak outside lesion (share)"),
-              ("C", "logit_drop_all", "Mean logit drop, all images", f"n = {pool} images",
+              ("C", "logit_drop_all", "Logit drop, all images", f"n = {pool} images",
                "Mean drop of the target logit (logits)"))
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.9), layout="constrained")
+    has_random = "random_deletion_mean" in matrix.columns and matrix["random_deletion_mean"].notna().any()
+    fig, axes = plt.subplots(1, 3, figsize=(DOUBLE_COLUMN_INCHES, 3.3), layout="constrained",
+                             gridspec_kw={"width_ratios": [1.0, 1.0, 1.2 if has_random else 1.0]})
     offsets = np.linspace(-0.22, 0.22, max(len(archs), 1))
     has_identical = "identical_with" in matrix.columns and (matrix["identical_with"].fillna("") != "").any()
+    tick_labels = [two_line_label(method_label(m, not_validated)) for m in CAM_METHODS]
     for ax, (letter, column, title, n_text, ylabel) in zip(axes, panels):
         absent = []
         for k, arch in enumerate(archs):
@@ -344,29 +354,41 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
                 chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
                 if chosen.any():
                     ax.plot(x[chosen], values["mean"].to_numpy()[chosen], linestyle="none",
-                            marker=ARCH_MARKERS.get(arch, "o"), ms=4.5, color=colour,
+                            marker=ARCH_MARKERS.get(arch, "o"), ms=4, color=colour,
                             markerfacecolor=colour if filled else "white", clip_on=False,
                             label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seed{'' if seeds == 1 else 's'})" if filled else None)
+            if column == "logit_drop_all" and has_random:
+                # this architecture's checkpoints, each against its own random-deletion control
+                controls = of_arch.drop_duplicates("checkpoint_id")["random_deletion_mean"].dropna()
+                reference_x = len(CAM_METHODS) + 0.3 + offsets[k]
+                ax.errorbar([reference_x], [controls.mean()], yerr=[[controls.mean() - controls.min()],
+                                                                    [controls.max() - controls.mean()]],
+                            fmt="none", ecolor=RANDOM_REFERENCE["color"], capsize=2, elinewidth=0.8)
+                ax.plot([reference_x], [controls.mean()], linestyle="none", marker=ARCH_MARKERS.get(arch, "o"),
+                        ms=4, color=RANDOM_REFERENCE["color"], label="Random deletion (own control)"
+                        if k == 0 else None)
         if archs and len(absent) == len(archs):
             n_text = "n = 0: no eligible image"
         elif absent:
-            n_text = textwrap.fill(f"{n_text}; no eligible image: {', '.join(absent)}", width=48)
+            n_text = textwrap.fill(f"{n_text}; no eligible image: {', '.join(absent)}", width=34)
         if archs and len(absent) == len(archs):
-            ax.text(0.5, 0.5, "no eligible images in any checkpoint", transform=ax.transAxes,
+            ax.text(0.5, 0.5, "no eligible images\nin any checkpoint", transform=ax.transAxes,
                     ha="center", color="dimgrey", in_layout=False)
+        ticks, labels = np.arange(len(CAM_METHODS)), list(tick_labels)
         if column == "logit_drop_all":
-            ax.axhline(random_deletion_mean, lw=0.9, **RANDOM_REFERENCE,
-                       label="Random deletion, primary (mean)")
             ax.axhline(0.0, color="grey", lw=0.5)
+            if has_random:
+                ax.axvline(len(CAM_METHODS) - 0.35, color="0.8", lw=0.6)
+                ticks, labels = np.append(ticks, len(CAM_METHODS) + 0.3), labels + ["Random\ndeletion"]
+            ax.set_xlim(-0.5, len(CAM_METHODS) + (0.8 if has_random else -0.5))
         else:
             ax.set_ylim(-0.03, 1.03)
-        ax.set_xlim(-0.5, len(CAM_METHODS) - 0.5)
+            ax.set_xlim(-0.5, len(CAM_METHODS) - 0.5)
         # Two-line horizontal labels: rotated labels would run into each other.
-        ax.set_xticks(np.arange(len(CAM_METHODS)),
-                      [method_label(m).replace("-", "-\n", 1) if "-" in method_label(m)
-                       else method_label(m).replace("Res", "Res-\n") for m in CAM_METHODS])
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{letter}  {title}\n{n_text}", loc="left")
+        ax.set_xticks(ticks, labels, fontsize=6.5)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_ylabel(ylabel, fontsize=7.5)
+        panel_title(ax, letter, f"{title}\n{n_text}", fontsize=7.5)
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -374,8 +396,11 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
     order = [ARCH_LABELS.get(a, a) for a in archs]
     labels = sorted(entries, key=lambda l: next((i for i, a in enumerate(order) if l.startswith(a)), len(order)))
     fig.legend([entries[l] for l in labels], labels, loc="outside upper center", ncol=len(labels),
-               frameon=False)
+               frameon=False, fontsize=7)
     notes = ["Points: architecture mean over seeds; whiskers: seed minimum to maximum."]
+    if has_random:
+        notes.append("C, right: each checkpoint's random-deletion control (same area, random pixels), "
+                     "marker by architecture.")
     if has_identical:
         groups = (matrix.loc[matrix["identical_with"].fillna("") != ""]
                   .drop_duplicates("arch")["arch"].map(lambda a: ARCH_LABELS.get(a, a)))
@@ -385,5 +410,5 @@ def figure4(robustness: pd.DataFrame, random_deletion_mean: float, *, n_images: 
         bound = sorted(matrix.loc[matrix["temperature_at_bound"].astype(bool), "checkpoint_id"].unique())
         notes.append("Temperature at its search bound (own subset set by the bound): " + ", ".join(bound) + ".")
     notes.append(EIGEN_FOOTNOTE)
-    fig.supxlabel("\n".join(notes), fontsize=7, x=0.01, ha="left")
+    footnote(fig, " ".join(notes))
     return fig

@@ -22,7 +22,7 @@ def _colour(method: str) -> str:
     return style.METHOD_COLOURS.get(method, "black")
 
 
-def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str = ""):
+def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str = "", not_validated=()):
     """Mean IoU of ``map >= t`` against the threshold t, one line per method; the integration
     band 0.05-0.95 is shaded and the single thresholds 0.3 / 0.5 / 0.7 are marked. The legend
     gives each method's mean AUC-IoU (``auc``: method, auc_iou; raw, maximum 0.9)."""
@@ -36,7 +36,7 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
         baseline = method in ("random", "centre", "dog")
         ax.plot(part["threshold"], part["mean_iou"], color=_colour(method),
                 linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
-                label=f"{style.method_label(method)} (AUC {values.get(method, np.nan):.3f})")
+                label=f"{style.method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
     ax.set_xlabel("Binarisation threshold t (map \u2265 t)")
     ax.set_ylabel("Mean IoU with the lesion mask")
     ax.set_xlim(0, 1)
@@ -47,12 +47,13 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
     return fig
 
 
-def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = ""):
+def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", not_validated=()):
     """Energy lift lambda_E (bits) per method: box plots (middle 50%, whiskers 5-95%) with
     points, the 0-bit chance line (a uniform map), the alpha floor and the DoG map's median as
     a reference line (a method whose lift the DoG map also reaches is explained by the image)."""
     data = [table.loc[table["method"] == m, "energy_lift_bits"].dropna().to_numpy() for m in methods]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.62 * len(methods), 3.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(min(style.DOUBLE_COLUMN_INCHES - 0.2, 2.6 + 0.5 * len(methods)), 3.4),
+                           layout="constrained")
     boxes = ax.boxplot(data, whis=(5, 95), showfliers=False, patch_artist=True, widths=0.6)
     for patch, method in zip(boxes["boxes"], methods):
         patch.set_facecolor(_colour(method))
@@ -69,36 +70,39 @@ def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = ""):
         ax.axhline(dog_median, color="black", linewidth=0.8, linestyle="--",
                    label=f"DoG median = {dog_median:.2f} bits")
     ax.set_xticks(np.arange(1, len(methods) + 1))
-    ax.set_xticklabels([style.method_label(m) for m in methods], rotation=35, ha="right")
+    ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in methods],
+                       fontsize=6.5)
     ax.set_ylabel("Energy lift \u03bb$_E$ (bits)")
     ax.set_title(title or f"Energy lift per method (n = {max(len(d) for d in data)} images)")
     ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0), frameon=False)
     return fig
 
 
-def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = ""):
+def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_validated=()):
     """C-Score (confidence-weighted mean pairwise soft IoU over the gold list) as a checkpoints x
     methods heatmap with the values printed; rows say n_gold; empty cells: fewer than 2 gold
     images."""
     wide = c_scores.pivot(index="checkpoint_id", columns="method", values="c_score")
     wide = wide.reindex(columns=[m for m in methods if m in wide.columns])
     gold = c_scores.drop_duplicates("checkpoint_id").set_index("checkpoint_id")["n_gold"]
-    width = 1.8 + 0.75 * wide.shape[1]
-    note = textwrap.fill(C_SCORE_NOTE, width=int(width * 17))      # about 17 characters per inch at 6.5 pt
-    fig, ax = plt.subplots(figsize=(width, 1.3 + 0.32 * wide.shape[0] + 0.11 * note.count("\n")),
-                           layout="constrained")
+    width = min(style.DOUBLE_COLUMN_INCHES, 2.4 + 0.5 * wide.shape[1])
+    lines = len(textwrap.wrap(C_SCORE_NOTE, width=int(width * 20)))
+    fig, ax = plt.subplots(figsize=(width, 1.5 + 0.3 * wide.shape[0] + 0.11 * lines), layout="constrained")
     image = ax.imshow(wide.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for (row, column), value in np.ndenumerate(wide.to_numpy(dtype=float)):
         if np.isfinite(value):
             ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if value < 0.6 else "black")
     ax.set_xticks(np.arange(wide.shape[1]))
-    ax.set_xticklabels([style.method_label(m) for m in wide.columns], rotation=35, ha="right")
+    ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in wide.columns],
+                       fontsize=6.5)
     ax.set_yticks(np.arange(wide.shape[0]))
-    ax.set_yticklabels([f"{c} (n gold = {int(gold[c])})" for c in wide.index])
+    ax.set_yticklabels([f"{style.checkpoint_label(c)} (n = {int(gold[c])})" for c in wide.index],
+                       fontsize=6.5)
     fig.colorbar(image, ax=ax, label="C-Score", shrink=0.9)
-    ax.set_title(title or "C-Score: consistency of each method across correctly classified images")
-    fig.supxlabel(note, fontsize=6.5, x=0.0, ha="left")
+    ax.set_title(title or "C-Score: consistency of each method across correctly classified images",
+                 fontsize=8)
+    style.footnote(fig, C_SCORE_NOTE + " n: correctly classified (gold) images per checkpoint.")
     return fig
 
 
@@ -110,17 +114,19 @@ C_SCORE_NOTE = ("C-Score: confidence-weighted mean soft IoU between the maps of 
                 "C-Score means maps that look alike across images, not maps on the lesion.")
 
 
-def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = ""):
-    """Mean IoU (left) and mean in-lesion energy share (right) of each method's top-k set
-    against k = 5%..50%; the audit's 20% is marked."""
-    fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.0), layout="constrained")
+def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = "", not_validated=()):
+    """Mean IoU (A) and mean in-lesion energy share (B) of each method's top-k set against
+    k = 5%..50%; the audit's 20% is marked. ``not_validated``: methods marked with the validity
+    gate's dagger."""
+    fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.4, 3.0), layout="constrained")
     for method, part in sweep.groupby("method", sort=False):
         baseline = method in ("random", "centre", "dog")
         for ax, column in zip(axes, ("mean_iou", "mean_energy")):
             ax.plot(part["fraction"] * 100, part[column], color=_colour(method),
                     linestyle="--" if baseline else "-", marker="o", markersize=2.5,
-                    label=style.method_label(method))
-    for ax, label in zip(axes, ("Mean IoU of the top-k set", "Share of top-k saliency in the lesion")):
+                    label=style.method_label(method, not_validated))
+    for ax, letter, label in zip(axes, "AB", ("Mean IoU of the top-k set", "Share of top-k saliency in the lesion")):
+        style.panel_title(ax, letter)
         ax.axvline(20, color="0.6", linewidth=0.6, linestyle=":")
         ax.set_xlabel("k (% of pixels kept)")
         ax.set_ylabel(label)

@@ -45,23 +45,25 @@ def coinciding_curves(curves: pd.DataFrame, tolerance: float = 1e-9) -> dict[str
     return groups
 
 
-def road_curves_figure(curves: pd.DataFrame):
+def road_curves_figure(curves: pd.DataFrame, not_validated=()):
     """MoRF and LeRF curves of one checkpoint: mean drop of z/T against the share of the field
-    of view filled, per method with 95% bands; the random heatmap (reference) dashed black.
+    of view filled, per method with 95% bands; the random heatmap (reference) dashed.
     Methods with coinciding curves (``coinciding_curves``) are drawn once, labelled together
-    ("Grad-CAM = XGrad-CAM"), so no curve hides behind another."""
+    ("Grad-CAM = XGrad-CAM"), so no curve hides behind another. ``not_validated``: methods
+    marked with the validity gate's dagger."""
     groups = coinciding_curves(curves)
     hidden = {other for same in groups.values() for other in same}
-    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.0), sharey=True, layout="constrained")
-    for ax, order, title in zip(axes, ("morf", "lerf"),
-                                ("Most relevant first (MoRF)", "Least relevant first (LeRF)")):
+    fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.3, 3.0), sharey=True,
+                             layout="constrained")
+    for ax, letter, order, title in zip(axes, "AB", ("morf", "lerf"),
+                                        ("Most relevant first (MoRF)", "Least relevant first (LeRF)")):
         part = curves[(curves["order"] == order) & ~curves["method"].isin(hidden)]
         for method, rows in part.groupby("method", sort=False):
             rows = rows.sort_values("fraction")
             x = 100 * rows["fraction"].to_numpy()
             reference = method == "random"
             colour = REFERENCE_COLOUR if reference else _colour(method)
-            label = " = ".join(style.method_label(m) for m in [method, *groups.get(method, [])])
+            label = " = ".join(style.method_label(m, not_validated) for m in [method, *groups.get(method, [])])
             ax.plot(x, rows["drop"], marker="o", markersize=3, color=colour,
                     linestyle="--" if reference else "-", label=label)
             ax.fill_between(x, rows["ci_low"], rows["ci_high"], color=colour, alpha=0.12, linewidth=0)
@@ -70,12 +72,11 @@ def road_curves_figure(curves: pd.DataFrame):
         ax.set_xticks([1, 2, 5, 10, 20])
         ax.set_xticklabels(["1", "2", "5", "10", "20"])
         ax.set_xlabel("Field of view filled by imputation (%)")
-        ax.set_title(title)
+        style.panel_title(ax, letter, title)
     axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     note = " 'A = B': identical curves, drawn once." if groups else ""
-    fig.supxlabel(style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map)." + note,
-                  fontsize=7, x=0.01, ha="left")
+    style.footnote(fig, style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map)." + note)
     return fig
 
 
@@ -89,16 +90,17 @@ def _forest(ax, labels, estimates, lows, highs, colours, *, zero: float = 0.0) -
     ax.set_yticklabels(labels)
 
 
-def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame):
+def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame, not_validated=()):
     """Left: SRG per map (95% CI; > 0 = the map ranks the pixels the model uses). Right: CAM
     deletion minus the shape-preserving random deletion (filled) and minus the pixel-wise
-    random deletion (open), positive logit."""
-    fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.8), layout="constrained")
-    labels = [style.method_label(m) for m in srg["method"]]
+    random deletion (open), positive logit. ``not_validated``: methods marked with the validity
+    gate's dagger."""
+    fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.2, 2.8), layout="constrained")
+    labels = [style.method_label(m, not_validated) for m in srg["method"]]
     _forest(axes[0], labels, srg["srg"], srg["ci_low"], srg["ci_high"],
             [REFERENCE_COLOUR if m == "random" else _colour(m) for m in srg["method"]])
     axes[0].set_xlabel("SRG: drop(MoRF) \u2212 drop(LeRF), z/T")
-    axes[0].set_title("Symmetric relevance gain")
+    style.panel_title(axes[0], "A", "Symmetric relevance gain")
     y = np.arange(len(shape))[::-1]
     for position, row in zip(y, shape.itertuples(index=False)):
         colour = _colour(row.method)
@@ -111,52 +113,63 @@ def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame):
                          markerfacecolor="white", color=colour)
     axes[1].axvline(0, color="grey", linewidth=0.7, linestyle=":")
     axes[1].set_yticks(y)
-    axes[1].set_yticklabels([style.method_label(m) for m in shape["method"]])
+    axes[1].set_yticklabels([style.method_label(m, not_validated) for m in shape["method"]])
     axes[1].set_xlabel("CAM deletion \u2212 control deletion (logit)")
-    axes[1].set_title("Deletion beyond random controls")
-    fig.supxlabel("Filled: shape-preserving random control; open: pixel-wise random control. "
-                  "Bars: 95% image-bootstrap CIs. " + style.EIGEN_FOOTNOTE,
-                  fontsize=7, x=0.01, ha="left")
+    style.panel_title(axes[1], "B", "Deletion beyond random controls")
+    style.footnote(fig, "Filled: shape-preserving random control; open: pixel-wise random control. "
+                   "Bars: 95% image-bootstrap CIs. " + style.EIGEN_FOOTNOTE)
     return fig
 
 
-def randomisation_figure(table: pd.DataFrame):
+def randomisation_figure(table: pd.DataFrame, not_validated=()):
     """Similarity of each CAM to the trained model's after cascading randomisation, block by
-    block from the head (left) to the stem (right): Spearman rank correlation and top-20% IoU."""
+    block from the head (left) to the stem (right): Spearman rank correlation (A) and top-20%
+    IoU (B). The reference is the trained map itself (1 at the first step); a method that
+    passes this sanity check falls towards 0 as its model is randomised, while one that stays
+    high draws the image, not the model. ``not_validated``: methods marked with the validity
+    gate's dagger. 183 mm wide."""
     steps = table.drop_duplicates("step").sort_values("step")
-    fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.0), sharex=True, layout="constrained")
-    for ax, column, label in zip(axes, ("spearman", "top_iou"),
-                                 ("Spearman rank correlation", "Top-20% IoU")):
+    fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.3, 3.1), sharex=True,
+                             layout="constrained")
+    for ax, letter, column, title, short in zip(axes, "AB", ("spearman", "top_iou"),
+                                                ("Spearman rank correlation", "Top-20% IoU"),
+                                                ("Spearman \u03c1", "Top-20% IoU")):
         for method, rows in table.groupby("method", sort=False):
             rows = rows.sort_values("step")
             ax.plot(rows["step"], rows[column], marker="o", markersize=3, color=_colour(method),
-                    label=style.method_label(method))
-        ax.set_ylabel(f"{label} with the trained map")
+                    label=style.method_label(method, not_validated))
+        style.panel_title(ax, letter, title)
+        ax.set_ylabel(f"{short} with the trained map", fontsize=7.5)
         ax.set_ylim(-1.05 if column == "spearman" else 0, 1.05)  # rank correlations can turn negative
         ax.axhline(0, color="grey", linewidth=0.6)
-    for ax in axes:
         ax.set_xticks(steps["step"])
-        ax.set_xticklabels(steps["block"], rotation=60, ha="right", fontsize=7)
-        ax.set_xlabel("Randomised down to block (cumulative, head first)")
+        ax.set_xticklabels(steps["block"], rotation=90, fontsize=6.5)
+    style.footnote(fig, "Blocks randomised cumulatively from the head (left) towards the stem (right); "
+                  "\"trained\": no block randomised (the reference, 1 by construction). A map that "
+                  "stays near 1 as the weights are randomised does not depend on what the model "
+                   "learned.")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
 def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str = "shared",
-                           margins: dict | None = None):
+                           margins: dict | None = None, not_validated=()):
     """Forest plot of the adjusted subgroup gaps of ``model``: energy lift (bits, grey band
     +-0.5 bit) and pointing (pp, band +-10 pp); thick bar 90% CI (the TOST interval), thin bar
-    95% CI; an open marker where TOST rates the gap equivalent to 0."""
+    95% CI; an open marker where TOST rates the gap equivalent to 0. ``not_validated``: methods
+    marked with the validity gate's dagger."""
     margins = margins or {"energy_lift": 0.5, "pointing_hit": 10.0}
     part = gaps[(gaps["model"] == model) & (gaps["slopes"] == slopes)]
     outcomes = [o for o in ("energy_lift", "pointing_hit") if o in set(part["outcome"])]
     rows = part[part["outcome"] == outcomes[0]][["contrast", "method"]].drop_duplicates() if outcomes else part
     height = 1.0 + 0.18 * max(1, len(rows))
-    fig, axes = plt.subplots(1, max(1, len(outcomes)), figsize=(7.4, height), sharey=True,
+    fig, axes = plt.subplots(1, max(1, len(outcomes)), figsize=(style.DOUBLE_COLUMN_INCHES - 0.1, height), sharey=True,
                              layout="constrained", squeeze=False)
-    labels = [f"{c} \u2014 {style.method_label(m)}" for c, m in zip(rows["contrast"], rows["method"])]
+    labels = [f"{c} \u2014 {style.method_label(m, not_validated)}" for c, m in zip(rows["contrast"], rows["method"])]
     y = np.arange(len(rows))[::-1]
-    for ax, outcome in zip(axes[0], outcomes):
+    for index, (ax, outcome) in enumerate(zip(axes[0], outcomes)):
+        if len(outcomes) > 1:
+            style.panel_title(ax, "AB"[index], "Energy lift" if outcome == "energy_lift" else "Pointing game")
         data = part[part["outcome"] == outcome].set_index(["contrast", "method"]).reindex(
             list(zip(rows["contrast"], rows["method"])))
         margin = margins[outcome]
@@ -179,6 +192,6 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
     axes[0][0].set_yticklabels(labels, fontsize=6.5)
     fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes); grey band: equivalence margin",
                  fontsize=8)
-    fig.supxlabel("Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
-                  + style.EIGEN_FOOTNOTE, fontsize=7, x=0.01, ha="left")
+    style.footnote(fig, "Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
+                   + style.EIGEN_FOOTNOTE)
     return fig

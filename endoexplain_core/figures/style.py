@@ -6,12 +6,15 @@ Eigen-CAM is class-agnostic and is labelled with an asterisk everywhere (``metho
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib
 
 # Method names, labels and colours live in the registry (endoexplain_core.methods).
+from endoexplain_core.data.cohorts import DATASET_LABELS
 from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
     BASELINE_METHODS as BASELINES, CAM_METHODS, EIGEN_FOOTNOTE, METHOD_COLOURS, METHOD_LABELS,
-    method_label,
+    NOT_VALIDATED_MARK, method_label,
 )
 
 ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
@@ -24,6 +27,11 @@ ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^"}
 # Reference maps look the same in every figure: the registry's colour, dashed.
 REFERENCE_LINESTYLE = "--"
 RANDOM_REFERENCE = {"color": METHOD_COLOURS["random"], "linestyle": REFERENCE_LINESTYLE}
+
+# Print sizes (inches): one column 89 mm, two columns 183 mm; no text under 6 pt at that size.
+SINGLE_COLUMN_INCHES = 89 / 25.4
+DOUBLE_COLUMN_INCHES = 183 / 25.4
+SMALLEST_TEXT_POINTS = 6.0
 
 HEATMAP_CMAP = "inferno"
 CONTOUR_COLOUR = "cyan"
@@ -46,3 +54,57 @@ def apply() -> None:
         "axes.spines.right": False,
         "pdf.fonttype": 42,
     })
+
+
+def two_line_label(label: str) -> str:
+    """A display label on two lines, so that many fit side by side without rotation: at the
+    first space ("Random\\nheatmap"), else after the first hyphen ("Grad-\\nCAM++"), else before
+    a final "CAM" ("HiRes\\nCAM"), else as is."""
+    if " " in label:
+        return label.replace(" ", "\n", 1)
+    if "-" in label:
+        return label.replace("-", "-\n", 1)
+    at = label.find("CAM", 1)                 # "HiResCAM" -> "HiRes" / "CAM"
+    return label[:at] + "\n" + label[at:] if at > 0 else label
+
+
+def footnote(fig, text: str, *, fontsize: float = 6.5) -> None:
+    """The figure's note below its axes, left-aligned and wrapped to the figure's width (a
+    one-line note wider than the figure would widen the printed figure)."""
+    characters_per_inch = 72 / (0.52 * fontsize)     # DejaVu Sans: mean glyph width ~0.52 em
+    width = int(fig.get_figwidth() * characters_per_inch * 0.95)
+    fig.supxlabel(textwrap.fill(text, width=width), fontsize=fontsize, x=0.01, ha="left")
+
+
+def panel_title(ax, letter: str, title: str = "", **kwargs) -> None:
+    """Left-aligned axes title led by a bold panel letter ("**A**  Reliability"), the same in
+    every figure. ``kwargs`` go to ``Axes.set_title`` (e.g. ``pad``)."""
+    text = rf"$\mathbf{{{letter}}}$" + (f"  {title}" if title else "")
+    ax.set_title(text, loc="left", **kwargs)
+
+
+def checkpoint_label(checkpoint_id: str) -> str:
+    """Display name of a checkpoint id: "efficientnet_b0_s1129" -> "EfficientNet-B0 s1129",
+    "efficientnet_b0_shuffled_s1129" -> "EfficientNet-B0 shuffled s1129"; other ids unchanged."""
+    for arch, label in ARCH_LABELS.items():
+        if checkpoint_id.startswith(arch + "_"):
+            return f"{label} " + checkpoint_id[len(arch) + 1:].replace("_", " ")
+    return checkpoint_id
+
+
+def cohort_label(dataset: str, *, synthetic: bool = False) -> str:
+    """Display name of an external cohort; on the embedded synthetic cohort the name says what the
+    frames are ("Synthetic ETIS-like"), so no figure of a synthetic run carries a real dataset's
+    name as if it were that dataset."""
+    if synthetic:
+        return f"Synthetic {SHORT_COHORT_NAMES.get(dataset, DATASET_LABELS.get(dataset, dataset))}-like"
+    return DATASET_LABELS.get(dataset, dataset)
+
+
+SHORT_COHORT_NAMES = {"etis": "ETIS"}
+
+
+def footer_lines(*lines: str) -> str:
+    """The figure footer of ``artefacts.save_figure``: the non-empty lines, one per line (e.g.
+    the gate's mark note and the synthetic-cohort line)."""
+    return "\n".join(line for line in lines if line)

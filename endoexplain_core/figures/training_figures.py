@@ -16,13 +16,14 @@ from endoexplain_core.models.training import CONTROL_NONE
 def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
     """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
 
-    Colour = architecture, line style = seed; the shuffled-label control is drawn in black.
+    Architecture = grey level and marker (as in every figure; colours belong to the CAM methods),
+    line style = seed; the shuffled-label control is drawn in the random reference's colour.
     ``primary_id``: the validation-selected checkpoint, drawn thicker, labelled "(primary)"
     and starred at its best validation AUPRC. Returns the Matplotlib figure.
     """
-    colours = {"efficientnet_b0": "#1b9e77", "resnet34": "#d95f02", "convnext_tiny": "#7570b3"}
     dashes = ["-", "--", ":"]
-    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(8.4, 3.0), layout="constrained")
+    fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 1.0, 3.0),
+                                            layout="constrained")
     seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
     for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
         control = run["control"].iloc[0] != CONTROL_NONE
@@ -30,9 +31,9 @@ def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
         label = (f"{style.ARCH_LABELS.get(arch, arch)} shuffled labels" if control
                  else f"{style.ARCH_LABELS.get(arch, arch)} s{seed}")
         primary = checkpoint == primary_id
-        line = {"color": "black" if control else colours.get(arch, "grey"),
+        line = {"color": style.RANDOM_REFERENCE["color"] if control else style.ARCH_COLOURS.get(arch, "grey"),
                 "linestyle": "-." if control else dashes[seeds.index(seed) % len(dashes)],
-                "marker": "o", "markersize": 2.5, "linewidth": 2.2 if primary else 1.0,
+                "marker": "x" if control else style.ARCH_MARKERS.get(arch, "o"), "markersize": 2.5, "linewidth": 2.2 if primary else 1.0,
                 "label": label + (" (primary)" if primary else ""), "clip_on": False,
                 "zorder": 3 if primary else 2}
         loss_ax.plot(run["epoch"], run["train_loss"], **line)
@@ -43,8 +44,10 @@ def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
                           color=line["color"], markeredgecolor="black", linestyle="none",
                           clip_on=False, zorder=4, label="Primary: best validation epoch")
     loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
+    style.panel_title(loss_ax, "A", "Training loss")
+    style.panel_title(auprc_ax, "B", "Validation AUPRC")
     auprc_ax.set(xlabel="Epoch", ylabel="Validation AUPRC", ylim=(0, 1.03))
     for ax in (loss_ax, auprc_ax):
         ax.set_xticks(sorted(curves["epoch"].unique()))
-    auprc_ax.legend(frameon=False, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    auprc_ax.legend(frameon=False, fontsize=6.5, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return fig

@@ -532,6 +532,41 @@ NOT_ESTIMABLE_NOTE = ("not estimable: the maximum-likelihood estimate is infinit
                       "Firth column of Table 5 gives a finite penalised estimate.")
 
 
+def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_threshold: float,
+                   synthetic: bool):
+    """What Figure 1 shows of this run: (steps, exclusion flow, external cohorts).
+
+    Read from the run: the manifest's roles, the registry, the validity gate's table (its
+    verdict colours the gate box), the primary's HyperKvasir audit summary (images audited),
+    Table 4's panel A n and the transfer table ((cohort, cases, eligible) per external cohort).
+    Missing optional parts (no gate, no transfer) are left out of the figure, never invented."""
+    from endoexplain_core.analysis import audit, transfer, validity_gate
+    from endoexplain_core.data import roles as roles_module
+    from endoexplain_core.figures import workflow_figure
+
+    run_dir, figures_dir = Path(run_dir), Path(figures_dir)
+    manifest = roles_module.read_manifest(run_dir / "manifest" / "manifest.csv")
+    registry = pd.read_csv(run_dir / "checkpoints" / "registry.csv")
+    role_counts = manifest["role"].value_counts().to_dict()
+    external = []
+    transfer_path = figures_dir / "table_transfer.csv"
+    if transfer_path.is_file():
+        per_cohort = pd.read_csv(transfer_path).drop_duplicates("cohort")
+        labels = {style.DATASET_LABELS.get(d, d): d for d in style.DATASET_LABELS}
+        external = [(style.cohort_label(labels.get(row.cohort, row.cohort), synthetic=synthetic),
+                     int(row.n_cases), int(row.n_eligible)) for row in per_cohort.itertuples()]
+    steps = workflow_figure.workflow_steps(role_counts, len(registry), [name for name, _, _ in external],
+                                           gate=validity_gate.read_gate_table(figures_dir))
+    primary_id = transfer.primary_checkpoint(run_dir)["checkpoint_id"]
+    audit_summary = json.loads(audit.audit_paths(run_dir, "hyperkvasir", primary_id)["summary"].read_text())
+    table4 = pd.read_csv(figures_dir / "table4_spatial_audit.csv")
+    panel_a = table4.loc[table4["panel"] == "A", "n"]
+    flow = workflow_figure.exclusion_flow(role_counts, len(audit.masked_pool(manifest)),
+                                          int(audit_summary["n_audited"]),
+                                          int(panel_a.max()) if len(panel_a) else 0, score_threshold)
+    return steps, flow, external
+
+
 def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
     """The footnotes a formatted table needs, read from its cells: the validity gate's dagger,
     the instability mark, Eigen-CAM's asterisk, "not estimable", and the synthetic cohort."""
