@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from endoexplain_core import files
+from endoexplain_core import files, marks
 
 PRINT_DPI = 300
 PROVENANCE_DIR = "provenance"          # sidecars live in this subfolder of figures_dir
@@ -61,7 +61,7 @@ def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: s
     return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
-SYNTHETIC_FOOTER = "Synthetic cohort: generated frames, not patient data."
+SYNTHETIC_FOOTER = marks.SYNTHETIC_FOOTER
 
 
 def data_footer(data_root: str | Path | None) -> str:
@@ -94,12 +94,14 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
 
 
 def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
-               float_format: str = "{:.3f}", index: bool = False, notes=()) -> list[Path]:
+               float_format: str = "{:.3f}", index: bool = False, notes=None,
+               synthetic: bool = False) -> list[Path]:
     """Write ``table`` as CSV, Markdown and LaTeX under ``figures_dir``; return the paths.
 
-    ``notes``: footnotes the table carries wherever it goes (the gate's dagger, "unstable",
-    Eigen-CAM's asterisk, "synthetic"): printed below the Markdown table and below the LaTeX
-    tabular; the CSV stays data only.
+    ``notes``: footnotes the table carries wherever it goes, printed below the Markdown table
+    and below the LaTeX tabular (the CSV stays data only). By default they are read from the
+    table's own cells (``marks.notes_for``: the gate's dagger, "unstable", Eigen-CAM's
+    asterisk, "not estimable"), plus the synthetic-cohort note when ``synthetic``.
 
     CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``, except
     counts (``n``, ``n_*``): a count column holds floats only because some rows have none
@@ -120,6 +122,8 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
         elif pd.api.types.is_float_dtype(shown[column]):
             fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
             shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
+    if notes is None:
+        notes = marks.notes_for(shown, synthetic)
     markdown_notes = "".join(f"\n{markdown_cell(note)}\n" for note in notes)
     files.write_text_atomic(md, _markdown(shown, index=index) + "\n" + markdown_notes)
     latex_notes = "".join(f"\\par\\footnotesize {latex_escape(note)}\n" for note in notes)

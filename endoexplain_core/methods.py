@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The mark of a CAM method the run's validity gate does not validate, and Eigen-CAM's note.
+from endoexplain_core.marks import EIGEN_FOOTNOTE, NOT_VALIDATED_MARK  # noqa: F401 (re-exported)
+
 
 @dataclass(frozen=True)
 class MapMethod:
@@ -61,9 +64,6 @@ RANDOM_DELETION = "random_deletion"
 
 METHOD_LABELS = {m.name: m.label for m in REGISTRY} | {RANDOM_DELETION: "Random deletion"}
 METHOD_COLOURS = {m.name: m.colour for m in REGISTRY}
-EIGEN_FOOTNOTE = "* Eigen-CAM is class-agnostic (no target class)."
-# The mark of a CAM method the run's validity gate does not validate (fails or inconclusive).
-NOT_VALIDATED_MARK = "\u2020"
 
 
 def method_label(method: str, not_validated=()) -> str:

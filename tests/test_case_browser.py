@@ -108,7 +108,10 @@ def test_the_page_filters_and_opens_a_case_in_chromium(tmp_path):
     page = case_browser.write_case_browser(tmp_path, records, checkpoint_id="efficientnet_b0_s1129",
                                            cohort_labels={"etis": "ETIS-LaribPolypDB"}, synthetic=True,
                                            top_fraction=0.2, score_threshold=0.9,
-                                           identical={"hirescam": "identical by construction to Grad-CAM"})
+                                           identical={"hirescam": "identical by construction to Grad-CAM"},
+                                           not_validated=("xgradcam",))
+    text = page.read_text()
+    assert "<th>XGrad-CAM\u2020</th>" in text and "<th>Grad-CAM</th>" in text and "not validated by" in text
     count = "document.getElementById('count').textContent"
     values = run_in_page(page, [
         count,

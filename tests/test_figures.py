@@ -289,3 +289,23 @@ def test_figure2a_ece_from_the_bins_equals_the_calibration_ece_and_small_bins_ar
     assert len(open_markers) == 1 and len(open_markers[0].get_xdata()) == 1
     assert any("ECE" in t.get_text() for t in ax.get_legend().get_texts())
     plt.close(fig)
+
+
+def test_every_saved_table_carries_the_footnotes_its_cells_call_for(tmp_path):
+    """Not only the final tables: any table with a dagger, a double dagger, Eigen-CAM* or "not
+    estimable" in its cells gets their notes below the Markdown and LaTeX; a synthetic run's
+    tables say so; a table without marks of a real-data run gets none."""
+    from endoexplain_core import artefacts, marks
+
+    marked = pd.DataFrame({"label": ["Grad-CAM\u2020", "Eigen-CAM*"], "verdict": ["passes\u2021", "not estimable"]})
+    artefacts.save_table(marked, "marked", tmp_path, synthetic=True)
+    markdown = (tmp_path / "marked.md").read_text()
+    notes = [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, marks.EIGEN_FOOTNOTE, marks.NOT_ESTIMABLE_NOTE,
+             marks.SYNTHETIC_FOOTER]
+    positions = [markdown.index(artefacts.markdown_cell(note)) for note in notes]
+    assert positions == sorted(positions) and positions[0] > markdown.index("| Eigen-CAM* |")
+    latex = (tmp_path / "marked.tex").read_text()
+    assert "\\dag{} not validated" in latex and "Synthetic cohort" in latex
+    assert list(pd.read_csv(tmp_path / "marked.csv").columns) == ["label", "verdict"]   # CSV: data only
+    artefacts.save_table(pd.DataFrame({"method": ["gradcam"], "n": [3]}), "plain", tmp_path)
+    assert (tmp_path / "plain.md").read_text().rstrip().endswith("| gradcam | 3 |")

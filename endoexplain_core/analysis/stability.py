@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import average_precision_score
 
+from endoexplain_core import marks
 from endoexplain_core.analysis import stats, summaries
 from endoexplain_core.methods import CAM_METHODS, method_label
 
-UNSTABLE_MARK = "\u2021"   # double dagger
-UNSTABLE_FOOTNOTE = (f"{UNSTABLE_MARK} unstable: this verdict did not hold under a perturbed seed "
-                     "(table_verdict_stability), so it is not a finding either way.")
+UNSTABLE_MARK = marks.UNSTABLE_MARK
+UNSTABLE_FOOTNOTE = marks.UNSTABLE_FOOTNOTE
 SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the same primary
 
 

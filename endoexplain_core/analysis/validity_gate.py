@@ -73,6 +73,7 @@ import torch
 from torch import nn
 
 from endoexplain_core.analysis import audit, stats, summaries
+from endoexplain_core import marks
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import load_manifest, to_normalised_tensor
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, NOT_VALIDATED_MARK, method_label
@@ -82,10 +83,7 @@ GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
 DAGGER = NOT_VALIDATED_MARK
-GATE_FOOTNOTE = (f"{DAGGER} not validated by the planted-truth gate at this architecture, layer and "
-                 "input size (table_validity_gate: fails, or inconclusive when its interval straddles "
-                 "the bar): its peaks are not shown to find planted evidence, so its failure rates "
-                 "say nothing about lesion localisation.")
+GATE_FOOTNOTE = marks.GATE_FOOTNOTE
 VERDICTS = ("passes", "fails", "inconclusive")
 
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames

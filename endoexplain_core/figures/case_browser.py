@@ -33,6 +33,7 @@ from endoexplain_core.analysis import audit
 from endoexplain_core.kernels import threshold
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.figures.case_figures import _display_rgb
+from endoexplain_core.figures import style
 from endoexplain_core.figures.style import HEATMAP_CMAP
 
 TILE = 96                          # pixels per panel in a strip
@@ -262,12 +263,15 @@ render();
 
 def write_case_browser(out_dir: str | Path, records: list[dict], *, checkpoint_id: str,
                        cohort_labels: dict[str, str], synthetic: bool, top_fraction: float,
-                       score_threshold: float, identical: dict[str, str] | None = None) -> Path:
+                       score_threshold: float, identical: dict[str, str] | None = None,
+                       not_validated=()) -> Path:
     """Write ``<out_dir>/index.html`` for ``records`` (``case_rows`` + ``add_size_tertiles``,
     each with a ``strip`` path relative to ``out_dir``) and return its path. ``identical``:
-    map -> note for maps identical by construction to another at this layer."""
+    map -> note for maps identical by construction to another at this layer;
+    ``not_validated``: CAM methods the validity gate does not validate (their labels carry its
+    dagger and the page says what it means)."""
     out_dir = Path(out_dir)
-    labels = {m: method_label(m) for m in MAP_METHODS}
+    labels = {m: method_label(m, not_validated) for m in MAP_METHODS}
     data = json.dumps(records, separators=(",", ":")).replace("</", "<\\/")
     map_headers = "".join(f"<th>{html.escape(labels[m])}</th>" for m in MAP_METHODS)
     cohorts = "".join(f'<option value="{html.escape(k)}">{html.escape(v)}</option>'
@@ -275,6 +279,9 @@ def write_case_browser(out_dir: str | Path, records: list[dict], *, checkpoint_i
     strip_labels = "".join(f"<span>{html.escape(x)}</span>" for x in ["Frame", *labels.values()])
     banner = ('<p class="banner">Synthetic cohort: these frames are generated, not patients.</p>'
               if synthetic else "")
+    if not_validated:
+        banner += ('<p class="banner">\u2020 not validated by this run\'s planted-truth gate (fails or '
+                   'inconclusive): its peaks are not shown to find planted evidence.</p>')
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Case browser: {html.escape(checkpoint_id)}</title><style>{_STYLE}</style></head><body>
@@ -327,10 +334,11 @@ BROWSER_DIR = "cases"
 
 def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, image_size: int,
                        top_fraction: float, score_threshold: float, batch_size: int = 16,
-                       device: str = "cpu", cohort_names=None) -> Path:
+                       device: str = "cpu", cohort_names=None, not_validated=()) -> Path:
     """Write ``<run_dir>/cases/index.html`` and its strips for the primary checkpoint's audits:
     the HyperKvasir pool (``audit/hyperkvasir``) and each external cohort it was audited on
-    (``audit/<cohort>``; ``cohort_names`` limits them). Returns the page's path."""
+    (``audit/<cohort>``; ``cohort_names`` limits them). On the synthetic cohort (no
+    ``data_root``) the cohorts are named "Synthetic ETIS-like" etc. Returns the page's path."""
     from endoexplain_core.analysis import extended_localisation, transfer
     from endoexplain_core.config import resolve_data_root
     from endoexplain_core.data import cohorts
@@ -338,6 +346,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     from endoexplain_core.models import networks
 
     run_dir = Path(run_dir)
+    synthetic = not data_root
     cohort_root = resolve_data_root(data_root, run_dir)
     primary_id = str(transfer.primary_checkpoint(run_dir)["checkpoint_id"])
     model, metadata = audit.load_registered_model(run_dir, primary_id, image_size, device)
@@ -348,10 +357,11 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     manifest_path = run_dir / "manifest" / "manifest.csv"
     if audit.audit_paths(run_dir, "hyperkvasir", primary_id)["table"].is_file():
         pool = audit.masked_pool(load_manifest(manifest_path))
-        sources["hyperkvasir"] = ("HyperKvasir (audit pool)", audit.manifest_cases(pool, cohort_root))
+        pool_label = "Synthetic HyperKvasir-like (audit pool)" if synthetic else "HyperKvasir (audit pool)"
+        sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root))
     external = extended_localisation.external_cases(run_dir, cohort_root, names)
     for name, cases in external.items():
-        sources[name] = (cohorts.DATASET_LABELS.get(name, name), cohorts.iter_cases(cases, cohort_root))
+        sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root))
 
     out_dir = run_dir / BROWSER_DIR
     records, labels = [], {}
@@ -371,8 +381,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
         for method in group:
             identical[method] = "identical by construction to " + " = ".join(
                 method_label(m) for m in group if m != method)
-    synthetic = not data_root
     return write_case_browser(out_dir, add_size_tertiles(records), checkpoint_id=primary_id,
                               cohort_labels=labels, synthetic=synthetic,
                               top_fraction=top_fraction, score_threshold=score_threshold,
-                              identical=identical)
+                              identical=identical, not_validated=not_validated)

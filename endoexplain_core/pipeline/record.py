@@ -29,7 +29,7 @@ import pandas as pd
 
 from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.validity_gate import DAGGER
-from endoexplain_core import artefacts, files
+from endoexplain_core import artefacts, files, marks
 from endoexplain_core.figures import style
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.pipeline import summary
@@ -527,9 +527,7 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     return shown.rename(columns=lambda c: str(c).replace("_", " "))
 
 
-NOT_ESTIMABLE_NOTE = ("not estimable: the maximum-likelihood estimate is infinite (separation), "
-                      "or a bound of the image-cluster bootstrap interval is 0 or infinite; the "
-                      "Firth column of Table 5 gives a finite penalised estimate.")
+NOT_ESTIMABLE_NOTE = marks.NOT_ESTIMABLE_NOTE
 
 
 def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_threshold: float,
@@ -568,24 +566,8 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
 
 
 def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
-    """The footnotes a formatted table needs, read from its cells: the validity gate's dagger,
-    the instability mark, Eigen-CAM's asterisk, "not estimable", and the synthetic cohort."""
-    from endoexplain_core.analysis import stability, validity_gate
-    from endoexplain_core.methods import EIGEN_FOOTNOTE
-
-    cells = " ".join(str(v) for column in table.columns for v in [column, *table[column].tolist()])
-    notes = []
-    if DAGGER in cells:
-        notes.append(validity_gate.GATE_FOOTNOTE)
-    if stability.UNSTABLE_MARK in cells:
-        notes.append(stability.UNSTABLE_FOOTNOTE)
-    if "Eigen-CAM*" in cells:
-        notes.append(EIGEN_FOOTNOTE)
-    if "not estimable" in cells:
-        notes.append(NOT_ESTIMABLE_NOTE)
-    if synthetic:
-        notes.append(artefacts.SYNTHETIC_FOOTER)
-    return notes
+    """The footnotes a formatted table needs, read from its cells (``marks.notes_for``)."""
+    return marks.notes_for(table, synthetic)
 
 
 def _is_rate(name: str) -> bool:
