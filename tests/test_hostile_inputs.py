@@ -8,6 +8,7 @@ already had is touched. The table runs the command in this process (``cli.main``
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from filelock import FileLock
 from PIL import Image
 
-from endoexplain_core import artefacts, cli
+from endoexplain_core import artefacts, cli, files
 from tests.cli_fixtures import audit_arguments, write_masked_frames, write_resnet18_state_dict
 
 
@@ -320,3 +321,42 @@ def test_weights_archive_declaring_too_much_is_refused_before_loading(inputs, tm
     code = cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out"))
     assert code == 2 and not loaded
     assert "uncompressed" in capsys.readouterr().err
+
+
+def _folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_full_disk_during_the_case_figure_keeps_the_previous_audit(inputs, tmp_path, capsys, monkeypatch):
+    """ENOSPC while the case figure is written (after part of it is on disk): exit 2 with one
+    line naming the file and saying the folder is unchanged; the previous audit's files are the
+    same bytes, no staging folder or temporary file is left, and its record still verifies."""
+    out = tmp_path / "out"
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out)
+    assert cli.main(arguments) == 0
+    before = _folder_bytes(out)
+    capsys.readouterr()
+
+    real = files.replace_atomically
+
+    def disk_fills_in_the_figure(path, write):
+        if Path(path).name != "case_figure.png":
+            return real(path, write)
+
+        def write_then_fill(temporary):
+            write(temporary)  # part of the figure reached the disk, then it was full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, write_then_fill)
+
+    monkeypatch.setattr(files, "replace_atomically", disk_fills_in_the_figure)
+    code = cli.main([*arguments, "--name", "second"])  # other tables: a real change if written
+    error = capsys.readouterr().err
+    # stderr also holds the audit's progress bar (carriage returns); the message is one line.
+    (message,) = [line for line in error.splitlines() if line.startswith("endoexplain audit:")]
+    assert code == 2, error
+    assert f"{out / 'case_figure.png'} (No space left on device)" in message, message
+    assert f"nothing was moved into {out}" in message and ".staging-" not in message, message
+    assert _folder_bytes(out) == before
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".staging-") or p.suffix == ".tmp"]
+    assert cli.verify_folder(out) == [] and cli.main(["verify", str(out)]) == 0
