@@ -2,7 +2,8 @@
 # Regenerate every table and figure of the endoExplain audit (README: "Run everything").
 #
 #   ./run_all.sh [--profile smoke|default|paper] [--data-root DIR] [--force] [--only STAGE...]
-#                [--adopt-manifest] [--output-root DIR] [--scheduler sequential|local:N|tcp://HOST:PORT]
+#                [--adopt-manifest] [--output-root DIR] [--scheduler sequential|local:N|tls://HOST:PORT]
+#                [--allow-insecure-scheduler]   (needed for a plain tcp://HOST:PORT scheduler)
 #
 # Sets up (or reuses) the pinned virtual environment and its Jupyter kernel, then executes the
 # numbered notebooks with Papermill into runs/<profile>/notebooks/ (executed .ipynb + HTML),

@@ -15,8 +15,9 @@ file's SHA-256, which ``endoexplain verify DIR`` checks.
 
 Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
 arguments, unpaired or mixed-up folders, a refused image or mask, an unreadable or unsafe
-weights file, an unknown architecture, a locked or unwritable output folder); 1 an unexpected
-error (traceback).
+weights file, an unknown architecture, a locked or unwritable output folder, a full disk or
+another OS error while writing: the previous audit in ``--out`` is then unchanged); 1 an
+unexpected error (traceback).
 
 Size: over 400 lines on purpose: argument parsing, input checks, weight loading, the output
 folder's lock and commit, and the HTML report of one command; the audit itself is
@@ -348,12 +349,32 @@ def run_audit(args: argparse.Namespace) -> dict:
     with output_folder_lock(out, args.wait_for_lock):
         staging = staging_folder(out)
         try:
-            record = _audit_into(args, staging, methods, temperature, calibration_note, cases,
-                                 model, weights_sha, layer_name, layer)
-            record["written"] = [str(p) for p in commit_outputs(staging, out, record)]
+            try:
+                record = _audit_into(args, staging, methods, temperature, calibration_note, cases,
+                                     model, weights_sha, layer_name, layer)
+            except OSError as error:  # a full disk or quota while staging: --out is untouched
+                raise CommandError(f"stopped by an OS error, nothing was moved into {out} (its "
+                                   f"previous files and {RECORD_NAME} are unchanged): "
+                                   f"{_os_error_text(error, staging, out)}") from error
+            try:
+                record["written"] = [str(p) for p in commit_outputs(staging, out, record)]
+            except OSError as error:
+                raise CommandError(f"moving the finished files into {out} failed, so it has no "
+                                   f"{RECORD_NAME} now (endoexplain verify says so; rerun the "
+                                   f"audit): {_os_error_text(error, staging, out)}") from error
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return record
+
+
+def _os_error_text(error: OSError, staging: Path, out: Path) -> str:
+    """An OS error in words with the file it names, as the file's place in ``out`` (the
+    staging folder is removed; ``files.replace_atomically`` puts the file in its message,
+    other errors carry it in ``filename``)."""
+    text = error.strerror or str(error)
+    if error.filename and str(error.filename) not in text:
+        text = f"{error.filename}: {text}"
+    return text.replace(str(staging), str(out))
 
 
 RECORD_NAME = "audit.json"

@@ -35,7 +35,10 @@ EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
 # Parameters every stage receives from the orchestrator, not from the profile.
 RUN_PATH_KEYS = ("profile", "run_dir", "figures_dir", "data_root", "manifest_reference_dir")
 # Keys that choose where work runs, not what it computes: left out of stage digests.
-EXECUTION_KEYS = ("scheduler",)
+EXECUTION_KEYS = ("scheduler", "allow_insecure_scheduler")
+# Scheduler settings by shape (pipeline.tasks.parse_scheduler decides, with
+# allow_insecure_scheduler, whether a tcp:// address may be used; this layer cannot import it).
+SCHEDULER_ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:\d+$")
 
 Fraction = Field(gt=0.0, lt=1.0)
 Probability = Field(ge=0.0, le=1.0)
@@ -78,7 +81,9 @@ class SharedSettings(Section):
                                    description="panel A: temperature-scaled score >= this")
     top_fraction: float = Field(0.20, gt=0.0, lt=1.0,
                                 description="fraction of pixels kept by the top-area rule")
-    scheduler: str = Field("", description='where tasks run: "" in process | local:N | tcp://host:port')
+    scheduler: str = Field("", description='where tasks run: "" in process | local:N | tls://host:port')
+    allow_insecure_scheduler: bool = Field(
+        False, description="accept a plain tcp:// scheduler (unencrypted, unauthenticated)")
     channels_last: bool = Field(
         False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
     prior_negatives: int = Field(
@@ -87,12 +92,13 @@ class SharedSettings(Section):
     @field_validator("scheduler")
     @classmethod
     def _known_scheduler(cls, scheduler: str) -> str:
-        if scheduler in ("", "sequential") or scheduler.startswith("tcp://"):
+        if scheduler in ("", "sequential") or SCHEDULER_ADDRESS.match(scheduler):
             return scheduler
         workers = scheduler.removeprefix("local:")
         if scheduler.startswith("local:") and workers.isdigit() and int(workers) >= 1:
             return scheduler
-        raise ValueError('expected "", "sequential", "local:N" (N >= 1) or "tcp://HOST:PORT"')
+        raise ValueError('expected "", "sequential", "local:N" (N >= 1) or "tls://HOST:PORT" '
+                         '("tcp://HOST:PORT" with allow_insecure_scheduler)')
 
 
 class StageSettings(Section):
@@ -171,7 +177,8 @@ class TrainingSettingsSection(Section):
 
 class TrainingStageSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "architectures",
-                                              "training_seeds", "scheduler", "channels_last")
+                                              "training_seeds", "scheduler",
+                                              "allow_insecure_scheduler", "channels_last")
     training_settings: dict[str, Any] = Field(default_factory=dict,
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(
@@ -241,7 +248,8 @@ class ValidityGateSettings(StageSettings):
 
 class RobustnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction", "scheduler", "prior_negatives")
+                                              "top_fraction", "scheduler",
+                                              "allow_insecure_scheduler", "prior_negatives")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
     other_random_deletion_repetitions: int = Field(
         20, ge=1, description="random deletions per image, the checkpoints other than the primary (its audit is 04's)")
@@ -267,7 +275,8 @@ class RobustnessSettings(StageSettings):
 
 class TransferSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction", "scheduler")
+                                              "top_fraction", "scheduler",
+                                              "allow_insecure_scheduler")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts audited (must exist)")
     optional_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]

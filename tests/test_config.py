@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import dask
 import pytest
 import yaml
 
@@ -153,6 +154,52 @@ def test_bad_scheduler_is_rejected(tmp_path, scheduler):
         config.load_profile(path)
     assert orchestrator.main(["--profile", "smoke", "--scheduler", scheduler,
                               "--output-root", str(tmp_path / "out")]) == 2
+
+
+INSECURE = "tcp://10.0.0.5:8786"
+
+
+def test_tcp_scheduler_is_refused_unless_insecure_is_allowed(tmp_path, capsys, monkeypatch):
+    """A plain tcp:// scheduler (unencrypted, unauthenticated) stops the run before any work,
+    exit 2, in one line naming the setting and --allow-insecure-scheduler; the flag or the
+    profile key shared.allow_insecure_scheduler accepts it (validation only: no scheduler)."""
+    assert orchestrator.main(["--profile", "smoke", "--scheduler", INSECURE,
+                              "--output-root", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and "--scheduler" in message
+    assert "--allow-insecure-scheduler" in message and "tls://" in message
+    in_profile = write_profile(tmp_path, lambda raw: raw["shared"].update(scheduler=INSECURE))
+    assert orchestrator.main(["--profile", in_profile, "--output-root", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "shared.scheduler" in message and "--allow-insecure-scheduler" in message
+    assert not (tmp_path / "out" / "runs" / "edited").exists()  # nothing ran
+
+    # Accepted with the flag (main's plumbing, run_pipeline's check; the stages are not run) ...
+    checked = []
+
+    def check_only(profile, *, scheduler, allow_insecure_scheduler, **_):
+        orchestrator.check_scheduler(config.load_profile(profile), scheduler, allow_insecure_scheduler)
+        checked.append((scheduler, allow_insecure_scheduler))
+        return {"profile": "smoke", "status": "complete", "wall_seconds": 0.0}
+
+    monkeypatch.setattr(orchestrator, "run_pipeline", check_only)
+    assert orchestrator.main(["--profile", "smoke", "--scheduler", INSECURE,
+                              "--allow-insecure-scheduler", "--output-root", str(tmp_path / "out")]) == 0
+    assert checked == [(INSECURE, True)]
+    # ... or with the profile key, which the stages that submit tasks receive.
+    allowed = config.load_profile(write_profile(tmp_path, lambda raw: raw["shared"].update(
+        scheduler=INSECURE, allow_insecure_scheduler=True)))
+    orchestrator.check_scheduler(allowed, None, allow_insecure=False)
+    assert config.stage_parameters(allowed, "01_training")["allow_insecure_scheduler"] is True
+    assert "allow_insecure_scheduler" in config.EXECUTION_KEYS  # switching it reruns nothing
+    # tls:// needs no opt-in, but the client certificates in Dask's config (here: paths only).
+    with dask.config.set({"distributed.comm.tls.ca-file": None}):
+        with pytest.raises(ValueError, match="--scheduler.*distributed.comm.tls.ca-file"):
+            orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
+    with dask.config.set({"distributed.comm.tls.ca-file": "ca.pem",
+                          "distributed.comm.tls.client.cert": "cert.pem",
+                          "distributed.comm.tls.client.key": "key.pem"}):
+        orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
 
 
 def test_channels_last_has_one_home_read_by_training_and_the_gate():

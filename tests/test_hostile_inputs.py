@@ -3,13 +3,20 @@ input, the expected exit code and a word the one-line message must contain.
 
 Every refusal is exit 2 with one line on stderr, before any output is written; nothing the user
 already had is touched. The table runs the command in this process (``cli.main``), on six
-64-px frames and a seeded ResNet-18 state dict built locally.
+64-px frames and a seeded ResNet-18 state dict built locally. Below it: the output folder's
+lock (in-process, and two real audit processes ordered by ``tests/gated_audit.py``), odd file
+names, and a full disk while the case figure is written.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +26,7 @@ import torch
 from filelock import FileLock
 from PIL import Image
 
-from endoexplain_core import artefacts, cli
+from endoexplain_core import artefacts, cli, files
 from tests.cli_fixtures import audit_arguments, write_masked_frames, write_resnet18_state_dict
 
 
@@ -320,3 +327,112 @@ def test_weights_archive_declaring_too_much_is_refused_before_loading(inputs, tm
     code = cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], tmp_path / "out"))
     assert code == 2 and not loaded
     assert "uncompressed" in capsys.readouterr().err
+
+
+def _folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_full_disk_during_the_case_figure_keeps_the_previous_audit(inputs, tmp_path, capsys, monkeypatch):
+    """ENOSPC while the case figure is written (after part of it is on disk): exit 2 with one
+    line naming the file and saying the folder is unchanged; the previous audit's files are the
+    same bytes, no staging folder or temporary file is left, and its record still verifies."""
+    out = tmp_path / "out"
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out)
+    assert cli.main(arguments) == 0
+    before = _folder_bytes(out)
+    capsys.readouterr()
+
+    real = files.replace_atomically
+
+    def disk_fills_in_the_figure(path, write):
+        if Path(path).name != "case_figure.png":
+            return real(path, write)
+
+        def write_then_fill(temporary):
+            write(temporary)  # part of the figure reached the disk, then it was full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, write_then_fill)
+
+    monkeypatch.setattr(files, "replace_atomically", disk_fills_in_the_figure)
+    code = cli.main([*arguments, "--name", "second"])  # other tables: a real change if written
+    error = capsys.readouterr().err
+    # stderr also holds the audit's progress bar (carriage returns); the message is one line.
+    (message,) = [line for line in error.splitlines() if line.startswith("endoexplain audit:")]
+    assert code == 2, error
+    assert f"{out / 'case_figure.png'} (No space left on device)" in message, message
+    assert f"nothing was moved into {out}" in message and ".staging-" not in message, message
+    assert _folder_bytes(out) == before
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".staging-") or p.suffix == ".tmp"]
+    assert cli.verify_folder(out) == [] and cli.main(["verify", str(out)]) == 0
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _start(*arguments: str) -> subprocess.Popen:
+    """A Python process in the repository root (so this checkout's package and tests import)."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    return subprocess.Popen([sys.executable, *arguments], cwd=REPO, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(marker: Path, process: subprocess.Popen, seconds: float = 600.0) -> None:
+    """Until ``marker`` exists; fail with the process's output if it ends first."""
+    deadline = time.monotonic() + seconds
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"process ended ({process.returncode}) before {marker.name}: "
+                                 f"{process.communicate()[1][-2000:]}")
+        assert time.monotonic() < deadline, f"{marker.name} did not appear in {seconds:.0f} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("queued", [False, True], ids=["second_refused", "second_queued"])
+def test_two_audit_processes_into_one_folder(inputs, tmp_path, queued):
+    """Two real ``endoexplain audit`` processes into one ``--out``. The first holds the lock
+    (and waits at a gate inside it) before the second starts, so the order is fixed: without
+    ``--wait-for-lock`` the second exits 2 with one line about the lock and writes nothing;
+    with it, the second queues (it has seen the lock held) and runs after the first. Either
+    way the folder ends whole: ``endoexplain verify`` passes on the last audit's record and its
+    Parquet case table reads with that audit's rows only."""
+    out, ready, go, waiting = tmp_path / "out", tmp_path / "ready", tmp_path / "go", tmp_path / "queued"
+    arguments = audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out)
+    first = _start("-m", "tests.gated_audit", "hold", str(ready), str(go), *arguments,
+                   "--name", "first")
+    second = None
+    try:
+        _wait_for(ready, first)  # the first audit holds the lock now
+        assert f"pid {first.pid}" in (out / f"{cli.LOCK_NAME}.owner").read_text()
+        if queued:
+            second = _start("-m", "tests.gated_audit", "queue", str(waiting), *arguments,
+                            "--name", "second", "--wait-for-lock", "600")
+            _wait_for(waiting, second)  # the second found the lock held and waits for it
+        else:
+            second = _start("-m", "endoexplain_core", *arguments, "--name", "second")
+            _, error = second.communicate(timeout=600)
+            assert second.returncode == 2, error
+            assert len(error.strip().splitlines()) == 1, error
+            assert "another endoexplain audit is writing into" in error and f"pid {first.pid}" in error
+            assert {p.name for p in out.iterdir()} == {cli.LOCK_NAME, f"{cli.LOCK_NAME}.owner",
+                                                      f".staging-{first.pid}"}
+        go.write_text("")
+        _, error = first.communicate(timeout=600)
+        assert first.returncode == 0, error
+        if queued:
+            _, error = second.communicate(timeout=600)
+            assert second.returncode == 0, error
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.communicate()
+    last = "second" if queued else "first"
+    assert cli.main(["verify", str(out)]) == 0 and cli.verify_folder(out) == []
+    assert json.loads((out / cli.RECORD_NAME).read_text())["checkpoint_id"] == last
+    table = pd.read_parquet(out / "case_table.parquet")
+    assert len(table) > 0 and set(table["checkpoint_id"]) == {last}
+    assert not list(out.glob(".staging-*"))

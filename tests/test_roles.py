@@ -165,6 +165,40 @@ def test_reference_missing_mismatch_adopt_and_match(tmp_path):
     assert roles.compare_with_reference(run, reference)["status"] == "match"
 
 
+def test_a_manifest_stage_00_rejects_is_never_left_with_a_valid_digest(tmp_path, crafted):
+    """record_manifest compares before it writes: a manifest that differs from the reference
+    (without adopt) leaves the run folder with no manifest.csv/manifest.sha256 -- not the
+    refused one, not an earlier one -- so verify_manifest (every later stage) stops; its rows
+    are in manifest.rejected.csv for reading. Adopted or matching, it is written as before."""
+    data_root = crafted[0].parent
+    table = roles.hash_files(crafted, progress=False).assign(
+        path=[p.name for p in crafted], sample_id=[p.stem for p in crafted], group="g",
+        source="cecum", target=0, mask_path="")
+    accepted = roles.build_manifest(roles.assign_roles(table, seed=1))
+    refused = accepted[accepted["path"] != "b.png"].reset_index(drop=True)  # describes real files too
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    manifest_dir = run_dir / "manifest"
+    assert roles.record_manifest(accepted, manifest_dir, reference, adopt=True)["status"] == "adopted"
+    assert roles.record_manifest(accepted, manifest_dir, reference)["status"] == "match"
+    assert len(roles.verify_manifest(run_dir, data_root, progress=False)) == 4
+    reference_bytes = (reference / roles.MANIFEST_FILE).read_bytes()
+
+    with pytest.raises(roles.ManifestMismatchError, match="manifest.rejected.csv differs.*1 removed"):
+        roles.record_manifest(refused, manifest_dir, reference)
+    assert not (manifest_dir / roles.DIGEST_FILE).exists()
+    assert not (manifest_dir / roles.MANIFEST_FILE).exists()
+    assert (manifest_dir / roles.REJECTED_FILE).read_bytes() == roles.manifest_bytes(refused)
+    assert (reference / roles.MANIFEST_FILE).read_bytes() == reference_bytes
+    with pytest.raises(roles.ManifestVerificationError, match="run 00_roles first"):
+        roles.verify_manifest(run_dir, data_root, progress=False)
+
+    comparison = roles.record_manifest(refused, manifest_dir, reference, adopt=True)
+    assert comparison["status"] == "adopted" and not (manifest_dir / roles.REJECTED_FILE).exists()
+    assert comparison["digest"] == roles.read_digest(manifest_dir / roles.DIGEST_FILE)
+    assert (reference / roles.MANIFEST_FILE).read_bytes() == roles.manifest_bytes(refused)
+    assert len(roles.verify_manifest(run_dir, data_root, progress=False)) == 3
+
+
 def test_verify_manifest_detects_changed_files_and_edited_manifest(tmp_path, crafted):
     data_root = crafted[0].parent
     table = roles.hash_files(crafted, progress=False).assign(

@@ -20,10 +20,72 @@ from tests.test_training import DIGEST, IMAGE_SIZE, cohort  # noqa: F401 (fixtur
     ("", tasks.SchedulerSpec("sequential")), (None, tasks.SchedulerSpec("sequential")),
     ("sequential", tasks.SchedulerSpec("sequential")),
     ("local:2", tasks.SchedulerSpec("local", workers=2)),
-    ("tcp://10.0.0.5:8786", tasks.SchedulerSpec("address", address="tcp://10.0.0.5:8786")),
+    ("tls://10.0.0.5:8786", tasks.SchedulerSpec("address", address="tls://10.0.0.5:8786")),
 ])
 def test_scheduler_settings_are_parsed(setting, expected):
     assert tasks.parse_scheduler(setting) == expected
+
+
+def test_tcp_scheduler_needs_the_explicit_insecure_opt_in():
+    """tcp:// is unencrypted and unauthenticated: refused naming --allow-insecure-scheduler,
+    before any connection; accepted with allow_insecure."""
+    with pytest.raises(tasks.SchedulerError, match="--allow-insecure-scheduler"):
+        tasks.parse_scheduler("tcp://10.0.0.5:8786")
+    with pytest.raises(tasks.SchedulerError, match="--allow-insecure-scheduler"):
+        tasks.TaskRunner("tcp://10.0.0.5:8786")
+    assert tasks.parse_scheduler("tcp://10.0.0.5:8786", allow_insecure=True) == tasks.SchedulerSpec(
+        "address", address="tcp://10.0.0.5:8786")
+
+
+def test_tls_address_takes_the_client_certificates_from_dask_config(tmp_path):
+    """The user's certificates for a tls:// scheduler come from Dask's configuration (files or
+    DASK_DISTRIBUTED__COMM__TLS__* variables); none configured is an error naming the keys."""
+    import dask
+    from distributed.security import Security
+
+    unset = {"distributed.comm.tls.ca-file": None, "distributed.comm.tls.client.cert": None,
+             "distributed.comm.tls.client.key": None}
+    with dask.config.set(unset):
+        with pytest.raises(tasks.SchedulerError, match="distributed.comm.tls.ca-file.*"
+                                                       "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
+            tasks.address_security("tls://10.0.0.5:8786")
+    credentials = Security.temporary()
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    paths["ca"].write_text(credentials.tls_ca_file)
+    paths["cert"].write_text(credentials.tls_client_cert)
+    paths["key"].write_text(credentials.tls_client_key)
+    with dask.config.set({"distributed.comm.tls.ca-file": str(paths["ca"]),
+                          "distributed.comm.tls.client.cert": str(paths["cert"]),
+                          "distributed.comm.tls.client.key": str(paths["key"])}):
+        security = tasks.address_security("tls://10.0.0.5:8786")
+    assert security.require_encryption and security.tls_client_cert == str(paths["cert"])
+    assert security.get_connection_args("client")["ssl_context"] is not None
+
+
+def _square(value):
+    return value * value
+
+
+def test_local_cluster_is_tls_on_loopback_and_refuses_clients_without_its_credentials():
+    """local:2 listens on 127.0.0.1 over TLS with credentials made for it: a task runs; a
+    client without credentials, one with other credentials and a plain tcp:// connection to
+    the same port are all refused, so another user of the machine cannot submit code."""
+    from distributed import Client
+    from distributed.security import Security
+
+    with tasks.TaskRunner("local:2", progress=False) as runner:
+        address = runner.client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        workers = runner.client.scheduler_info()["workers"]  # worker address -> its info
+        assert len(workers) == 2
+        assert all(worker.startswith("tls://127.0.0.1:") and info["nanny"].startswith(
+            "tls://127.0.0.1:") for worker, info in workers.items())
+        assert runner.map(_square, [{"value": 7}, {"value": 3}], labels=["a", "b"]) == [49, 9]
+        for intruder in ({}, {"security": Security.temporary()}):
+            with pytest.raises((TypeError, OSError)):  # no ssl context / handshake refused
+                Client(address, timeout="5s", **intruder)
+        with pytest.raises(OSError):  # CommClosedError: the port speaks TLS only
+            Client(address.replace("tls://", "tcp://"), timeout="5s")
 
 
 @pytest.mark.parametrize("setting", ["local:0", "local", "dask", "tcp://host", "local:two"])

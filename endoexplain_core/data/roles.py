@@ -11,8 +11,9 @@ Protocol (docs/protocol.md, "Roles"):
 4. The other groups are split train/val/test (default 70/15/15), stratified by source
    category, whole groups at a time, with a fixed seed.
 5. No group may cross roles; the manifest CSV (columns ``MANIFEST_COLUMNS``, sorted by path,
-   "\\n" line endings) and its SHA-256 are written to ``<run_dir>/manifest/`` and compared
-   with the committed reference in ``data_manifest/<profile>/``.
+   "\\n" line endings) is compared with the committed reference in ``data_manifest/<profile>/``
+   and written with its SHA-256 to ``<run_dir>/manifest/`` only when accepted
+   (``record_manifest``): a refused manifest never stands there with a valid digest.
 
 Size: over 400 lines on purpose: one protocol step (content -> groups -> roles -> manifest)
 whose parts share the group invariants; split, they would each re-derive them.
@@ -44,6 +45,8 @@ MANIFEST_COLUMNS = ("sample_id", "path", "group", "source", "target", "role", "s
                     "group_id", "width", "height", "mask_path")
 MANIFEST_FILE = "manifest.csv"
 DIGEST_FILE = "manifest.sha256"
+# A manifest stage 00 refused, kept for reading only: no digest, so no stage accepts it.
+REJECTED_FILE = "manifest.rejected.csv"
 
 
 class RoleIntegrityError(RuntimeError):
@@ -260,10 +263,15 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: manifest does not exist")
-    manifest = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return _parse_manifest(path, path)
+
+
+def _parse_manifest(source, name) -> pd.DataFrame:
+    """``read_manifest``'s parsing of ``source`` (a path or a byte stream) called ``name``."""
+    manifest = pd.read_csv(source, dtype=str, keep_default_na=False)
     missing = [c for c in MANIFEST_COLUMNS if c not in manifest.columns]
     if missing:
-        raise ManifestVerificationError(f"{path}: missing manifest columns {missing}")
+        raise ManifestVerificationError(f"{name}: missing manifest columns {missing}")
     for column in ("target", "width", "height"):
         manifest[column] = manifest[column].astype(int)
     return manifest
@@ -306,14 +314,44 @@ def describe_differences(new: pd.DataFrame, reference: pd.DataFrame, examples: i
     return "; ".join(parts)
 
 
+def _reference_difference(new_bytes: bytes, reference_dir: Path) -> str | None:
+    """``None`` when ``new_bytes`` are the reference manifest's bytes, else a summary of the
+    difference (or of the missing reference)."""
+    new_digest = files.sha256_bytes(new_bytes)
+    reference_csv = reference_dir / MANIFEST_FILE
+    if not reference_csv.is_file():
+        return f"no reference manifest at {reference_csv}"
+    reference_digest = files.sha256_bytes(reference_csv.read_bytes())
+    if reference_digest == new_digest:
+        return None
+    summary = describe_differences(_parse_manifest(io.BytesIO(new_bytes), "the new manifest"),
+                                   read_manifest(reference_csv))
+    return f"digest {new_digest[:12]} vs reference {reference_digest[:12]}: {summary}"
+
+
+def _mismatch(manifest_path: Path, reference_dir: Path, summary: str) -> ManifestMismatchError:
+    return ManifestMismatchError(
+        f"manifest {manifest_path} differs from the committed reference in "
+        f"{reference_dir}: {summary}. If the change is intended, adopt the new manifest "
+        f"(notebook parameter adopt_manifest=True, or run_all.sh --adopt-manifest) and "
+        f"commit {reference_dir}.")
+
+
+def _adopt(new_bytes: bytes, reference_dir: Path) -> None:
+    """Copy a manifest's bytes and digest over the committed reference (temporary + rename)."""
+    _atomic_write(reference_dir / MANIFEST_FILE, new_bytes)
+    _atomic_write(reference_dir / DIGEST_FILE, (files.sha256_bytes(new_bytes) + "\n").encode())
+
+
 def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, *,
                            adopt: bool = False) -> dict[str, str]:
-    """Compare ``<manifest_dir>/manifest.csv`` with the committed reference.
+    """Compare ``<manifest_dir>/manifest.csv`` (already written) with the committed reference.
 
     Equal digests: returns ``{"status": "match", ...}``. Different or missing reference:
     raises ``ManifestMismatchError`` with a summary of the differences, unless ``adopt`` is
     true, in which case the new manifest and digest are copied over the reference (temporary
     file + rename) and ``{"status": "adopted", ...}`` is returned with the summary.
+    Stage 00 uses ``record_manifest``, which never leaves a refused manifest with a digest.
     """
     manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
     new_digest = read_digest(manifest_dir / DIGEST_FILE)
@@ -321,25 +359,43 @@ def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, 
     if files.sha256_bytes(new_bytes) != new_digest:
         raise ManifestVerificationError(f"{manifest_dir / MANIFEST_FILE} does not match its "
                                         f"digest file {manifest_dir / DIGEST_FILE}")
-    reference_csv = reference_dir / MANIFEST_FILE
-    if reference_csv.is_file():
-        reference_digest = files.sha256_bytes(reference_csv.read_bytes())
-        if reference_digest == new_digest:
-            return {"status": "match", "digest": new_digest, "summary": "identical"}
-        summary = describe_differences(read_manifest(manifest_dir / MANIFEST_FILE),
-                                       read_manifest(reference_csv))
-        summary = f"digest {new_digest[:12]} vs reference {reference_digest[:12]}: {summary}"
-    else:
-        summary = f"no reference manifest at {reference_csv}"
+    summary = _reference_difference(new_bytes, reference_dir)
+    if summary is None:
+        return {"status": "match", "digest": new_digest, "summary": "identical"}
     if not adopt:
-        raise ManifestMismatchError(
-            f"manifest {manifest_dir / MANIFEST_FILE} differs from the committed reference in "
-            f"{reference_dir}: {summary}. If the change is intended, adopt the new manifest "
-            f"(notebook parameter adopt_manifest=True, or run_all.sh --adopt-manifest) and "
-            f"commit {reference_dir}.")
-    _atomic_write(reference_csv, new_bytes)
-    _atomic_write(reference_dir / DIGEST_FILE, (new_digest + "\n").encode())
+        raise _mismatch(manifest_dir / MANIFEST_FILE, reference_dir, summary)
+    _adopt(new_bytes, reference_dir)
     return {"status": "adopted", "digest": new_digest, "summary": summary}
+
+
+def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_dir: str | Path,
+                    *, adopt: bool = False) -> dict[str, str]:
+    """Stage 00's manifest step: compare ``manifest`` with the committed reference first, and
+    write ``manifest.csv`` + ``manifest.sha256`` into ``manifest_dir`` only once it is
+    accepted (equal to the reference, or ``adopt``; then the reference is replaced after the
+    run's manifest is written). Returns ``{"status": "match" | "adopted", "digest", "summary"}``.
+
+    Refused (``ManifestMismatchError``): ``manifest_dir`` is left with no ``manifest.sha256``
+    and no ``manifest.csv`` -- neither the refused manifest nor an earlier run's, which no
+    longer describes this data -- so every later stage stops with "run 00_roles first"
+    (``verify_manifest``); the refused rows are kept in ``manifest.rejected.csv`` (no digest)
+    for reading, and the error names that file.
+    """
+    manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
+    data = manifest_bytes(manifest)
+    summary = _reference_difference(data, reference_dir)
+    if summary is not None and not adopt:
+        # The digest goes first: a manifest.csv without one is refused by every stage.
+        (manifest_dir / DIGEST_FILE).unlink(missing_ok=True)
+        (manifest_dir / MANIFEST_FILE).unlink(missing_ok=True)
+        _atomic_write(manifest_dir / REJECTED_FILE, data)
+        raise _mismatch(manifest_dir / REJECTED_FILE, reference_dir, summary)
+    digest = write_manifest(manifest, manifest_dir)
+    (manifest_dir / REJECTED_FILE).unlink(missing_ok=True)
+    if summary is None:
+        return {"status": "match", "digest": digest, "summary": "identical"}
+    _adopt(data, reference_dir)
+    return {"status": "adopted", "digest": digest, "summary": summary}
 
 
 def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,

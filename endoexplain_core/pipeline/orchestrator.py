@@ -362,6 +362,29 @@ def run_folder_lock(profile: str, output_root: Path, wait_seconds: float = 0.0):
             f"--wait-for-lock SECONDS to queue behind it") from None
 
 
+def check_scheduler(config: profiles.Profile, scheduler: str | None,
+                     allow_insecure: bool) -> None:
+    """Refuse, before any work, the scheduler the stages would use: ``scheduler`` (the flag)
+    or else the profile's ``shared.scheduler``, with ``allow_insecure`` or the profile's
+    ``shared.allow_insecure_scheduler``; a ``tls://`` address also needs the client
+    certificates in Dask's configuration (``tasks.address_security``), which the stages'
+    kernels inherit. ``SchedulerError`` (a ValueError: exit 2) names the setting and
+    ``--allow-insecure-scheduler`` or the missing certificate keys."""
+    from endoexplain_core.pipeline.tasks import SchedulerError, address_security, parse_scheduler
+
+    # Toy schemas (orchestrator tests) may have no scheduler keys: then only the flag counts.
+    shared = config.shared
+    setting = scheduler if scheduler is not None else getattr(shared, "scheduler", "")
+    allowed = allow_insecure or bool(getattr(shared, "allow_insecure_scheduler", False))
+    where = "--scheduler" if scheduler is not None else "shared.scheduler"
+    try:
+        spec = parse_scheduler(setting, allow_insecure=allowed)
+        if spec.kind == "address":
+            address_security(spec.address)
+    except SchedulerError as error:
+        raise SchedulerError(f"{where}: {error}") from None
+
+
 def _one_run_per_folder(function):
     """Run ``function`` (``run_pipeline``) under ``run_folder_lock``; ``wait_for_lock`` seconds."""
     @functools.wraps(function)
@@ -377,17 +400,17 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
                  kernel_name: str = KERNEL_NAME,
                  stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
-                 shared_settings: type | None = None, scheduler: str | None = None
-                 ) -> dict[str, Any]:
+                 shared_settings: type | None = None, scheduler: str | None = None,
+                 allow_insecure_scheduler: bool = False) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
 
+    ``scheduler`` / ``allow_insecure_scheduler`` (``--scheduler`` / ``--allow-insecure-scheduler``)
+    replace the profile's ``shared.scheduler`` and, when true, its
+    ``shared.allow_insecure_scheduler``; the resulting pair is checked before any work
+    (``tasks.parse_scheduler``: a ``tcp://`` address without the opt-in is refused).
     Raises ``StageFailed`` after writing the provenance of the failed run.
     """
     started = time.perf_counter()
-    if scheduler is not None:
-        from endoexplain_core.pipeline.tasks import parse_scheduler
-
-        parse_scheduler(scheduler)  # SchedulerError (a ValueError) names the accepted forms
     stages = discover_stages(notebook_dir)
     if not stages:
         raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
@@ -400,6 +423,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if missing:
         raise profiles.ProfileError(f"notebooks {missing} have no settings model in "
                                     "config.STAGE_SETTINGS")
+    check_scheduler(config, scheduler, allow_insecure_scheduler)
     profile_name = config.profile
     paths = RunPaths(profile_name, Path(output_root).resolve())
     if data_root and not Path(data_root).is_dir():
@@ -424,6 +448,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             parameters["adopt_manifest"] = True
         if scheduler is not None and "scheduler" in parameters:  # --scheduler beats the profile
             parameters["scheduler"] = scheduler
+        if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
+            parameters["allow_insecure_scheduler"] = True
         # Where tasks run does not change what they compute: not part of the digest.
         digested = {k: v for k, v in parameters.items() if k not in profiles.EXECUTION_KEYS}
         digest = stage_digest(notebook, digested, core_code_digest(core_modules_used(notebook)),
@@ -565,9 +591,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where runs/ and figures/ are written (default: the repository)")
     parser.add_argument("--scheduler", default=None, metavar="WHERE",
                         help='where training/audit tasks run: "sequential" (in this process), '
-                             '"local:N" (a local Dask cluster of N worker processes, one per GPU '
-                             'when GPUs are present) or "tcp://HOST:PORT" (a running Dask '
-                             'scheduler); default: the profile\'s shared.scheduler')
+                             '"local:N" (a private local Dask cluster of N worker processes: '
+                             'TLS on 127.0.0.1, one per GPU when GPUs are present) or '
+                             '"tls://HOST:PORT" (a running Dask scheduler; certificates from '
+                             'the Dask config distributed.comm.tls.*); default: the profile\'s '
+                             'shared.scheduler')
+    parser.add_argument("--allow-insecure-scheduler", action="store_true",
+                        help="accept a plain tcp://HOST:PORT scheduler (unencrypted and "
+                             "unauthenticated: anyone reaching the port can run code on its "
+                             "workers); profile key shared.allow_insecure_scheduler")
     parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
@@ -578,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
                                   output_root=Path(args.output_root),
-                                  wait_for_lock=args.wait_for_lock, scheduler=args.scheduler)
+                                  wait_for_lock=args.wait_for_lock, scheduler=args.scheduler,
+                                  allow_insecure_scheduler=args.allow_insecure_scheduler)
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2

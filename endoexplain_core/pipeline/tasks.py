@@ -9,11 +9,24 @@ Three schedulers, chosen by the profile key / ``run_all.sh --scheduler``:
     a ``dask.distributed`` cluster of N worker processes on this machine, each running one task
     at a time. With CUDA devices present, worker i sees only device ``i % n_gpus`` (pinned
     through ``CUDA_VISIBLE_DEVICES``, so ``device: cuda`` means "my GPU"). The cluster lives as
-    long as the ``TaskRunner`` (one notebook cell).
-``"tcp://HOST:PORT"`` (or ``tls://``)
+    long as the ``TaskRunner`` (one notebook cell). It is private: scheduler, nannies and
+    workers listen on 127.0.0.1 only and speak TLS with mutual authentication, using
+    credentials made for this cluster in memory (``Security.temporary()``), so another user of
+    the machine cannot connect to it and run code as you (a Dask client can run any code on
+    the workers).
+``"tls://HOST:PORT"``
     an existing Dask scheduler, e.g. one started by ``dask-jobqueue`` on a SLURM cluster
     (README, "Scaling out"). The workers must see the same files (run folder, data root) at the
-    same paths and have this package installed.
+    same paths and have this package installed. The client's certificates come from Dask's own
+    configuration, which ``distributed.Client`` reads: ``distributed.comm.tls.ca-file``,
+    ``distributed.comm.tls.client.cert`` and ``distributed.comm.tls.client.key`` (in
+    ``~/.config/dask/*.yaml`` or the environment variables
+    ``DASK_DISTRIBUTED__COMM__TLS__CA_FILE``, ``..._CLIENT__CERT``, ``..._CLIENT__KEY``); a
+    missing one is an error naming them (``address_security``).
+``"tcp://HOST:PORT"``
+    refused unless ``allow_insecure=True`` (``run_all.sh --allow-insecure-scheduler``, profile
+    key ``shared.allow_insecure_scheduler``): a plain TCP scheduler is neither encrypted nor
+    authenticated, so anyone who can reach the port can submit code to its workers.
 
 Results are identical to the sequential run because every task sets the submitting process's
 torch intra-op thread count (float sums depend on it) and every unit of work derives its
@@ -46,10 +59,17 @@ log = logging.getLogger(LOGGER_NAME)
 
 _LOCAL = re.compile(r"^local:(\d+)$")
 _ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:\d+$")
+LOOPBACK = "127.0.0.1"
+INSECURE_FLAG = "--allow-insecure-scheduler"
+# Dask configuration keys a tls:// client reads its credentials from (distributed.Security).
+TLS_CONFIG_KEYS = {"tls_ca_file": "distributed.comm.tls.ca-file",
+                   "tls_client_cert": "distributed.comm.tls.client.cert",
+                   "tls_client_key": "distributed.comm.tls.client.key"}
 
 
 class SchedulerError(ValueError):
-    """A scheduler setting that is not ``sequential``, ``local:N`` or a scheduler address."""
+    """A scheduler setting that is not ``sequential``, ``local:N`` or a scheduler address, a
+    plain ``tcp://`` address without the explicit opt-in, or ``tls://`` without certificates."""
 
 
 @dataclass(frozen=True)
@@ -66,10 +86,12 @@ class SchedulerSpec:
         return self.address if self.kind == "address" else SEQUENTIAL
 
 
-def parse_scheduler(setting: str | None) -> SchedulerSpec:
-    """``""``/``None``/``"sequential"`` -> in-process; ``"local:N"`` (N >= 1); ``"tcp://HOST:PORT"``.
+def parse_scheduler(setting: str | None, *, allow_insecure: bool = False) -> SchedulerSpec:
+    """``""``/``None``/``"sequential"`` -> in-process; ``"local:N"`` (N >= 1); ``"tls://HOST:PORT"``;
+    ``"tcp://HOST:PORT"`` only with ``allow_insecure``.
 
-    Raises ``SchedulerError`` naming the accepted forms for anything else.
+    Raises ``SchedulerError`` naming the accepted forms for anything else, and naming
+    ``--allow-insecure-scheduler`` for a ``tcp://`` address without it.
     """
     text = (setting or "").strip()
     if text in ("", SEQUENTIAL):
@@ -81,10 +103,35 @@ def parse_scheduler(setting: str | None) -> SchedulerSpec:
             raise SchedulerError(f"scheduler {text!r}: local:N needs N >= 1 worker processes")
         return SchedulerSpec("local", workers=workers)
     if _ADDRESS.match(text):
+        if text.startswith("tcp://") and not allow_insecure:
+            raise SchedulerError(
+                f"scheduler {text!r}: a tcp:// scheduler is unencrypted and unauthenticated (anyone "
+                f"who reaches the port can run code on its workers); use tls://HOST:PORT with your "
+                f"certificates (README, 'Scaling out'), or pass {INSECURE_FLAG} (profile: "
+                f"shared.allow_insecure_scheduler: true) if the network is yours alone")
         return SchedulerSpec("address", address=text)
     raise SchedulerError(f"scheduler {text!r} is not understood: use '' or 'sequential' (in "
-                         "process), 'local:N' (N local worker processes) or 'tcp://HOST:PORT' "
-                         "(a running Dask scheduler)")
+                         "process), 'local:N' (N local worker processes) or 'tls://HOST:PORT' "
+                         "(a running Dask scheduler; tcp:// only with --allow-insecure-scheduler)")
+
+
+def address_security(address: str):
+    """The ``distributed.Security`` a client uses for ``address``: for ``tls://``, Dask's
+    configuration (``TLS_CONFIG_KEYS``), checked to name a CA file, a client certificate and
+    its key; for ``tcp://`` (allowed by the caller), none. Raises ``SchedulerError`` naming the
+    missing keys and their environment variables instead of Dask's ssl_context error."""
+    from distributed.security import Security
+
+    if not address.startswith("tls://"):
+        return Security()
+    security = Security(require_encryption=True)  # reads distributed.comm.tls.* from dask.config
+    missing = [key for field, key in TLS_CONFIG_KEYS.items() if not getattr(security, field)]
+    if missing:
+        variables = ", ".join("DASK_" + key.upper().replace(".", "__").replace("-", "_")
+                              for key in missing)
+        raise SchedulerError(f"scheduler {address!r}: no TLS credentials for the client; set the "
+                             f"Dask config {', '.join(missing)} (environment: {variables})")
+    return security
 
 
 def cuda_device_count() -> int:
@@ -107,21 +154,29 @@ def local_worker_environments(workers: int, n_gpus: int) -> list[dict[str, str]]
 
 
 def _start_local_cluster(workers: int):
-    """A SpecCluster of ``workers`` Nanny-supervised processes with one task thread each."""
+    """A SpecCluster of ``workers`` Nanny-supervised processes with one task thread each,
+    private to this process: every server (scheduler, nannies, workers) listens on
+    ``LOOPBACK`` over ``tls://`` and requires a certificate signed by a key made here, in memory,
+    for this cluster only (``Security.temporary``; needs the pinned ``cryptography``). The
+    cluster's ``security`` is what ``Client(cluster)`` connects with."""
     from distributed import Nanny, Scheduler, SpecCluster
+    from distributed.security import Security
+
+    # Plain tcp:// on a shared machine lets any local user submit code that runs as us.
+    security = Security.temporary()
 
     n_gpus = cuda_device_count()
     if n_gpus and workers > n_gpus:
         log.warning("local:%d asks for more workers than the %d CUDA devices; devices are shared "
                     "round-robin", workers, n_gpus)
+    private = {"host": LOOPBACK, "protocol": "tls://", "security": security}
     specs = {f"worker-{index}": {"cls": Nanny, "options": {
                  "nthreads": 1, "env": environment, "name": f"worker-{index}",
-                 "silence_logs": logging.WARNING}}
+                 "silence_logs": logging.WARNING, **private}}
              for index, environment in enumerate(local_worker_environments(workers, n_gpus))}
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None,
-                                               "host": "127.0.0.1"}}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None, **private}}
     return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.WARNING,
-                       name="endoexplain-local")
+                       name="endoexplain-local", security=security)
 
 
 def run_task(function: Callable[..., Any], kwargs: dict[str, Any], label: str,
@@ -159,16 +214,17 @@ def _ensure_notebook_logging() -> None:
 class TaskRunner:
     """Maps a function over units of work on the chosen scheduler; use as a context manager.
 
-    ``scheduler``: see ``parse_scheduler``. ``torch_threads``: intra-op threads every task uses
+    ``scheduler``, ``allow_insecure``: see ``parse_scheduler`` (a ``tcp://`` address is refused
+    unless ``allow_insecure``). ``torch_threads``: intra-op threads every task uses
     (default: this process's ``torch.get_num_threads()``, which keeps results identical to
     the sequential run). ``progress``: a tqdm bar over tasks (finished / total).
     """
 
-    def __init__(self, scheduler: str | None = "", *, torch_threads: int | None = None,
-                 progress: bool = True) -> None:
+    def __init__(self, scheduler: str | None = "", *, allow_insecure: bool = False,
+                 torch_threads: int | None = None, progress: bool = True) -> None:
         import torch
 
-        self.spec = parse_scheduler(scheduler)
+        self.spec = parse_scheduler(scheduler, allow_insecure=allow_insecure)
         self.torch_threads = torch_threads or torch.get_num_threads()
         self.progress = progress
         self.client = None
@@ -188,7 +244,7 @@ class TaskRunner:
             self._cluster = _start_local_cluster(self.spec.workers)
             self.client = Client(self._cluster)
         else:
-            self.client = Client(self.spec.address)
+            self.client = Client(self.spec.address, security=address_security(self.spec.address))
         self.client.forward_logging(LOGGER_NAME, level=logging.INFO)
         workers = self.client.scheduler_info().get("workers", {})
         log.info("scheduler %s: %d workers, %d torch threads per task", self.spec, len(workers),
