@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -114,10 +115,14 @@ def render_in_chromium(page: Path) -> dict:
     return json.loads(run_in_page(page, [PAGE_REPORT], wait_seconds=0.0)[0])
 
 
-def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3) -> list:
-    """Load ``page`` from disk, then evaluate each JavaScript expression in turn (a promise is
-    awaited), waiting ``wait_seconds`` after each; return their values."""
+def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3,
+                screenshots: dict[int, Path] | None = None, size: tuple[int, int] = (1300, 1100)) -> list:
+    """Load ``page`` from disk in a ``size`` (width, height) window, then evaluate each
+    JavaScript expression in turn (a promise is awaited), waiting ``wait_seconds`` after each;
+    return their values. ``screenshots``: expression index -> PNG path, captured after that
+    expression ran (index -1: right after the page loaded)."""
     binary = chromium_binary()
+    screenshots = screenshots or {}
     values = []
     with tempfile.TemporaryDirectory() as profile_dir:
         browser = DevTools(binary, profile_dir)
@@ -126,15 +131,26 @@ def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3) -
             session = browser.send("Target.attachToTarget",
                                    {"targetId": target, "flatten": True})["sessionId"]
             browser.send("Page.enable", session=session)
+            browser.send("Emulation.setDeviceMetricsOverride", {"width": size[0], "height": size[1],
+                                                                "deviceScaleFactor": 1, "mobile": False},
+                         session=session)
             browser.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
             browser.wait_event("Page.loadEventFired")
-            for expression in expressions:
+
+            def capture(index: int) -> None:
+                if index in screenshots:
+                    shot = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)
+                    Path(screenshots[index]).write_bytes(base64.b64decode(shot["data"]))
+
+            capture(-1)
+            for index, expression in enumerate(expressions):
                 result = browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
                                                            "awaitPromise": True}, session=session)
                 if "exceptionDetails" in result:
                     raise AssertionError(f"{expression}: {result['exceptionDetails']}")
                 values.append(result["result"].get("value"))
                 time.sleep(wait_seconds)
+                capture(index)
         finally:
             browser.close()
     return values

@@ -113,6 +113,7 @@ def test_the_page_filters_and_opens_a_case_in_chromium(tmp_path):
     text = page.read_text()
     assert "<th>XGrad-CAM\u2020</th>" in text and "<th>Grad-CAM</th>" in text and "not validated by" in text
     count = "document.getElementById('count').textContent"
+    shot = tmp_path / "one_case.png"
     values = run_in_page(page, [
         count,
         "document.getElementById('f-disagree').click(); " + count,
@@ -122,7 +123,7 @@ def test_the_page_filters_and_opens_a_case_in_chromium(tmp_path):
         "document.getElementById('strip').naturalWidth",
         "document.getElementById('f-disagree').click(); document.getElementById('f-all-miss').click(); " + count,
         "document.querySelectorAll('#cases tbody b').length",
-    ])
+    ], screenshots={3: shot})
     assert values[0] == "3 of 3 images"
     assert values[1] == "1 of 3 images"                       # only the split case
     hidden, n_rows, title = values[2]
@@ -130,3 +131,5 @@ def test_the_page_filters_and_opens_a_case_in_chromium(tmp_path):
     assert values[3] == 96                                    # the strip image loaded
     assert values[4] == "1 of 3 images"                       # high score and every CAM misses
     assert values[5] == 0                                     # the odd id is text, not markup
+    with Image.open(shot) as opened_case:                     # a screenshot of the opened case
+        assert opened_case.size == (1300, 1100)

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from endoexplain_core import artefacts  # noqa: E402
 from endoexplain_core.pipeline import record  # noqa: E402
@@ -110,6 +111,22 @@ def test_index_html_renders_in_chromium_with_every_link_and_image(tmp_path):
     broken = broken_resources(render_in_chromium(page))
     assert any("image" in b and "figure5_transfer.png" in b for b in broken)
     assert any(b.startswith("link") and "figure5_transfer.png" in b for b in broken)
+
+
+@pytest.mark.browser
+def test_screenshots_of_the_record_and_its_figures_are_window_sized_pngs(tmp_path):
+    from tests import screenshots
+
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    record.write_run_index(run_dir, figures_dir, provenance)
+    shots = screenshots.record_screenshots(run_dir, tmp_path / "shots")
+    assert list(shots) == ["record_first_screen"]                 # no case browser in this run
+    with Image.open(shots["record_first_screen"]) as first_screen:
+        assert first_screen.size == (1300, 1100)
+        assert len(set(first_screen.convert("L").getdata())) > 10   # a page, not a blank frame
+    figures = screenshots.figure_screenshots(figures_dir, tmp_path / "shots")
+    assert sorted(figures) == sorted(p.stem for p in figures_dir.glob("figure*.png"))
+    assert all(path.stat().st_size > 0 for path in figures.values())
 
 
 def test_index_html_puts_results_first_banners_brief_figures_then_tables(tmp_path):
