@@ -196,7 +196,7 @@ def test_figure_specific_fixes(figures):
 
     figure3_text = " ".join(t.get_text() for t in figures["figure3"].findobj(Text))
     assert "IoU 0.30\nconstant" in figure3_text and "$\\mathbf{C}$  Consensus: not drawn" in figure3_text
-    assert "$\\mathbf{A}$  Typical high-score miss: not drawn" in figure3_text and "score >0.999" in figure3_text
+    assert "$\\mathbf{A}$  Typical high-score miss: not drawn" in figure3_text and "\\u2013" not in figure3_text and "score >0.999" in figure3_text
     assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
     peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]
@@ -211,7 +211,7 @@ def test_figure_specific_fixes(figures):
     legend = " ".join(t.get_text() for t in figure4.legends[0].get_texts())
     assert "ResNet-34" in legend                                          # still in the legend once
     footnote = figure4._supxlabel.get_text()
-    assert "identical by construction" in footnote and "resnet34_s1129" in footnote
+    assert "identical by construction" in footnote and "ResNet-34 s1129" in footnote
 
     figure5 = figures["figure5"].axes[0]
     assert not [l for l in figure5.lines if l.get_linestyle() == "--"]     # no line across the bars

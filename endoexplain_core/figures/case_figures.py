@@ -33,7 +33,7 @@ from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
                                             DOUBLE_COLUMN_INCHES, EIGEN_FOOTNOTE, HEATMAP_CMAP,
                                             METHOD_COLOURS, PEAK_COLOUR, RANDOM_REFERENCE,
-                                            footnote, method_label, panel_title, two_line_label)
+                                            checkpoint_label, footnote, method_label, panel_title, two_line_label)
 
 IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55
@@ -242,7 +242,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
         if role not in by_role:
             ax = subfigure.subplots()
             ax.axis("off")
-            ax.text(0.0, 0.5, rf"$\mathbf{{{letter}}}$  {title}: not drawn \u2013 "
+            ax.text(0.0, 0.5, rf"$\mathbf{{{letter}}}$" + f"  {title}: not drawn \u2013 "
                     f"{MISSING_ROW_REASONS.get(role, 'no case meets the selection rule')}.",
                     transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
@@ -408,7 +408,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
                      + ", ".join(groups) + ").")
     if "temperature_at_bound" in matrix.columns and matrix["temperature_at_bound"].any():
         bound = sorted(matrix.loc[matrix["temperature_at_bound"].astype(bool), "checkpoint_id"].unique())
-        notes.append("Temperature at its search bound (own subset set by the bound): " + ", ".join(bound) + ".")
+        notes.append("Temperature at its search bound (own subset set by the bound): "
+                     + ", ".join(checkpoint_label(c) for c in bound) + ".")
     notes.append(EIGEN_FOOTNOTE)
     footnote(fig, " ".join(notes))
     return fig
