@@ -17,8 +17,10 @@ stage-key routing and digests must see the whole schema at once.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -369,13 +371,15 @@ STAGE_SETTINGS: dict[str, type[StageSettings]] = {
 
 
 class Profile(BaseModel):
-    """A validated profile: name, description, shared settings and one model per stage."""
+    """A validated profile: name, description, shared settings and one model per stage;
+    ``overrides``: the command line's ``--set`` texts applied on top of the file, in order."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     profile: str
     description: str = ""
     shared: Section
     stages: dict[str, StageSettings]
+    overrides: tuple[str, ...] = ()
 
     def stage_settings(self, stage: str) -> StageSettings:
         if stage not in self.stages:
@@ -479,15 +483,79 @@ def read_profile_yaml(text: str) -> Any:
     return yaml.load(text, Loader=ProfileLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
+@dataclass(frozen=True)
+class Override:
+    """One ``--set SECTION.KEY[.SUBKEY...]=VALUE`` of the command line: ``section`` is
+    ``shared`` or a stage name, ``keys`` the path inside that section, ``value`` the VALUE read
+    as profile YAML (``3``, ``0.5``, ``true``, ``[0.8, 0.9]``, ``{epochs: 1}``, ``null``; an
+    empty VALUE is the empty string)."""
+
+    text: str
+    section: str
+    keys: tuple[str, ...]
+    value: Any
+
+
+def parse_override(text: str) -> Override:
+    """Parse one ``--set`` argument; ``ProfileError`` naming it when it is malformed."""
+    target, separator, value_text = text.partition("=")
+    parts = target.strip().split(".")
+    if not separator or len(parts) < 2 or not all(parts):
+        raise ProfileError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. "
+                           "--set 01_training.training_settings.epochs=1 or --set shared.image_size=128")
+    try:
+        value = read_profile_yaml(value_text) if value_text.strip() else ""
+    except yaml.YAMLError as error:
+        raise ProfileError(f"--set {text!r}: the value is not valid profile YAML: "
+                           f"{' '.join(str(error).split())}") from None
+    return Override(text, parts[0], tuple(parts[1:]), value)
+
+
+def apply_overrides(raw: dict, overrides: list[Override], stage_settings: dict[str, type[StageSettings]],
+                    shared_settings: type[Section]) -> dict:
+    """A copy of the profile's raw mapping with each override written in, in order. The section
+    must be ``shared`` or a known stage and the first key one of its settings (errors name the
+    ``--set`` argument and suggest the closest name); the values are validated afterwards with
+    the file's, by the same models."""
+    raw = copy.deepcopy(raw)
+    for override in overrides:
+        if override.section == "shared":
+            model, section = shared_settings, raw.setdefault("shared", {})
+        elif override.section in stage_settings:
+            model = stage_settings[override.section]
+            stages = raw.setdefault("stages", {})
+            section = stages.get(override.section)
+            if section is None:
+                section = stages[override.section] = {}
+        else:
+            raise ProfileError(f"--set {override.text!r}: unknown section {override.section!r}: use "
+                               f"'shared' or a stage{_suggest(override.section, ['shared', *stage_settings])}")
+        if override.keys[0] not in model.model_fields:
+            raise ProfileError(f"--set {override.text!r}: {override.section} has no key "
+                               f"{override.keys[0]!r}{_suggest(override.keys[0], model.model_fields)}")
+        for key in override.keys[:-1]:
+            inner = section.get(key)
+            if inner is None:
+                inner = section[key] = {}
+            if not isinstance(inner, dict):
+                raise ProfileError(f"--set {override.text!r}: {key!r} is not a mapping in this profile")
+            section = inner
+        section[override.keys[-1]] = override.value
+    return raw
+
+
 def load_profile(profile: str, stage_names: list[str] | None = None, *,
                  stage_settings: dict[str, type[StageSettings]] | None = None,
-                 shared_settings: type[Section] = SharedSettings) -> Profile:
+                 shared_settings: type[Section] = SharedSettings,
+                 overrides: list[str] | tuple[str, ...] = ()) -> Profile:
     """Read and validate a profile; raise ``ProfileError`` naming the file and key on any problem.
 
     ``stage_names``: the stages the run will execute (default: every stage with a model). A
     stage section for an unknown stage is an error; a stage without a section gets the defaults.
     ``stage_settings`` / ``shared_settings``: the schema (default: this module's; tests of the
-    orchestrator pass toy ones).
+    orchestrator pass toy ones). ``overrides``: ``--set SECTION.KEY=VALUE`` texts applied on top
+    of the file and validated exactly like it (``parse_override``, ``apply_overrides``); an
+    error in an overridden section says which ``--set`` it came from.
     """
     stage_settings = STAGE_SETTINGS if stage_settings is None else stage_settings
     path = profile_path(profile)
@@ -507,19 +575,31 @@ def load_profile(profile: str, stage_names: list[str] | None = None, *,
     for section in ("shared", "stages"):
         if not isinstance(raw.get(section), dict):
             raise ProfileError(f"{path}: missing mapping section '{section}'")
-    shared = _validate(shared_settings, raw["shared"], path, "shared")
+    parsed = [parse_override(text) for text in overrides]
+    raw = apply_overrides(raw, parsed, stage_settings, shared_settings)
+
+    def validated(model, values, prefix: str, section: str):
+        try:
+            return _validate(model, values, path, prefix)
+        except ProfileError as error:
+            texts = [o.text for o in parsed if o.section == section]
+            if texts:
+                raise ProfileError(f"{error} (with --set {', --set '.join(texts)})") from None
+            raise
+
+    shared = validated(shared_settings, raw["shared"], "shared", "shared")
     known_stages = list(stage_names or stage_settings)
     stages: dict[str, StageSettings] = {}
     for stage, values in raw["stages"].items():
         if stage not in stage_settings:
             raise ProfileError(f"{path}: stages.{stage}: unknown stage{_suggest(stage, stage_settings)};"
                                " a new stage needs a settings model in config.STAGE_SETTINGS")
-        stages[stage] = _validate(stage_settings[stage], values, path, f"stages.{stage}")
+        stages[stage] = validated(stage_settings[stage], values, f"stages.{stage}", stage)
     for stage in known_stages:
         if stage in stage_settings and stage not in stages:
             stages[stage] = stage_settings[stage]()
     return Profile(profile=path.stem, description=str(raw.get("description", "")),
-                   shared=shared, stages=stages)
+                   shared=shared, stages=stages, overrides=tuple(overrides))
 
 
 def stage_parameters(profile: Profile, stage: str) -> dict[str, Any]:

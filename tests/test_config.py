@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import dask
 import pytest
@@ -233,3 +234,39 @@ def test_profile_yaml_surprises_are_refused_in_one_short_line(tmp_path, text, wo
 def test_error_messages_show_a_short_typed_prefix_of_a_huge_value():
     assert config.short_value("x" * 10_000) == "str '" + "x" * 39 + "..."
     assert config.short_value(3) == "int 3"
+
+
+# --- --set overrides -----------------------------------------------------------------------------
+
+def test_set_overrides_are_parsed_and_validated_like_the_file():
+    profile = config.load_profile("smoke", overrides=["01_training.training_settings.epochs=2",
+                                                      "shared.top_fraction=0.25",
+                                                      "05_robustness.score_thresholds=[0.8, 0.9]"])
+    assert profile.stages["01_training"].training_settings["epochs"] == 2
+    assert profile.stages["01_training"].training_settings["batch_size"] == \
+        config.load_profile("smoke").stages["01_training"].training_settings["batch_size"]  # the rest kept
+    assert profile.shared.top_fraction == 0.25 and profile.stages["05_robustness"].score_thresholds == [0.8, 0.9]
+    assert profile.overrides[0] == "01_training.training_settings.epochs=2"
+    # the YAML rules of the file hold for --set values too: '128' is a string, 'no' is not a bool
+    for text, words in (("shared.image_size='128'", "valid integer"), ("shared.channels_last=no", "boolean"),
+                        ("shared.image_size=.inf", "image_size"), ("shared.image_siz=128", "did you mean 'image_size'"),
+                        ("shared.image_size", "SECTION.KEY=VALUE"), ("03_validity_gate.steps=[1", "not valid profile YAML"),
+                        ("01_trainng.x=1", "did you mean '01_training'"),
+                        ("01_training.training_settings.epoch=2", "epoch")):
+        with pytest.raises(config.ProfileError, match=re.escape(words)):
+            config.load_profile("smoke", overrides=[text])
+
+
+def test_a_set_override_changes_exactly_the_digests_of_the_stages_that_read_it():
+    base = config.load_profile("smoke")
+    changed = config.load_profile("smoke", overrides=["09_figures.table_digits=4"])
+    differs = [stage for stage in config.STAGE_SETTINGS
+               if config.stage_parameters(base, stage) != config.stage_parameters(changed, stage)]
+    assert differs == ["09_figures"]
+    shared = config.load_profile("smoke", overrides=["shared.score_threshold=0.8"])
+    readers = [stage for stage in config.STAGE_SETTINGS
+               if config.stage_parameters(base, stage) != config.stage_parameters(shared, stage)]
+    assert readers == [s for s, model in config.STAGE_SETTINGS.items() if "score_threshold" in model.uses_shared]
+    from endoexplain_core.pipeline import orchestrator
+    assert orchestrator.stage_overrides(shared, "00_roles") == []
+    assert orchestrator.stage_overrides(shared, "05_robustness") == ["shared.score_threshold=0.8"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -108,6 +109,40 @@ def test_changed_parameter_reruns_that_stage_and_downstream_only(project):
     assert statuses(run(project)) == ["skipped", "ran"]
     table = root / "out" / "figures" / "tiny" / "table_second.csv"
     assert table.read_text() == "value\n2\n"
+
+
+def test_a_set_override_reruns_exactly_the_stages_that_read_the_key_and_is_recorded(project):
+    root, _, profile = project
+    run(project)
+    # 01_second's own key: 00 is reused, 01 reruns with the new value
+    provenance = run(project, overrides=["01_second.value=5"])
+    assert statuses(provenance) == ["skipped", "ran"]
+    assert (root / "out" / "figures" / "tiny" / "table_second.csv").read_text() == "value\n5\n"
+    assert provenance["overrides"] == ["01_second.value=5"]
+    assert [s["overrides"] for s in provenance["stages"]] == [[], ["01_second.value=5"]]
+    page = (root / "out" / "runs" / "tiny" / "index.html").read_text()
+    assert "<code>--set 01_second.value=5</code>" in page
+    # the same override again: nothing changed, nothing reruns; without it, 01 reruns back
+    assert statuses(run(project, overrides=["01_second.value=5"])) == ["skipped", "skipped"]
+    assert statuses(run(project)) == ["skipped", "ran"]
+    # a shared key that 00 reads: 00 reruns, and 01 after it (its inputs may have changed)
+    assert statuses(run(project, overrides=["shared.value=3"])) == ["ran", "ran"]
+    assert (root / "out" / "figures" / "tiny" / "table_first.csv").read_text() == "value\n3\n"
+    assert yaml.safe_load(profile.read_text())["shared"]["value"] == 1   # the file is untouched
+
+
+def test_a_bad_set_override_stops_before_any_work(project, capsys):
+    root = project[0]
+    for bad, word in (("01_second.valu=2", "did you mean 'value'"), ("shared.value=abc", "--set shared.value=abc"),
+                      ("third.value=1", "unknown section")):
+        with pytest.raises(config.ProfileError, match=re.escape(word)):
+            run(project, overrides=[bad])
+    assert not (root / "out" / "runs" / "tiny" / "notebooks").exists()
+    # through the command line: exit 2, one line, nothing run
+    code = orchestrator.main(["--profile", "smoke", "--output-root", str(root / "cli"),
+                              "--set", "01_training.epoch=2"])
+    assert code == 2 and "01_training has no key 'epoch'" in capsys.readouterr().err
+    assert not (root / "cli" / "runs" / "smoke" / "notebooks").exists()
 
 
 def test_changed_upstream_notebook_reruns_downstream(project):

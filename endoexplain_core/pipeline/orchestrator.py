@@ -401,8 +401,15 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  kernel_name: str = KERNEL_NAME,
                  stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
                  shared_settings: type | None = None, scheduler: str | None = None,
-                 allow_insecure_scheduler: bool = False) -> dict[str, Any]:
+                 allow_insecure_scheduler: bool = False,
+                 overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
+
+    ``overrides``: ``--set SECTION.KEY=VALUE`` texts, validated with the profile before any
+    work (``config.load_profile``); they enter the parameters of the stages that read the key,
+    hence those stages' digests (so they rerun, and the stages after them, whose inputs they
+    write; earlier stages are reused), and are listed in ``provenance.json`` (run and stage)
+    and the record.
 
     ``scheduler`` / ``allow_insecure_scheduler`` (``--scheduler`` / ``--allow-insecure-scheduler``)
     replace the profile's ``shared.scheduler`` and, when true, its
@@ -418,7 +425,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     stage_settings = profiles.STAGE_SETTINGS if stage_settings is None else stage_settings
     config = profiles.load_profile(  # every key is checked before any work
         profile, names, stage_settings=stage_settings,
-        shared_settings=shared_settings or profiles.SharedSettings)
+        shared_settings=shared_settings or profiles.SharedSettings, overrides=overrides)
     missing = [name for name in names if name not in stage_settings]
     if missing:
         raise profiles.ProfileError(f"notebooks {missing} have no settings model in "
@@ -459,7 +466,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         stamp_path = paths.stamps / f"{stage}.json"
         stamp = _read_stamp(stamp_path)
         record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
-                  "parameters": parameters, "executed_notebook": str(executed),
+                  "parameters": parameters, "overrides": stage_overrides(config, stage),
+                  "executed_notebook": str(executed),
                   "html": str(executed.with_suffix(".html")), "digest": digest,
                   "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
         records.append(record)
@@ -492,7 +500,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             for later in stages[stages.index(notebook) + 1:]:
                 records.append({"stage": later.stem, "status": "not_run", "seconds": 0.0,
                                 "notebook": str(later.relative_to(notebook_dir.parent))})
-            _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted")
+            _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
+                           config.overrides)
             raise
         record["seconds"] = round(time.perf_counter() - stage_started, 2)
         after = _figure_snapshot(paths.figures_dir)
@@ -508,7 +517,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             log.info("[%s] done in %.1f s", stage, record["seconds"])
 
     provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
-                                "failed" if failure else "complete")
+                                "failed" if failure else "complete", config.overrides)
     if failure is not None:
         raise failure
     return provenance
@@ -544,13 +553,28 @@ def _mark_running(provenance_path: Path) -> None:
         files.write_json_atomic(provenance_path, previous)
 
 
+def stage_overrides(config: profiles.Profile, stage: str) -> list[str]:
+    """The ``--set`` texts that reach ``stage``'s parameters: its own section's, and the shared
+    keys it uses (``uses_shared``)."""
+    settings = config.stage_settings(stage)
+    reached = []
+    for text in config.overrides:
+        override = profiles.parse_override(text)
+        if override.section == stage or (override.section == "shared"
+                                         and override.keys[0] in settings.uses_shared):
+            reached.append(text)
+    return reached
+
+
 def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: str,
-                   records: list[dict[str, Any]], started: float, status: str) -> dict[str, Any]:
+                   records: list[dict[str, Any]], started: float, status: str,
+                   overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write ``provenance.json`` and the run record with ``status`` (complete, failed or
     interrupted); return the provenance."""
     provenance = {
         "profile": profile_name,
         "config_file": str(profiles.profile_path(profile)),
+        "overrides": list(overrides),
         "data_root": data_root or "(embedded synthetic cohort)",
         "git": git_state(),
         "packages": package_versions(),
@@ -600,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="accept a plain tcp://HOST:PORT scheduler (unencrypted and "
                              "unauthenticated: anyone reaching the port can run code on its "
                              "workers); profile key shared.allow_insecure_scheduler")
+    parser.add_argument("--set", action="append", default=[], dest="overrides",
+                        metavar="SECTION.KEY=VALUE",
+                        help="override one profile setting for this run, validated like the file, "
+                             "e.g. --set 01_training.training_settings.epochs=1 or --set "
+                             "shared.image_size=128 (repeatable; recorded in provenance.json)")
     parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
@@ -611,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
                                   only=args.only, adopt_manifest=args.adopt_manifest,
                                   output_root=Path(args.output_root),
                                   wait_for_lock=args.wait_for_lock, scheduler=args.scheduler,
-                                  allow_insecure_scheduler=args.allow_insecure_scheduler)
+                                  allow_insecure_scheduler=args.allow_insecure_scheduler,
+                                  overrides=args.overrides)
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2

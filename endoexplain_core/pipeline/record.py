@@ -395,6 +395,9 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
              f"<code>{escape(str(provenance.get('manifest_digest')))[:12]}</code>; data: "
              f"{escape(str(provenance.get('data_root', '')))}</li>",
              f"<li>CPU numerics: {escape(_cpu_numerics_text(provenance))}</li>",
+             *([f"<li>profile overrides (the run is not the profile file's): "
+                + "; ".join(f"<code>--set {escape(text)}</code>" for text in provenance["overrides"])
+                + "</li>"] if provenance.get("overrides") else []),
              f"<li><strong>{_link(run_dir / 'cases' / 'index.html', run_dir, 'Case browser')}</strong>: "
              "every audited image with its maps, filterable</li>",
              f"<li>{_link(run_dir / 'provenance.json', run_dir, 'provenance.json')} | "
