@@ -320,6 +320,24 @@ def test_c_score_matches_the_weighted_pair_loop_and_is_block_invariant():
         loc.c_score(maps[:1], weights[:1])
 
 
+def test_pairwise_soft_iou_is_the_c_scores_pair_matrix():
+    generator = torch.Generator().manual_seed(5)
+    maps = torch.rand(7, 24, 24, generator=generator) ** 2
+    maps[4] = 0
+    weights = torch.rand(7, generator=generator).double()
+    matrix = loc.pairwise_soft_iou(maps, resolution=12, block_size=3)
+    assert torch.allclose(matrix, matrix.T) and torch.allclose(torch.diagonal(matrix), torch.ones(7, dtype=torch.float64))
+    prepared = torch.where(maps.amax(dim=(1, 2), keepdim=True) > 0, maps, torch.ones_like(maps))
+    resized = torch.nn.functional.adaptive_avg_pool2d(prepared[:, None], 12)[:, 0]
+    assert matrix[1, 5].item() == pytest.approx(loc.soft_iou(resized[1], resized[5]).item(), rel=1e-6)
+    upper = torch.triu(torch.ones(7, 7, dtype=torch.bool), diagonal=1)
+    pair_weights = weights[:, None] * weights[None, :]
+    assert loc.c_score(maps, weights, resolution=12) == pytest.approx(
+        float((matrix * pair_weights)[upper].sum() / pair_weights[upper].sum()), rel=1e-9)
+    native = loc.pairwise_soft_iou(maps, resolution=None)          # no pooling
+    assert native[1, 5].item() == pytest.approx(loc.soft_iou(prepared[1], prepared[5]).item(), rel=1e-6)
+
+
 # --- the analysis of notebook 07 ------------------------------------------------------------------
 
 def _cases(count: int, size: int = 64, seed: int = 0):
@@ -357,6 +375,12 @@ def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
     centre = c_scores.set_index("method").loc["centre"]
     if centre["n_gold"] >= 2:
         assert centre["c_score"] == pytest.approx(1.0)
+        rows = c_scores.set_index("method")
+        assert (rows["c_score_ci_low"] <= rows["c_score"] + 1e-12).all()
+        assert (rows["c_score"] <= rows["c_score_ci_high"] + 1e-12).all()
+        # the random reference without pooling sits below the pooled one (its noise is not averaged)
+        assert rows.loc["random", "c_score_native"] < rows.loc["random", "c_score"]
+        assert rows.drop(index="random")["c_score_native"].isna().all()
     assert table["auc_iou"].between(0, 0.9 + 1e-6).all()
     assert table["pointing_chance"].between(0, 1).all()
     assert (table.loc[table["saliency_free"], "energy_lift_bits"] == 0).all()

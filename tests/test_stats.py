@@ -285,3 +285,33 @@ def test_classifier_intervals_weighted_ap_matches_sklearn_and_rates_take_wilson(
         stats.wilson_interval(correct, len(z)))
     auprc = result["auprc"]
     assert auprc["ci_low"] <= auprc["estimate"] <= auprc["ci_high"]
+
+
+def test_weighted_pair_mean_bootstrap_matches_a_loop_over_distinct_drawn_pairs():
+    """Independent reference: each replicate written out as a double loop over the drawn list,
+    pairing positions that hold different images, with the same multinomial draws."""
+    rng = np.random.default_rng(2)
+    n = 9
+    similarity = rng.uniform(0, 1, (n, n))
+    similarity = (similarity + similarity.T) / 2
+    np.fill_diagonal(similarity, 1.0)
+    weights = rng.uniform(0.5, 1.0, n)
+    result = stats.weighted_pair_mean_ci(similarity, weights, replicates=300, seed=11)
+    iu = np.triu_indices(n, 1)
+    pair_weights = np.outer(weights, weights)
+    assert result["estimate"] == pytest.approx((similarity * pair_weights)[iu].sum() / pair_weights[iu].sum())
+    counts = np.random.default_rng(11).multinomial(n, np.full(n, 1.0 / n), size=300)
+    means = []
+    for row in counts:
+        drawn = np.repeat(np.arange(n), row)
+        numerator = denominator = 0.0
+        for a in range(len(drawn)):
+            for b in range(a + 1, len(drawn)):
+                i, j = drawn[a], drawn[b]
+                if i != j:
+                    numerator += weights[i] * weights[j] * similarity[i, j]
+                    denominator += weights[i] * weights[j]
+        means.append(numerator / denominator)
+    assert [result["ci_low"], result["ci_high"]] == pytest.approx(np.percentile(means, [2.5, 97.5]))
+    assert result["replicates_used"] == 300
+    assert np.isnan(stats.weighted_pair_mean_ci(similarity[:1, :1], weights[:1])["ci_low"])

@@ -55,6 +55,11 @@ EXTENDED_METHODS = MODEL_METHODS + BASELINE_METHODS + EXTENDED_BASELINE_METHODS
 IOU_LEVELS = (0.3, 0.5, 0.7)                                     # single thresholds reported
 GOLD_SCORE = 0.5                                                  # correctly classified
 C_SCORE_RESOLUTION = 64
+# The C-Score's image-bootstrap interval needs the (n, n) pair matrix: up to this many gold images.
+C_SCORE_BOOTSTRAP_MAX_IMAGES = 3000
+# The random heatmap's C-Score at the native input size (no pooling), on up to this many gold
+# images: pooling to 64 px averages its noise towards a flat map and raises it (about 0.5 -> 0.8).
+NATIVE_REFERENCE_IMAGES = 256
 CONSTANT_NOTE = ("Constant (all-zero) maps: IoU 0 at every threshold > 0; uniform (0 bits) in "
                  "the energy lift and in the C-Score; arbitrary pointing peak. Counted in n_constant.")
 
@@ -152,7 +157,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     model = model.to(torch_device).eval()
     _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     excluded: list[str] = []
-    frames, gold_maps, gold_weights = [], {m: [] for m in EXTENDED_METHODS}, []
+    frames, gold_maps, gold_weights, native_random = [], {m: [] for m in EXTENDED_METHODS}, [], []
     cam_seconds = metric_seconds = 0.0
     for ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
         images, masks = images.to(torch_device), masks.to(torch_device)
@@ -174,6 +179,8 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
             gold_weights.append(scaled[gold])
             for method in EXTENDED_METHODS:
                 gold_maps[method].append(_small_maps(maps[method][torch.from_numpy(gold).to(torch_device)]))
+            if sum(len(m) for m in native_random) < NATIVE_REFERENCE_IMAGES:
+                native_random.append(maps["random"][torch.from_numpy(gold).to(torch_device)].float().cpu())
         for method in EXTENDED_METHODS:
             frame = pd.DataFrame(columns[method])
             frame.insert(0, "sample_id", ids)
@@ -189,19 +196,36 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     for position, (name, value) in enumerate(constants.items()):
         table.insert(position, name, value)
     weights = np.concatenate(gold_weights) if gold_weights else np.zeros(0)
-    c_rows = []
-    for method in EXTENDED_METHODS:
-        value = (localisation.c_score(torch.cat(gold_maps[method]), torch.from_numpy(weights),
-                                      resolution=C_SCORE_RESOLUTION)
-                 if len(weights) >= 2 else float("nan"))
-        n_constant = int(sum((m.flatten(1).amax(1) <= 0).sum() for m in gold_maps[method]))
-        c_rows.append({**constants, "method": method, "n_gold": len(weights),
-                       "n_audited": int(table["sample_id"].nunique()), "n_constant": n_constant,
-                       "c_score": value})
+    c_rows = [{**constants, "method": method, "n_gold": len(weights),
+               "n_audited": int(table["sample_id"].nunique()),
+               "n_constant": int(sum((m.flatten(1).amax(1) <= 0).sum() for m in gold_maps[method])),
+               **c_score_with_interval(torch.cat(gold_maps[method]) if gold_maps[method] else None, weights)}
+              for method in EXTENDED_METHODS]
+    native = torch.cat(native_random)[:NATIVE_REFERENCE_IMAGES] if native_random else None
+    for row in c_rows:   # the random reference without pooling, beside the pooled one
+        row["c_score_native"] = (localisation.c_score(native, torch.from_numpy(weights[:len(native)]),
+                                                      resolution=native.shape[-1])
+                                 if row["method"] == "random" and native is not None and len(native) >= 2
+                                 else float("nan"))
     summary = {**constants, "n_audited": int(table["sample_id"].nunique()),
                "n_empty_masks_excluded": len(excluded), "cam_seconds": round(cam_seconds, 3),
                "metric_seconds": round(metric_seconds, 3)}
     return table, pd.DataFrame(c_rows), summary
+
+
+def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray) -> dict[str, float]:
+    """The C-Score of the gold maps (N, 64, 64) with its image-bootstrap 95% interval
+    (``stats.weighted_pair_mean_ci`` over ``localisation.pairwise_soft_iou``; the interval is
+    NaN above ``C_SCORE_BOOTSTRAP_MAX_IMAGES`` images or under 2). Keys: c_score, c_score_ci_low,
+    c_score_ci_high."""
+    if maps is None or len(weights) < 2:
+        return {"c_score": float("nan"), "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
+    value = localisation.c_score(maps, torch.from_numpy(weights), resolution=C_SCORE_RESOLUTION)
+    if len(weights) > C_SCORE_BOOTSTRAP_MAX_IMAGES:
+        return {"c_score": value, "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
+    interval = stats.weighted_pair_mean_ci(
+        localisation.pairwise_soft_iou(maps, resolution=C_SCORE_RESOLUTION).numpy(), weights)
+    return {"c_score": value, "c_score_ci_low": interval["ci_low"], "c_score_ci_high": interval["ci_high"]}
 
 
 def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: ExtendedSettings

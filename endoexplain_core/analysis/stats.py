@@ -124,6 +124,45 @@ def percentile_interval(replicate_values: np.ndarray, level: float = CONFIDENCE_
     return low, high
 
 
+def weighted_pair_mean_ci(similarity, weights, replicates: int = SPATIAL_REPLICATES,
+                          seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL) -> dict:
+    """A weighted mean over the pairs of distinct images, sum_{i<j} w_i w_j S_ij /
+    sum_{i<j} w_i w_j (the C-Score), with an image-bootstrap percentile interval.
+
+    ``similarity``: symmetric (n, n) pair statistic (diagonal ignored); ``weights``: (n,) >= 0.
+    A replicate draws n images with replacement; with c_i the times image i is drawn, it is
+    the same mean over the pairs of *distinct* drawn images: sum_{i != j} c_i c_j w_i w_j S_ij /
+    sum_{i != j} c_i c_j w_i w_j (a repeat of one image is never paired with itself, which
+    would count a map as agreeing with itself). A replicate without two distinct weighted
+    images is skipped. Returns {"estimate", "ci_low", "ci_high", "n", "replicates_used"}.
+    """
+    matrix = np.asarray(similarity, dtype=float)
+    weights = np.asarray(weights, dtype=float)
+    n = len(weights)
+    if matrix.shape != (n, n):
+        raise ValueError(f"similarity must be (n, n) for n = {n} weights; got {matrix.shape}")
+    off_diagonal = matrix - np.diag(np.diag(matrix))
+
+    def pair_mean(counts: np.ndarray) -> np.ndarray:
+        drawn = counts * weights                                    # (R, n): c_i w_i
+        numerator = np.einsum("ri,ij,rj->r", drawn, off_diagonal, drawn)
+        denominator = drawn.sum(axis=1) ** 2 - (drawn ** 2).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), np.nan)
+
+    estimate = float(pair_mean(np.ones((1, n)))[0]) if n >= 2 else float("nan")
+    if n < 2:
+        return {"estimate": estimate, "ci_low": np.nan, "ci_high": np.nan, "n": n, "replicates_used": 0}
+    generator = np.random.default_rng(seed)
+    counts = generator.multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(float)
+    means = pair_mean(counts)
+    means = means[np.isfinite(means)]
+    tail = (1 - level) / 2 * 100
+    low, high = (np.percentile(means, [tail, 100 - tail]) if len(means) else (np.nan, np.nan))
+    return {"estimate": estimate, "ci_low": float(low), "ci_high": float(high), "n": n,
+            "replicates_used": int(len(means))}
+
+
 def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = BOOTSTRAP_SEED,
                       level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
     """Mean of ``values`` with an image-bootstrap percentile interval.

@@ -102,7 +102,13 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
     fig.colorbar(image, ax=ax, label="C-Score", shrink=0.9)
     ax.set_title(title or "C-Score: consistency of each method across correctly classified images",
                  fontsize=8)
-    style.footnote(fig, C_SCORE_NOTE + " n: correctly classified (gold) images per checkpoint.")
+    native = (c_scores.loc[c_scores["method"] == "random", "c_score_native"].dropna()
+              if "c_score_native" in c_scores.columns else pd.Series(dtype=float))
+    native_note = (f" At the native input size (no pooling) the random heatmap scores "
+                   f"{native.min():.2f}" + (f"\u2013{native.max():.2f}" if native.max() - native.min() >= 0.005 else "")
+                   + "." if len(native) else "")
+    style.footnote(fig, C_SCORE_NOTE + native_note + " n: correctly classified (gold) images per "
+                   "checkpoint; 95% image-bootstrap intervals in table_s_extended_c_score.")
     return fig
 
 

@@ -433,19 +433,42 @@ def c_score(maps: torch.Tensor, weights: torch.Tensor, resolution: int = 64,
     pair_total = (weights.sum() ** 2 - (weights ** 2).sum()) / 2
     if pair_total <= 0:
         raise ValueError("c_score needs a positive weight on at least two maps")
-    constant = maps.amax(dim=(1, 2)) <= 0
-    maps = torch.where(constant[:, None, None], torch.ones_like(maps), maps)
-    if maps.shape[-2:] != (resolution, resolution):
-        maps = F.adaptive_avg_pool2d(maps[:, None].float(), resolution)[:, 0]
-    flat = maps.reshape(count, -1).double()
-    mass = flat.sum(dim=1)
     weighted_sum = torch.zeros((), dtype=torch.float64, device=maps.device)
-    for start in range(0, count, block_size):
-        stop = min(start + block_size, count)
-        distance = torch.cdist(flat[start:stop], flat, p=1)               # (b, N)
-        both = mass[start:stop, None] + mass[None, :]
-        similarity = (both - distance) / (both + distance).clamp(min=1e-300)
+    for start, stop, similarity in _soft_iou_blocks(maps, resolution, block_size):
         pair_weights = weights[start:stop, None] * weights[None, :]
         upper = torch.arange(start, stop, device=maps.device)[:, None] < torch.arange(count, device=maps.device)[None, :]
         weighted_sum += (similarity * pair_weights * upper).sum()
     return float(weighted_sum / pair_total)
+
+
+def _soft_iou_blocks(maps: torch.Tensor, resolution: int | None, block_size: int):
+    """Yield (start, stop, soft IoU of maps[start:stop] with every map (b, N), float64) after
+    the C-Score's preparation: all-zero maps count as uniform, maps area-resized to
+    ``resolution`` (None: as they are)."""
+    count = maps.shape[0]
+    constant = maps.amax(dim=(1, 2)) <= 0
+    maps = torch.where(constant[:, None, None], torch.ones_like(maps), maps)
+    if resolution is not None and maps.shape[-2:] != (resolution, resolution):
+        maps = F.adaptive_avg_pool2d(maps[:, None].float(), resolution)[:, 0]
+    flat = maps.reshape(count, -1).double()
+    mass = flat.sum(dim=1)
+    for start in range(0, count, block_size):
+        stop = min(start + block_size, count)
+        distance = torch.cdist(flat[start:stop], flat, p=1)               # (b, N)
+        both = mass[start:stop, None] + mass[None, :]
+        yield start, stop, (both - distance) / (both + distance).clamp(min=1e-300)
+
+
+def pairwise_soft_iou(maps: torch.Tensor, resolution: int | None = 64, block_size: int = 256) -> torch.Tensor:
+    """float64 (N, N): the soft IoU of every pair of N non-negative maps (N, H, W), prepared as
+    ``c_score`` prepares them (all-zero maps uniform, area-resized to ``resolution``; None keeps
+    the native size); the diagonal is 1. ``c_score`` is its weighted mean over the pairs i < j;
+    the matrix is what a bootstrap over images needs (``analysis.stats.weighted_pair_mean_ci``).
+    Memory O(N^2)."""
+    _check_maps(maps)
+    if (maps < 0).any():
+        raise ValueError("pairwise_soft_iou needs non-negative maps")
+    matrix = torch.empty((maps.shape[0], maps.shape[0]), dtype=torch.float64, device=maps.device)
+    for start, stop, similarity in _soft_iou_blocks(maps, resolution, block_size):
+        matrix[start:stop] = similarity
+    return matrix
