@@ -2,7 +2,9 @@
 
 foundation (config, methods, marks, artefacts) < kernels < data < models < analysis < figures < pipeline.
 A module may import its own layer and the layers below it; an upward import (e.g. an analysis
-module importing a figure) would tie the tested core to plotting and is refused here.
+module importing a figure) would tie the tested core to plotting and is refused here. No import
+circle either, inside a layer or across, counting imports inside functions too (a local import
+hides a circle from Python, not from the design).
 """
 
 import ast
@@ -64,3 +66,72 @@ def test_layering_rule_catches_an_upward_import(tmp_path):
     bad.write_text("from endoexplain_core.figures import style\n")
     upward = [n for n in core_imports(bad) if LAYERS.index(layer_of(n)) > LAYERS.index("analysis")]
     assert upward == ["endoexplain_core.figures"]
+
+
+def module_name(path: Path, core: Path = CORE) -> str:
+    return ("endoexplain_core." + ".".join(path.relative_to(core).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def import_graph(paths=MODULES, core: Path = CORE) -> dict[str, set[str]]:
+    """module -> the core modules it imports anywhere in its file; ``from pkg import name``
+    points at ``pkg.name`` when that is a module, else at ``pkg``; package ``__init__`` files
+    are left out (they only mark packages)."""
+    modules = {module_name(p, core): p for p in paths if p.name != "__init__.py"}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("endoexplain_core"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("endoexplain_core")}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle_anywhere_in_the_core():
+    assert import_circles(import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle_inside_a_layer_even_through_a_local_import(tmp_path):
+    core = tmp_path / "endoexplain_core"
+    package = core / "analysis"
+    package.mkdir(parents=True)
+    (package / "first.py").write_text("from endoexplain_core.analysis import second\n")
+    (package / "second.py").write_text("def late():\n    from endoexplain_core.analysis import first\n")
+    (package / "third.py").write_text("from endoexplain_core.analysis import first\n")
+    graph = import_graph(sorted(package.glob("*.py")), core=core)
+    assert import_circles(graph) == [["endoexplain_core.analysis.first", "endoexplain_core.analysis.second"]]

@@ -163,6 +163,18 @@ def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size
     return to_normalised_tensor(resize_rgb(image, image_size)), torch.from_numpy(resized_mask)
 
 
+def pool_images(pool: pd.DataFrame, data_root: str | Path, image_size: int) -> tuple[list[str], torch.Tensor]:
+    """(sample ids, normalised float32 (N, 3, S, S) images) of a masked pool, as the audit
+    prepares them; cases whose mask is empty at this size are left out, as in the audit."""
+    ids, images = [], []
+    for sample_id, image, mask in manifest_cases(pool, data_root):
+        tensor, resized_mask = prepare_case(sample_id, image, mask, image_size)
+        if resized_mask.any():
+            ids.append(sample_id)
+            images.append(tensor)
+    return ids, torch.stack(images)
+
+
 def prepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
     """Group prepared cases into batches; empty masks go to ``excluded`` instead.
 

@@ -242,20 +242,6 @@ def not_independent_pairs(identity: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 
-def pool_images(pool: pd.DataFrame, data_root: str | Path, image_size: int) -> tuple[list[str], torch.Tensor]:
-    """(sample ids, normalised float32 (N, 3, S, S) images) of a masked pool, as the audit
-    prepares them; cases whose mask is empty at this size are left out, as in the audit."""
-    from endoexplain_core.analysis import audit  # local: audit imports this module
-
-    ids, images = [], []
-    for sample_id, image, mask in audit.manifest_cases(pool, data_root):
-        tensor, resized_mask = audit.prepare_case(sample_id, image, mask, image_size)
-        if resized_mask.any():
-            ids.append(sample_id)
-            images.append(tensor)
-    return ids, torch.stack(images)
-
-
 def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice`` and
     ``independent_evidence`` added from ``practical_identity`` (matched on first, second)."""
