@@ -34,8 +34,6 @@ PROFILES = ("smoke", "default", "paper")
 # Classifiers the training matrix can build (models.networks builds exactly these).
 ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
 EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
-# Parameters every stage receives from the orchestrator, not from the profile.
-RUN_PATH_KEYS = ("profile", "run_dir", "figures_dir", "data_root", "manifest_reference_dir")
 # Keys that choose where work runs, not what it computes: left out of stage digests.
 EXECUTION_KEYS = ("scheduler", "allow_insecure_scheduler")
 # Scheduler settings by shape (pipeline.tasks.parse_scheduler decides, with

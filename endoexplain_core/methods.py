@@ -46,7 +46,6 @@ REGISTRY: tuple[MapMethod, ...] = (
     MapMethod("centre", "Centre baseline", "#e6ab02", "baseline", False, True),
     MapMethod("dog", "DoG conspicuity", "#000000", "extended_baseline", False, True),
 )
-BY_NAME = {method.name: method for method in REGISTRY}
 
 # The paper's five CAM methods (Table 4 rows, in this order).
 CAM_METHODS = tuple(m.name for m in REGISTRY if m.kind == "cam")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -398,11 +398,3 @@ def localisation_outcomes(model, metadata: dict, temperature: float, prepared: P
                 "pointing_hit": hits.double().cpu().numpy(),
                 "pointing_chance": chance.double().cpu().numpy()}))
     return pd.concat(parts, ignore_index=True).assign(checkpoint_id=str(metadata["checkpoint_id"]))
-
-
-def settings_record(*settings) -> dict:
-    """The settings dataclasses as one flat dict (for the notebook and the run record)."""
-    record: dict = {}
-    for item in settings:
-        record.update(asdict(item))
-    return record

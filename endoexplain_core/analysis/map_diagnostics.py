@@ -235,13 +235,6 @@ def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, i
     return identity, epsilon
 
 
-def not_independent_pairs(identity: pd.DataFrame) -> list[tuple[str, str]]:
-    """Method pairs that are not independent evidence (by construction or in practice)."""
-    flagged = identity[~identity["independent_evidence"]]
-    return list(zip(flagged["first"], flagged["second"]))
-
-
-
 def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice`` and
     ``independent_evidence`` added from ``practical_identity`` (matched on first, second)."""

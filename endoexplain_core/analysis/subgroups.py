@@ -80,8 +80,6 @@ MODELS = ("M0", "M1", "M2", "M3")
 CONFOUNDER_MODEL = "Mc"
 PRECEDING = ("fov_area",)
 ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
-MODEL_LABELS = {"M0": "subgroup only", "M1": "+ case mix", "M2": "+ classifier margin, correctness",
-                "M3": "+ DoG conspicuity"}
 TOST_ALPHA = 0.05
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
 WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
