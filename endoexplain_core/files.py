@@ -77,6 +77,11 @@ def replace_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     return path
 
 
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` atomically."""
+    return replace_atomically(path, lambda temporary: temporary.write_bytes(data))
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write UTF-8 ``text`` atomically."""
     return replace_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

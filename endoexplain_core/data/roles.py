@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -240,21 +239,13 @@ def manifest_bytes(manifest: pd.DataFrame) -> bytes:
     return manifest.to_csv(index=False, lineterminator="\n").encode("utf-8")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to ``<path>.tmp`` then rename, so a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
-
-
 def write_manifest(manifest: pd.DataFrame, manifest_dir: str | Path) -> str:
     """Write ``manifest.csv`` and ``manifest.sha256`` (hex digest + newline); return the digest."""
     manifest_dir = Path(manifest_dir)
     data = manifest_bytes(manifest)
     digest = files.sha256_bytes(data)
-    _atomic_write(manifest_dir / MANIFEST_FILE, data)
-    _atomic_write(manifest_dir / DIGEST_FILE, (digest + "\n").encode())
+    files.write_bytes_atomic(manifest_dir / MANIFEST_FILE, data)
+    files.write_bytes_atomic(manifest_dir / DIGEST_FILE, (digest + "\n").encode())
     return digest
 
 
@@ -339,8 +330,8 @@ def _mismatch(manifest_path: Path, reference_dir: Path, summary: str) -> Manifes
 
 def _adopt(new_bytes: bytes, reference_dir: Path) -> None:
     """Copy a manifest's bytes and digest over the committed reference (temporary + rename)."""
-    _atomic_write(reference_dir / MANIFEST_FILE, new_bytes)
-    _atomic_write(reference_dir / DIGEST_FILE, (files.sha256_bytes(new_bytes) + "\n").encode())
+    files.write_bytes_atomic(reference_dir / MANIFEST_FILE, new_bytes)
+    files.write_bytes_atomic(reference_dir / DIGEST_FILE, (files.sha256_bytes(new_bytes) + "\n").encode())
 
 
 def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, *,
@@ -388,7 +379,7 @@ def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_
         # The digest goes first: a manifest.csv without one is refused by every stage.
         (manifest_dir / DIGEST_FILE).unlink(missing_ok=True)
         (manifest_dir / MANIFEST_FILE).unlink(missing_ok=True)
-        _atomic_write(manifest_dir / REJECTED_FILE, data)
+        files.write_bytes_atomic(manifest_dir / REJECTED_FILE, data)
         raise _mismatch(manifest_dir / REJECTED_FILE, reference_dir, summary)
     digest = write_manifest(manifest, manifest_dir)
     (manifest_dir / REJECTED_FILE).unlink(missing_ok=True)

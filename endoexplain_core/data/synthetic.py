@@ -47,6 +47,7 @@ import imagehash
 import numpy as np
 from PIL import Image, ImageDraw
 
+from endoexplain_core import files
 from endoexplain_core.data.imageio import read_mask, read_rgb
 
 GENERATOR_VERSION = 1
@@ -804,8 +805,4 @@ def contact_sheet(root: str | Path, out_png: str | Path, *, per_row: int = 6,
             tile = Image.fromarray(image)
             tile.thumbnail((thumb, thumb))
             sheet.paste(tile, (label_width + column * (thumb + gap), top))
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out_png.with_name(out_png.name + ".tmp")
-    sheet.save(temporary, format="PNG")
-    os.replace(temporary, out_png)
-    return out_png
+    return files.replace_atomically(out_png, lambda temporary: sheet.save(temporary, format="PNG"))

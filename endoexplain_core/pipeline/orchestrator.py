@@ -257,9 +257,7 @@ def export_html(executed: Path) -> Path:
 
     notebook = nbformat.read(executed, as_version=4)
     body, _ = HTMLExporter().from_notebook_node(notebook)
-    html = executed.with_suffix(".html")
-    html.write_text(body)
-    return html
+    return files.write_text_atomic(executed.with_suffix(".html"), body)
 
 
 def execute_stage(notebook: Path, executed: Path, parameters: dict[str, Any],
