@@ -589,18 +589,3 @@ def cost_ratio(summaries: Iterable[dict]) -> float:
 def with_note(table: pd.DataFrame, note: str = CONSTANT_NOTE) -> pd.DataFrame:
     """The table with a ``note`` column saying how constant maps were treated."""
     return table.assign(note=note)
-
-
-def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names) -> dict[str, pd.DataFrame]:
-    """Cases of the external cohorts that exist under ``data_root`` (``cohorts.read_cohort``),
-    minus those whose bytes or average hash overlap the HyperKvasir manifest (the rule of
-    notebook 06, ``transfer.hash_audit`` / ``exclude_manifest_overlap``)."""
-    data_root = Path(data_root)
-    present = [name for name in cohort_names if (data_root / cohorts.DATASET_FOLDERS[name]).is_dir()]
-    if not present:
-        return {}
-    read = {name: cohorts.read_cohort(name, data_root) for name in present}
-    cases = {name: table for name, (table, _) in read.items()}
-    overlaps = transfer.hash_audit(cases, load_manifest(Path(run_dir) / "manifest" / "manifest.csv"))
-    return {name: transfer.exclude_manifest_overlap(table, overlaps, read[name][1])
-            for name, table in cases.items()}

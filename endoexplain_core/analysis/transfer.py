@@ -27,6 +27,7 @@ import pandas as pd
 from endoexplain_core.analysis import audit, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
+from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.methods import method_label
 
 MANIFEST_NAME = "hyperkvasir"
@@ -301,3 +302,21 @@ def no_negatives_statement(cohort_cases: dict[str, pd.DataFrame]) -> str:
     return (f"The {total} analysed external cases ({names}) all carry a lesion mask: "
             f"{negatives} negative images. Without negatives, no external AUPRC, specificity or "
             f"calibration can be estimated; these cohorts support spatial transfer only.")
+
+
+def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names, *,
+                   required: bool = False) -> dict[str, pd.DataFrame]:
+    """The external cohorts' cases, minus those whose bytes or average hash overlap the run's
+    HyperKvasir manifest (``hash_audit`` / ``exclude_manifest_overlap``): the one rule of
+    notebooks 06, 07, 08 and the case browser. Cohorts whose folder is missing under
+    ``data_root`` are left out, or, with ``required``, stop with ``cohorts.CohortError``
+    naming the folder (``cohorts.read_cohort``)."""
+    data_root = Path(data_root)
+    present = [name for name in cohort_names
+               if required or (data_root / cohorts.DATASET_FOLDERS[name]).is_dir()]
+    if not present:
+        return {}
+    read = {name: cohorts.read_cohort(name, data_root) for name in present}
+    cases = {name: table for name, (table, _) in read.items()}
+    overlaps = hash_audit(cases, load_manifest(Path(run_dir) / "manifest" / "manifest.csv"))
+    return {name: exclude_manifest_overlap(table, overlaps, read[name][1]) for name, table in cases.items()}

@@ -339,7 +339,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     the HyperKvasir pool (``audit/hyperkvasir``) and each external cohort it was audited on
     (``audit/<cohort>``; ``cohort_names`` limits them). On the synthetic cohort (no
     ``data_root``) the cohorts are named "Synthetic ETIS-like" etc. Returns the page's path."""
-    from endoexplain_core.analysis import extended_localisation, transfer
+    from endoexplain_core.analysis import transfer
     from endoexplain_core.config import resolve_data_root
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import load_manifest
@@ -359,7 +359,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
         pool = audit.masked_pool(load_manifest(manifest_path))
         pool_label = "Synthetic HyperKvasir-like (audit pool)" if synthetic else "HyperKvasir (audit pool)"
         sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root))
-    external = extended_localisation.external_cases(run_dir, cohort_root, names)
+    external = transfer.external_cases(run_dir, cohort_root, names)
     for name, cases in external.items():
         sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root))
 
