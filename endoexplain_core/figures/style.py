@@ -17,8 +17,7 @@ from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
     NOT_VALIDATED_MARK, method_label,
 )
 
-ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
-               "convnext_tiny": "ConvNeXt-Tiny"}
+from endoexplain_core.presentation import ARCH_LABELS  # noqa: E402 (one home for display names)
 
 # Architectures are told apart by marker and grey level, never by a colour that means a CAM
 # method elsewhere (ConvNeXt-Tiny used to be HiResCAM's pink).

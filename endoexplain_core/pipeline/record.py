@@ -29,7 +29,7 @@ import pandas as pd
 
 from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.validity_gate import DAGGER
-from endoexplain_core import artefacts, files, marks
+from endoexplain_core import artefacts, files, marks, presentation
 from endoexplain_core.figures import style
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.pipeline import summary
@@ -462,74 +462,8 @@ FINAL_TABLES = {"table2_roles": "00_roles", "table3_calibration": "02_calibratio
                 "table5_adjusted_model": "05_robustness",
                 "table_source_category": "02_calibration", "table_transfer": "06_transfer"}
 FINAL_PREFIX = "final_"
-CI_SUFFIXES = ("_ci_low", "_ci_high")
-
-
-def _format_number(value, digits: int = 3) -> str:
-    return "" if pd.isna(value) else f"{value:.{digits}f}"
-
-
-def _format_integer(value) -> str:
-    return "" if pd.isna(value) else f"{int(value):,}"
-
-
-def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
-    """(estimate, low, high) column triples: ``x, x_ci_low, x_ci_high`` anywhere, and bare
-    ``ci_low, ci_high`` that directly follow their estimate column."""
-    triples = []
-    for column in columns:
-        low, high = f"{column}{CI_SUFFIXES[0]}", f"{column}{CI_SUFFIXES[1]}"
-        if low in columns and high in columns:
-            triples.append((column, low, high))
-    position = {c: i for i, c in enumerate(columns)}
-    if "ci_low" in position and "ci_high" in position and position["ci_low"] > 0:
-        estimate = columns[position["ci_low"] - 1]
-        if (estimate, "ci_low", "ci_high") not in triples:
-            triples.append((estimate, "ci_low", "ci_high"))
-    return triples
-
-
-def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """One consistent presentation of a paper table.
-
-    Estimates with CI columns become ``"0.471 (0.395 to 0.547)"`` under ``<name> (95% CI)``
-    ("to", never a dash that could be read as a minus sign with negative bounds); other floats
-    are rounded to ``digits``; whole-number columns (counts) print as integers with thousands
-    separators; p-value columns (``p``, ``p_value``, ``p_holm``, ...) show ``<0.001``; map
-    methods and architectures get their display labels (Eigen-CAM*), and a ``method`` column
-    is dropped when a ``label`` column already shows it; underscores in column names become
-    spaces.
-    """
-    shown = table.copy()
-    if "method" in shown.columns:
-        shown["method"] = shown["method"].map(lambda m: style.method_label(m) if isinstance(m, str) else m)
-        # A label may already carry the validity gate's dagger ("Grad-CAM†"): still the same name.
-        undaggered = shown["label"].astype(str).str.rstrip(DAGGER) if "label" in shown.columns else None
-        if undaggered is not None and (undaggered == shown["method"]).all():
-            shown = shown.drop(columns="method")
-    if "arch" in shown.columns:
-        shown["arch"] = shown["arch"].map(lambda a: style.ARCH_LABELS.get(a, a))
-    columns = list(shown.columns)
-    for estimate, low, high in _ci_columns(columns):
-        combined = [("" if pd.isna(e) else f"{_format_number(e, digits)} "
-                     f"({_format_number(lo, digits)} to {_format_number(hi, digits)})")
-                    for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
-        shown[estimate] = combined
-        shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})
-    for column in shown.columns:
-        name = str(column).lower()
-        if pd.api.types.is_float_dtype(shown[column]):
-            if artefacts.is_p_value_column(name):
-                shown[column] = shown[column].map(artefacts.format_p_value)
-            elif artefacts.integer_valued(shown[column]) and not _is_rate(name):
-                shown[column] = shown[column].map(_format_integer)
-            else:
-                shown[column] = shown[column].map(lambda v: _format_number(v, digits))
-        elif pd.api.types.is_integer_dtype(shown[column]) and shown[column].abs().max() >= 1000:
-            shown[column] = shown[column].map(_format_integer)
-    return shown.rename(columns=lambda c: str(c).replace("_", " "))
-
-
+# The presentation rules of the final tables live in the foundation (notebooks use them too).
+final_table = presentation.final_table
 NOT_ESTIMABLE_NOTE = marks.NOT_ESTIMABLE_NOTE
 
 
@@ -571,13 +505,6 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
 def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
     """The footnotes a formatted table needs, read from its cells (``marks.notes_for``)."""
     return marks.notes_for(table, synthetic)
-
-
-def _is_rate(name: str) -> bool:
-    """Columns that are rates or scores even when a run's values happen to be 0 or 1."""
-    return any(part in name for part in ("rate", "sensitivity", "specificity", "score", "share",
-                                         "auprc", "accuracy", "iou", "ece", "nll", "brier",
-                                         "temperature", "odds", "failure", "energy", "drop"))
 
 
 def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_TABLES,

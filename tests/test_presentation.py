@@ -4,36 +4,36 @@
 import numpy as np
 import pandas as pd
 
-from endoexplain_core.pipeline import notebook_display
+from endoexplain_core import presentation
 
 
 def test_a_range_index_is_dropped_and_names_and_intervals_are_the_papers():
     table = pd.DataFrame({"method": ["gradcam", "eigencam"], "failure_rate": [0.25, 0.5],
                           "failure_rate_ci_low": [0.1, 0.3], "failure_rate_ci_high": [0.4, 0.7],
                           "p_holm": [0.0004, 0.2], "n_eligible": [12.0, 12.0]})
-    shown = notebook_display.presented(table)
+    shown = presentation.presented(table)
     assert list(shown.columns) == ["method", "failure rate (95% CI)", "p holm", "n eligible"]
     assert shown["method"].tolist() == ["Grad-CAM", "Eigen-CAM*"]
     assert shown["failure rate (95% CI)"].tolist() == ["0.250 (0.100 to 0.400)", "0.500 (0.300 to 0.700)"]
     assert shown["p holm"].tolist() == ["<0.001", "0.200"] and shown["n eligible"].tolist() == ["12", "12"]
-    html = notebook_display.to_html(table)
+    html = presentation.to_html(table)
     assert "<th>method</th>" in html and "<th></th>" not in html        # no index column
 
 
 def test_a_pivot_keeps_its_index_as_a_column_and_labels_method_headers():
     long = pd.DataFrame({"checkpoint_id": ["a", "a", "b", "b"], "method": ["gradcam", "hirescam"] * 2,
                          "failure_own": [0.1, 0.2, 0.3, np.nan]})
-    shown = notebook_display.presented(long.pivot(index="checkpoint_id", columns="method", values="failure_own"))
+    shown = presentation.presented(long.pivot(index="checkpoint_id", columns="method", values="failure_own"))
     assert list(shown.columns) == ["checkpoint id", "Grad-CAM", "HiResCAM"]
     assert shown["HiResCAM"].tolist() == ["0.200", ""]
 
 
 def test_a_series_becomes_two_columns_and_multiindex_columns_are_joined():
     series = pd.Series({"checkpoint_id": "efficientnet_b0_s1129", "n_audited": 90, "reused": False})
-    shown = notebook_display.presented(series)
+    shown = presentation.presented(series)
     assert list(shown.columns) == ["quantity", "value"] and shown["quantity"].tolist()[1] == "n_audited"
     wide = pd.DataFrame([[1.0, 2.0]], columns=pd.MultiIndex.from_tuples([("iou", "gradcam"), ("iou", "random")]))
-    assert list(notebook_display.presented(wide).columns) == ["iou / Grad-CAM", "iou / Random heatmap"]
+    assert list(presentation.presented(wide).columns) == ["iou / Grad-CAM", "iou / Random heatmap"]
 
 
 def test_install_registers_the_html_form_with_an_ipython_shell():
@@ -41,7 +41,7 @@ def test_install_registers_the_html_form_with_an_ipython_shell():
 
     shell = InteractiveShell.instance()
     try:
-        assert notebook_display.install(shell)
+        assert presentation.install_notebook_tables(shell)
         data, _ = shell.display_formatter.format(pd.DataFrame({"method": ["xgradcam"], "n": [3]}))
         assert "XGrad-CAM" in data["text/html"] and "<th></th>" not in data["text/html"]
     finally:
@@ -52,4 +52,4 @@ def test_install_registers_the_html_form_with_an_ipython_shell():
 
 
 def test_outside_ipython_install_does_nothing():
-    assert notebook_display.install() is False
+    assert presentation.install_notebook_tables() is False

@@ -1,0 +1,146 @@
+"""How the record presents a table to a reader: one rule for the final tables and for every
+table an executed notebook shows.
+
+Estimates with their CI columns are joined as "0.471 (0.395 to 0.547)" under "<name> (95% CI)";
+counts print as integers, p-values as "<0.001", map methods and architectures by their display
+names (Eigen-CAM*), underscores become spaces (``final_table``). ``install_notebook_tables()``
+registers that form (without a 0..n row index) with a running IPython kernel, as
+``figures.style.apply()`` sets the figure style. The data files keep full precision; only what a
+reader sees changes.
+
+Foundation layer: a notebook that shows a table must not pull the analysis code into its stage's
+code digest.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from endoexplain_core import artefacts
+from endoexplain_core.marks import NOT_VALIDATED_MARK
+from endoexplain_core.methods import METHOD_LABELS, method_label
+
+ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
+               "convnext_tiny": "ConvNeXt-Tiny"}
+
+CI_SUFFIXES = ("_ci_low", "_ci_high")
+
+
+def _format_number(value, digits: int = 3) -> str:
+    return "" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _format_integer(value) -> str:
+    return "" if pd.isna(value) else f"{int(value):,}"
+
+
+def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
+    """(estimate, low, high) column triples: ``x, x_ci_low, x_ci_high`` anywhere, and bare
+    ``ci_low, ci_high`` that directly follow their estimate column."""
+    triples = []
+    for column in columns:
+        low, high = f"{column}{CI_SUFFIXES[0]}", f"{column}{CI_SUFFIXES[1]}"
+        if low in columns and high in columns:
+            triples.append((column, low, high))
+    position = {c: i for i, c in enumerate(columns)}
+    if "ci_low" in position and "ci_high" in position and position["ci_low"] > 0:
+        estimate = columns[position["ci_low"] - 1]
+        if (estimate, "ci_low", "ci_high") not in triples:
+            triples.append((estimate, "ci_low", "ci_high"))
+    return triples
+
+
+def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """One consistent presentation of a paper table.
+
+    Estimates with CI columns become ``"0.471 (0.395 to 0.547)"`` under ``<name> (95% CI)``
+    ("to", never a dash that could be read as a minus sign with negative bounds); other floats
+    are rounded to ``digits``; whole-number columns (counts) print as integers with thousands
+    separators; p-value columns (``p``, ``p_value``, ``p_holm``, ...) show ``<0.001``; map
+    methods and architectures get their display labels (Eigen-CAM*), and a ``method`` column
+    is dropped when a ``label`` column already shows it; underscores in column names become
+    spaces.
+    """
+    shown = table.copy()
+    if "method" in shown.columns:
+        shown["method"] = shown["method"].map(lambda m: method_label(m) if isinstance(m, str) else m)
+        # A label may already carry the validity gate's dagger ("Grad-CAM†"): still the same name.
+        undaggered = shown["label"].astype(str).str.rstrip(NOT_VALIDATED_MARK) if "label" in shown.columns else None
+        if undaggered is not None and (undaggered == shown["method"]).all():
+            shown = shown.drop(columns="method")
+    if "arch" in shown.columns:
+        shown["arch"] = shown["arch"].map(lambda a: ARCH_LABELS.get(a, a))
+    columns = list(shown.columns)
+    for estimate, low, high in _ci_columns(columns):
+        combined = [("" if pd.isna(e) else f"{_format_number(e, digits)} "
+                     f"({_format_number(lo, digits)} to {_format_number(hi, digits)})")
+                    for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
+        shown[estimate] = combined
+        shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})
+    for column in shown.columns:
+        name = str(column).lower()
+        if pd.api.types.is_float_dtype(shown[column]):
+            if artefacts.is_p_value_column(name):
+                shown[column] = shown[column].map(artefacts.format_p_value)
+            elif artefacts.integer_valued(shown[column]) and not _is_rate(name):
+                shown[column] = shown[column].map(_format_integer)
+            else:
+                shown[column] = shown[column].map(lambda v: _format_number(v, digits))
+        elif pd.api.types.is_integer_dtype(shown[column]) and shown[column].abs().max() >= 1000:
+            shown[column] = shown[column].map(_format_integer)
+    return shown.rename(columns=lambda c: str(c).replace("_", " "))
+
+
+
+def _is_rate(name: str) -> bool:
+    """Columns that are rates or scores even when a run's values happen to be 0 or 1."""
+    return any(part in name for part in ("rate", "sensitivity", "specificity", "score", "share",
+                                         "auprc", "accuracy", "iou", "ece", "nll", "brier",
+                                         "temperature", "odds", "failure", "energy", "drop"))
+
+
+# --- tables shown in the notebooks -----------------------------------------------------------------
+
+def presented(table: pd.DataFrame | pd.Series) -> pd.DataFrame:
+    """The display form of ``table`` (a copy): ``final_table`` after the index and headers are
+    made readable. A Series becomes two columns (its index name or "quantity", and its name or
+    "value"); a non-range index becomes leading column(s) (a pivot's methods or checkpoints);
+    MultiIndex columns are joined with " / "; a method key used as a header gets its label."""
+    if isinstance(table, pd.Series):
+        frame = table.rename_axis(table.index.name or "quantity").reset_index(name=table.name or "value")
+    else:
+        frame = table.copy()
+        if isinstance(frame.columns, pd.MultiIndex):
+            frame.columns = [" / ".join(_header(part) for part in column if str(part) != "")
+                             for column in frame.columns]
+        else:
+            frame.columns = [_header(column) for column in frame.columns]
+        if not isinstance(frame.index, pd.RangeIndex):
+            names = [name if name is not None else "" for name in frame.index.names]
+            frame = frame.rename_axis([n or f"level {i}" for i, n in enumerate(names)]).reset_index()
+    return final_table(frame)
+
+
+def _header(column) -> str:
+    """A column header: a map method's key ("gradcam", a pivot column) becomes its label."""
+    text = str(column)
+    return method_label(text) if text in METHOD_LABELS else text
+
+
+def to_html(table: pd.DataFrame | pd.Series) -> str:
+    """HTML of ``presented(table)``: no index, cells escaped, empty for missing values."""
+    return presented(table).to_html(index=False, escape=True, na_rep="", border=0)
+
+
+def install_notebook_tables(shell=None) -> bool:
+    """Show every DataFrame and Series of this IPython session with ``to_html``. Returns False
+    (and does nothing) outside IPython, e.g. when a notebook's code is imported as a script."""
+    if shell is None:
+        from IPython import get_ipython
+        shell = get_ipython()
+    if shell is None:
+        return False
+    formatter = shell.display_formatter.formatters["text/html"]
+    formatter.for_type(pd.DataFrame, to_html)
+    formatter.for_type(pd.Series, to_html)
+    return True
