@@ -309,3 +309,19 @@ def test_every_saved_table_carries_the_footnotes_its_cells_call_for(tmp_path):
     assert list(pd.read_csv(tmp_path / "marked.csv").columns) == ["label", "verdict"]   # CSV: data only
     artefacts.save_table(pd.DataFrame({"method": ["gradcam"], "n": [3]}), "plain", tmp_path)
     assert (tmp_path / "plain.md").read_text().rstrip().endswith("| gradcam | 3 |")
+
+
+def test_figure1_text_stays_inside_its_box(figures):
+    """A label wider than its box spills over the edge (the overlap test compares texts only)."""
+    from matplotlib.patches import FancyBboxPatch
+
+    fig = figures["figure1"]
+    renderer = fig.canvas.get_renderer()
+    boxes = [p.get_window_extent(renderer) for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch)]
+    spilled = []
+    for text, extent in _text_objects(fig):
+        centre = ((extent.x0 + extent.x1) / 2, (extent.y0 + extent.y1) / 2)
+        for box in boxes:
+            if box.contains(*centre) and not (box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1):
+                spilled.append(text.get_text())
+    assert boxes and not spilled, f"text wider than its box: {spilled}"

@@ -111,7 +111,7 @@ def exclusion_flow(role_counts: dict[str, int], n_masked_pool: int, n_audited: i
         FlowStep("Audit role", audit_role, f"{total - audit_role} train/val/test"),
         FlowStep("Masked pool", n_masked_pool, _left(audit_role - n_masked_pool, "without a mask")),
         FlowStep("Audited (primary)", n_audited, _left(n_masked_pool - n_audited, "empty mask")),
-        FlowStep(f"Panel A: scaled score \u2265 {score_threshold:.2f}", n_panel_a,
+        FlowStep(f"Panel A: score \u2265 {score_threshold:.2f}", n_panel_a,
                  _left(n_audited - n_panel_a, f"below {score_threshold:.2f}")),
     ]
 
