@@ -65,12 +65,15 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert lines[0].startswith("**Validity gate**: 3 of 5 CAM methods find planted truth")
     assert "(Grad-CAM, Grad-CAM++, Eigen-CAM*); 1 inconclusive, 1 fail." in lines[0] and "\u2020" in lines[0]
     assert "test AUPRC 0.910 (0.850-0.950) (n = 50" in lines[1]
-    assert "On the 12 audit images" in lines[2] and "for 0.10-0.50 of maps" in lines[2]
+    assert "On the 12 audit images" in lines[2] and "for 0.10-0.50 of maps, by method" in lines[2]
     assert "centre baseline 0.25, random map 1.00" in lines[2]
     assert "0.08-0.20; its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[3]
     assert lines[4] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
                         "are printed as UNSTABLE; 1 could not be rerun.")
     assert lines[5].startswith("**Data**: every number comes from the embedded synthetic cohort")
     assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 5
+    save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
+                                  "n": [27] * 7, "peak_failure": [1.0] * 6 + [0.26]})
+    assert "for 1.00 of maps for every method (centre" in summary.verdict_lines(tmp_path, synthetic=True)[2]
     assert summary.verdict_lines(tmp_path / "missing", synthetic=False) == [
         "The validity gate did not run: no CAM method is validated."]

@@ -213,11 +213,13 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
             lines.append("**High score, where does the map look?** No audit image reached the "
                          "score threshold, so panel A is empty.")
         else:
+            low, high = _number(cams["peak_failure"].min(), 2), _number(cams["peak_failure"].max(), 2)
+            share = (f"{low} of maps for every method" if low == high else
+                     f"{low}-{high} of maps, by method")
             lines.append(
                 f"**High score, where does the map look?** On the {int(cams['n'].iloc[0])} audit "
                 f"images the primary scores at or above the threshold, the CAM peak falls outside "
-                f"the lesion for {_number(cams['peak_failure'].min(), 2)}-"
-                f"{_number(cams['peak_failure'].max(), 2)} of maps, by method (centre baseline "
+                f"the lesion for {share} (centre baseline "
                 f"{_number(reference['centre'].iloc[0] if len(reference['centre']) else None, 2)}, "
                 f"random map {_number(reference['random'].iloc[0] if len(reference['random']) else None, 2)}).")
     transfer = _read(figures_dir, "table_transfer")
