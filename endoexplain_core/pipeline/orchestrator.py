@@ -597,6 +597,25 @@ def _write_record(paths: RunPaths, provenance: dict[str, Any]) -> None:
     record.write_run_index(paths.run_dir, paths.figures_dir, provenance)
 
 
+def preflight_main(profile: str, data_root: str, output_root: Path, overrides: list[str]) -> int:
+    """``run_all.sh --check``: validate the profile (with its ``--set``), run every preflight
+    check and print them (``pipeline.preflight``); 0 when ready, 2 when not."""
+    from endoexplain_core.pipeline import preflight
+
+    try:
+        config = profiles.load_profile(profile, [p.stem for p in discover_stages()], overrides=overrides)
+    except profiles.ProfileError as error:
+        print(f"run_all: {error}", file=sys.stderr)
+        return 2
+    run_dir = RunPaths(config.profile, output_root.resolve()).run_dir
+    # The paper's counts are printed beside the data's only for the paper profile.
+    reference = REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
+    findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference)
+    text, code = preflight.report(findings)
+    print(text)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="default",
@@ -627,12 +646,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="override one profile setting for this run, validated like the file, "
                              "e.g. --set 01_training.training_settings.epochs=1 or --set "
                              "shared.image_size=128 (repeatable; recorded in provenance.json)")
+    parser.add_argument("--check", action="store_true",
+                        help="preflight only: check the data root, every dataset and weight file the "
+                             "profile needs, the device and the free disk, print every finding and "
+                             "exit 0 (ready) or 2 (not ready); trains and writes nothing")
     parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stdout)
+    if args.check:
+        return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides)
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,

@@ -1,0 +1,62 @@
+"""The preflight (run_all.sh --check) on a small synthetic data root: ready when everything is
+there, and every problem listed at once (exit 2) when a dataset, a mask or a weight file is
+missing. Nothing is trained or written."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from endoexplain_core import config
+from endoexplain_core.data import synthetic
+from endoexplain_core.pipeline import orchestrator, preflight
+from tests.test_synthetic import TINY
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preflight") / "data"
+    synthetic.generate_cohort(root, seed=3, **TINY)
+    return root
+
+
+def test_a_complete_synthetic_data_root_is_ready(data_root, tmp_path, capsys):
+    code = orchestrator.main(["--profile", "smoke", "--data-root", str(data_root),
+                              "--output-root", str(tmp_path), "--check"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.rstrip().endswith("preflight: READY, nothing blocks this run")
+    for seen in ("HyperKvasir: ", "labelled lower-GI images", "segmented with masks", "ETIS-LaribPolypDB: ",
+                 "PolypGen: ", "PolypDB: ", "weights efficientnet_b0: from scratch", "device  cpu", "GiB free"):
+        assert seen in out, seen
+    assert "the paper's manifest" not in out                      # paper counts only for the paper profile
+    assert not (tmp_path / "runs").exists()                       # nothing written
+
+
+def test_every_problem_is_listed_at_once_and_blocks(data_root, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(data_root, broken)
+    shutil.rmtree(broken / "PolypGen")                                         # a required cohort
+    masks = broken / "hyper-kvasir" / "segmented-images" / "masks"
+    next(masks.iterdir()).unlink()                                             # an unpaired image
+    profile = config.load_profile("smoke", overrides=["01_training.imagenet_weights={resnet34: /nowhere/r34.pth}"])
+    findings = preflight.run_preflight(profile, str(broken), tmp_path / "runs" / "smoke")
+    text, code = preflight.report(findings)
+    blocking = {(f.area, f.item) for f in findings if f.blocks}
+    assert code == 2 and "preflight: NOT READY, " in text
+    assert ("data", "PolypGen") in blocking and ("data", "HyperKvasir") in blocking
+    assert ("weights", "efficientnet_b0") in blocking and ("weights", "resnet34") in blocking
+    assert "PolypGen not found (06_transfer external_cohorts needs it)" in text
+    assert "no file for efficientnet_b0" in text and "/nowhere/r34.pth" in text
+    # the other datasets are still checked and reported ready
+    assert ("data", "ETIS-LaribPolypDB") not in blocking and "ETIS-LaribPolypDB: " in text
+
+
+def test_a_missing_data_root_and_an_absent_cuda_device_are_named(tmp_path):
+    profile = config.load_profile("smoke", overrides=["shared.device=cuda"])
+    findings = preflight.run_preflight(profile, str(tmp_path / "nowhere"), tmp_path / "runs")
+    text, code = preflight.report(findings)
+    assert code == 2 and "is not a folder" in text
+    import torch
+    if not torch.cuda.is_available():
+        assert "asks for CUDA but torch sees no CUDA device" in text
