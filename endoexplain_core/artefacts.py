@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,9 @@ def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: s
 
 
 SYNTHETIC_FOOTER = marks.SYNTHETIC_FOOTER
+# White margin around a saved figure's tight box (inches): the printed width is the drawn
+# width plus twice this (tests/test_figures.py measures both).
+SAVE_PAD_INCHES = 0.02
 
 
 def data_footer(data_root: str | Path | None) -> str:
@@ -75,20 +79,26 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
     """Write ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf``; return the two paths.
 
     ``footer`` (e.g. ``data_footer(data_root)``) is printed in small grey type below
-    everything else, right-aligned; the tight bounding box grows to hold it. PDF metadata
-    dates are fixed so that reruns produce byte-identical files.
+    everything else, right-aligned and wrapped to the figure's width (a footer never widens
+    the printed figure); the tight bounding box grows to hold it. PDF metadata dates are
+    fixed so that reruns produce byte-identical files.
     """
     if footer:
-        fig.text(0.995, -0.005, footer, ha="right", va="top", fontsize=6, color="#555555")
+        # about 23 characters per inch at 6 pt (DejaVu Sans, mean glyph width ~0.52 em)
+        width = max(20, int(fig.get_figwidth() * 72 / (0.52 * 6) * 0.9))
+        wrapped = "\n".join(textwrap.fill(line, width=width) for line in footer.split("\n"))
+        fig.text(0.995, -0.005, wrapped, ha="right", va="top", fontsize=6, color="#555555")
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
     png = figures_dir / f"{name}.png"
     pdf = figures_dir / f"{name}.pdf"
     # Atomic: a failed or interrupted save (a full disk) keeps the previous good file.
     files.replace_atomically(png, lambda temporary: fig.savefig(
-        temporary, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None}))
+        temporary, format="png", dpi=dpi, bbox_inches="tight", pad_inches=SAVE_PAD_INCHES,
+        metadata={"Software": None}))
     files.replace_atomically(pdf, lambda temporary: fig.savefig(
-        temporary, format="pdf", bbox_inches="tight", metadata={"CreationDate": None, "ModDate": None}))
+        temporary, format="pdf", bbox_inches="tight", pad_inches=SAVE_PAD_INCHES,
+        metadata={"CreationDate": None, "ModDate": None}))
     write_sidecar(name, [png, pdf], figures_dir, "figure")
     return [png, pdf]
 

@@ -135,8 +135,10 @@ def _printed_size(fig):
     """(width in inches of the saved, tight-cropped figure; smallest text in points at that size).
     ``save_figure`` crops to the tight box, so that is the size a journal prints; a figure wider
     than two columns is shrunk to 183 mm, and its text with it."""
+    from endoexplain_core import artefacts
+
     renderer = fig.canvas.get_renderer()
-    width = fig.get_tightbbox(renderer).width
+    width = fig.get_tightbbox(renderer).width + 2 * artefacts.SAVE_PAD_INCHES   # as save_figure writes it
     scale = min(1.0, style.DOUBLE_COLUMN_INCHES / width)
     sizes = [text.get_fontsize() for text, _ in _text_objects(fig)]
     return width, min(sizes) * scale
@@ -325,3 +327,20 @@ def test_figure1_text_stays_inside_its_box(figures):
             if box.contains(*centre) and not (box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1):
                 spilled.append(text.get_text())
     assert boxes and not spilled, f"text wider than its box: {spilled}"
+
+
+def test_a_saved_figure_with_the_longest_footer_stays_within_two_columns(tmp_path):
+    """The footer (gate note + synthetic line) is wrapped to the figure's width: the PNG that
+    save_figure writes is at most 183 mm wide at its stated resolution."""
+    from PIL import Image
+
+    from endoexplain_core import artefacts
+    from endoexplain_core.analysis import validity_gate
+
+    style.apply()
+    figure = case_figures.figure4(inputs.robustness_table(), n_images=150, not_validated=NOT_VALIDATED)
+    footer = style.footer_lines(validity_gate.FIGURE_GATE_NOTE, artefacts.SYNTHETIC_FOOTER)
+    png, _ = artefacts.save_figure(figure, "wide", tmp_path, footer=footer)
+    plt.close(figure)
+    with Image.open(png) as saved:
+        assert saved.size[0] / artefacts.PRINT_DPI <= style.DOUBLE_COLUMN_INCHES + 0.05

@@ -630,8 +630,9 @@ def read_gate_table(figures_dir: str | Path) -> pd.DataFrame | None:
     return table
 
 
-FIGURE_GATE_NOTE = (f"{DAGGER} not validated by this run's planted-truth gate (fails or inconclusive): "
-                    "its maps are not shown to find planted evidence.")
+FIGURE_GATE_NOTE = (f"{DAGGER} not validated by this run's planted-truth gate (fails or inconclusive; "
+                    "table_validity_gate gives the reason): its maps are not shown to find planted "
+                    "evidence. LayerCAM and the reference maps are not tested by the gate.")
 
 
 def figure_marks(figures_dir: str | Path) -> tuple[tuple[str, ...], str]:

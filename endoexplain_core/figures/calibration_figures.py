@@ -89,7 +89,8 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
               title_fontsize=6)
 
 
-def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=()) -> None:
+def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
+                               score_threshold: float | None = None) -> None:
     """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top; methods
     in ``not_validated`` carry the validity gate's mark.
 
@@ -109,11 +110,16 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=()) 
         if part.empty:        # an empty line would still claim a bounding box at the origin
             continue
         errors = np.vstack([part["failure_rate"] - part["ci_low"], part["ci_high"] - part["failure_rate"]])
+        # reference maps on top: a CAM at the random map's rate must not hide it
         ax.errorbar(part["threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
                     color=style.METHOD_COLOURS.get(method, "black"),
                     linestyle="--" if method in style.BASELINES else "-",
-                    label=style.method_label(method, not_validated), clip_on=False)
+                    label=style.method_label(method, not_validated), clip_on=False,
+                    zorder=4 if method in style.BASELINES else 2)
+    if score_threshold is not None and len(thresholds):
+        ax.axvline(score_threshold, color="0.6", linewidth=0.7, linestyle=":", zorder=1,
+                   label=f"primary threshold ({score_threshold:.2f})")
     for threshold in (counts.index if len(thresholds) else []):
         n = int(counts.loc[threshold])
         ax.annotate(f"n={n}" if n else f"n=0 at\n\u2265 {threshold:.2f}", (threshold, 1.0),
@@ -137,13 +143,13 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=()) 
 
 
 def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame,
-                                  not_validated=()):
+                                  not_validated=(), score_threshold: float | None = None):
     """Figure 2 with panels A (reliability) and B (failure vs threshold); 183 mm wide.
     ``not_validated``: CAM methods whose labels carry the validity gate's mark."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.2, 3.6),
                                       layout="constrained", gridspec_kw={"width_ratios": [1, 1.25]})
     draw_reliability(left, reliability)
-    draw_threshold_sensitivity(right, sensitivity, not_validated)
+    draw_threshold_sensitivity(right, sensitivity, not_validated, score_threshold)
     for ax, letter, title in ((left, "A", "Reliability"), (right, "B", "Failure by threshold")):
         style.panel_title(ax, letter, title, pad=14)
     style.footnote(fig, style.EIGEN_FOOTNOTE)

@@ -291,7 +291,10 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
     fig.supxlabel(f"Cyan: lesion contour; dashed white: the map's top {top_fraction:.0%} area; "
                   "white \u00d7: peak (first maximum); in / out k px: the peak inside the lesion or "
                   "k pixels from it; constant: a constant map has no peak; IoU of the top area with "
-                  "the lesion. Random: random heatmap; Centre: centre baseline. Maps "
+                  "the lesion; k px at the input size (a CAM is upsampled from the target layer's "
+                  "coarse grid, so several CAMs can share one peak). The small box at the lower left "
+                  "of some frames is the scope-position overlay of the frame, not an annotation. "
+                  "Random: random heatmap; Centre: centre baseline. Maps "
                   "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
                   + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),
                   fontsize=6.5, x=0.0, ha="left", wrap=True)
@@ -331,7 +334,7 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
                "Mean drop of the target logit (logits)"))
     has_random = "random_deletion_mean" in matrix.columns and matrix["random_deletion_mean"].notna().any()
     fig, axes = plt.subplots(1, 3, figsize=(DOUBLE_COLUMN_INCHES, 3.3), layout="constrained",
-                             gridspec_kw={"width_ratios": [1.0, 1.0, 1.2 if has_random else 1.0]})
+                             gridspec_kw={"width_ratios": [1.0, 1.0, 1.3 if has_random else 1.0]})
     offsets = np.linspace(-0.22, 0.22, max(len(archs), 1))
     has_identical = "identical_with" in matrix.columns and (matrix["identical_with"].fillna("") != "").any()
     tick_labels = [two_line_label(method_label(m, not_validated)) for m in CAM_METHODS]
@@ -365,8 +368,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
                                                                     [controls.max() - controls.mean()]],
                             fmt="none", ecolor=RANDOM_REFERENCE["color"], capsize=2, elinewidth=0.8)
                 ax.plot([reference_x], [controls.mean()], linestyle="none", marker=ARCH_MARKERS.get(arch, "o"),
-                        ms=4, color=RANDOM_REFERENCE["color"], label="Random deletion (own control)"
-                        if k == 0 else None)
+                        ms=4, color=RANDOM_REFERENCE["color"],
+                        label="Random deletion (own control)" if k == 0 else None)
         if archs and len(absent) == len(archs):
             n_text = "n = 0: no eligible image"
         elif absent:

@@ -75,6 +75,11 @@ def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", 
     ax.set_ylabel("Energy lift \u03bb$_E$ (bits)")
     ax.set_title(title or f"Energy lift per method (n = {max(len(d) for d in data)} images)")
     ax.legend(loc="lower left", bbox_to_anchor=(1.01, 0), frameon=False)
+    style.footnote(fig, "Energy lift \u03bb_E: log2 of (the map's energy share inside the lesion / the "
+                   "lesion's share of the field of view), after mixing a uniform share \u03b1 into "
+                   "the map; 0 bits = a uniform map, the floor = a map with no energy on the lesion. "
+                   "DoG: difference-of-Gaussians conspicuity of the image alone (no model): a CAM "
+                   "below it is not explained by the model. Boxes: middle 50%; whiskers 5-95%.")
     return fig
 
 

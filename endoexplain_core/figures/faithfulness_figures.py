@@ -76,7 +76,10 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
     axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     note = " 'A = B': identical curves, drawn once." if groups else ""
-    style.footnote(fig, style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map)." + note)
+    style.footnote(fig, style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map). z/T: the "
+                   "temperature-scaled logit difference; a drop is its decrease after imputation "
+                   "(ROAD: removed pixels filled from their neighbours). A negative LeRF drop: "
+                   "imputing the least relevant pixels raises the score." + note)
     return fig
 
 
@@ -144,7 +147,9 @@ def randomisation_figure(table: pd.DataFrame, not_validated=()):
         ax.axhline(0, color="grey", linewidth=0.6)
         ax.set_xticks(steps["step"])
         ax.set_xticklabels(steps["block"], rotation=90, fontsize=6.5)
-    style.footnote(fig, "Blocks randomised cumulatively from the head (left) towards the stem (right); "
+    images = f"{int(table['images'].max())} images. " if "images" in table.columns else ""
+    style.footnote(fig, images + style.EIGEN_FOOTNOTE + " Eigen-CAM does not use the classifier "
+                   "head, so randomising the head alone leaves it unchanged. Blocks randomised cumulatively from the head (left) towards the stem (right); "
                   "\"trained\": no block randomised (the reference, 1 by construction). A map that "
                   "stays near 1 as the weights are randomised does not depend on what the model "
                    "learned.")
