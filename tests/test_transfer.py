@@ -164,7 +164,7 @@ def test_figure5_bars_and_centre_segments():
     centre_levels = sorted(p.get_height() for p in centre_bars)
     assert centre_levels == pytest.approx(sorted(summary.drop_duplicates("dataset")["centre_baseline_iou"]))
     assert "Eigen-CAM*" in [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "n = 4; 2 at ≥ 0.90" in ax.get_xticklabels()[0].get_text()
+    assert "n = 4 (2 at score ≥ 0.90)" in ax.get_xticklabels()[0].get_text()
     caption = transfer_figures.figure5_caption(summary, score_threshold=0.90)
     assert "ETIS-LaribPolypDB: n = 4, 2 at scaled score ≥ 0.90, CAM mean IoU 0.150–0.250" in caption
     plt.close(fig)

@@ -73,8 +73,8 @@ def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fract
             ax.plot([position + 0.45], [value], marker="_", markersize=12, color="black")
     counts = summary.drop_duplicates("dataset").set_index("dataset")
     ax.set_xticks(np.arange(len(datasets)))
-    ax.set_xticklabels([f"{style.cohort_label(d, synthetic=synthetic)}\nn = {counts.loc[d, 'n_cases']:,}; "
-                        f"{counts.loc[d, 'n_eligible']:,} at \u2265 {score_threshold:.2f}"
+    ax.set_xticklabels([f"{style.cohort_label(d, synthetic=synthetic)}\nn = {counts.loc[d, 'n_cases']:,} "
+                        f"({counts.loc[d, 'n_eligible']:,} at score \u2265 {score_threshold:.2f})"
                         for d in datasets], fontsize=7)
     ax.set_ylabel(f"Mean top-{top_fraction:.0%} CAM\u2013mask IoU (95% CI)", fontsize=7.5)
     ax.tick_params(axis="y", labelsize=7)

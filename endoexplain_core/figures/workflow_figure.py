@@ -71,8 +71,8 @@ def workflow_steps(role_counts: dict[str, int] | None = None, n_checkpoints: int
     roles = ("train / val / test / audit pool" if role_counts is None else
              " / ".join(f"{role_counts.get(r, 0)}" for r in ("train", "val", "test", "spatial_audit"))
              + "\n(train / val / test / audit)")
-    checkpoints = ("3 architectures x 3 seeds" if n_checkpoints is None else
-                   f"{n_checkpoints} checkpoint{'s' if n_checkpoints != 1 else ''}: 3 arch. x 3 seeds")
+    checkpoints = ("3 architectures \u00d7 3 seeds" if n_checkpoints is None else
+                   f"{n_checkpoints} checkpoint{'s' if n_checkpoints != 1 else ''}: 3 arch. \u00d7 3 seeds")
     cohorts = "external masked cohorts" if not cohort_names else ", ".join(cohort_names)
     verdict, gate_face = gate_summary(gate)
     return [
@@ -86,7 +86,7 @@ def workflow_steps(role_counts: dict[str, int] | None = None, n_checkpoints: int
              "deletion vs random deletions"),
         Step("05", "Robustness", "thresholds, checkpoints, seeds,\nlesion size, adjusted model,\n"
              "verdict stability"),
-        Step("06", "Frozen transfer", f"primary checkpoint and T frozen:\n{_wrap(cohorts, 40)}"),
+        Step("06", "Frozen transfer", f"primary and its temperature frozen:\n{_wrap(cohorts, 40)}"),
         Step("07", "Extended localisation", "AUC-IoU, energy lift, pointing\ngame, C-Score; DoG baseline"),
         Step("08", "Faithfulness and sanity", "ROAD MoRF/LeRF, SRG, shape-kept\ndeletion, cascading "
              "randomisation,\ndensity subgroups"),
@@ -121,7 +121,7 @@ def _left(n: int, reason: str) -> str:
 
 
 def _wrap(text: str, width: int) -> str:
-    return textwrap.fill(text, width=width)
+    return textwrap.fill(text, width=width, break_on_hyphens=False)   # keep "PolypGen-like" whole
 
 
 def figure1_workflow(steps: list[Step], flow: list[FlowStep] | None = None,
