@@ -39,8 +39,8 @@ def _number(value, digits: int = 3) -> str:
 def _with_ci(estimate, low, high, digits: int = 3) -> str:
     if pd.isna(estimate):
         return "n/a"
-    if estimate == low == high and estimate in (0.0, 1.0):
-        # every resample gives the same extreme value: the percentile interval carries no width
+    if pd.notna(low) and pd.notna(high) and abs(high - low) <= 1e-9 and abs(estimate - low) <= 1e-9:
+        # every resample gives the same value (e.g. a perfect ranking): no interval width to show
         return f"{_number(estimate, digits)} (the same in every bootstrap resample: no interval)"
     return f"{_number(estimate, digits)} ({_number(low, digits)}-{_number(high, digits)})"
 
