@@ -214,6 +214,7 @@ def test_figure_specific_fixes(figures):
     assert "ResNet-34" in legend                                          # still in the legend once
     footnote = figure4._supxlabel.get_text()
     assert "identical by construction" in footnote and "ResNet-34 s1129" in footnote
+    assert "Grad-CAM = XGrad-CAM = HiResCAM at ResNet-34" in footnote.replace("\n", " ")
 
     figure5 = figures["figure5"].axes[0]
     assert not [l for l in figure5.lines if l.get_linestyle() == "--"]     # no line across the bars

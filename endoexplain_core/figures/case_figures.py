@@ -303,7 +303,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), t
 
 
 
-def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=()):
+def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=(), left_out=()):
     """Figure 4: failure on own (A) and fixed (B) subsets, logit drop over all images (C).
 
     ``robustness``: ``summaries.checkpoint_robustness`` output (controls are left out). Points
@@ -315,7 +315,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
     random-deletion control (``random_deletion_mean``, logits), drawn like the CAMs in the
     reference colour, so every architecture's CAM drops sit beside their own reference.
     ``n_images``: images of the audit pool (panel C's n; from the table if None).
-    ``not_validated``: CAM methods whose labels carry the validity gate's mark. 183 mm wide.
+    ``not_validated``: CAM methods whose labels carry the validity gate's mark; ``left_out``:
+    checkpoint ids not drawn (they did not learn), named in the note. 183 mm wide.
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
     archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)
@@ -405,10 +406,15 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
         notes.append("C, right: each checkpoint's random-deletion control (same area, random pixels), "
                      "marker by architecture.")
     if has_identical:
-        groups = (matrix.loc[matrix["identical_with"].fillna("") != ""]
-                  .drop_duplicates("arch")["arch"].map(lambda a: ARCH_LABELS.get(a, a)))
-        notes.append("Open markers: identical by construction to another CAM at the target layer ("
-                     + ", ".join(groups) + ").")
+        groups = []
+        for arch, rows in matrix[matrix["identical_with"].fillna("") != ""].groupby("arch", sort=False):
+            first = rows.drop_duplicates("method").iloc[0]
+            names = sorted({first["method"], *first["identical_with"].split(" = ")}, key=list(CAM_METHODS).index)
+            groups.append(f"{' = '.join(method_label(m) for m in names)} at {ARCH_LABELS.get(arch, arch)}")
+        notes.append("Open markers: identical by construction at the target layer ("
+                     + "; ".join(groups) + ").")
+    if left_out:
+        notes.append("Left out (did not learn, 03's rule): " + ", ".join(checkpoint_label(c) for c in left_out) + ".")
     if "temperature_at_bound" in matrix.columns and matrix["temperature_at_bound"].any():
         bound = sorted(matrix.loc[matrix["temperature_at_bound"].astype(bool), "checkpoint_id"].unique())
         notes.append("Temperature at its search bound (own subset set by the bound): "
