@@ -31,6 +31,21 @@ def test_a_complete_synthetic_data_root_is_ready(data_root, tmp_path, capsys):
         assert seen in out, seen
     assert "the paper's manifest" not in out                      # paper counts only for the paper profile
     assert not (tmp_path / "runs").exists()                       # nothing written
+    # the time estimate: measured per-image costs, one line per model stage, a total
+    for stage in ("01_training", "03_validity_gate", "04_spatial_audit", "06_transfer", "08_faithfulness"):
+        assert f"estimate {stage}: " in out and " min (" in out, stage
+    assert "forward+backward" in out and "min of model passes" in out
+
+
+def test_stage_seconds_follow_the_work_counts():
+    """The estimate is work x cost: doubling the audit pool doubles the audit stage's time, and
+    no external case means no transfer time."""
+    profile = config.load_profile("smoke")
+    costs = {arch: preflight.Costs(forward=0.01, train=0.03, cams=0.02) for arch in profile.shared.architectures}
+    one = preflight.stage_seconds(profile, preflight.WorkCounts(100, 20, 0), costs, decode=0.001)
+    two = preflight.stage_seconds(profile, preflight.WorkCounts(100, 40, 0), costs, decode=0.001)
+    assert two["04_spatial_audit"][0] == pytest.approx(2 * one["04_spatial_audit"][0])
+    assert one["06_transfer"][0] == 0.0 and one["01_training"][0] > 0
 
 
 def test_every_problem_is_listed_at_once_and_blocks(data_root, tmp_path):

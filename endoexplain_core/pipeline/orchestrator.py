@@ -610,7 +610,8 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
     run_dir = RunPaths(config.profile, output_root.resolve()).run_dir
     # The paper's counts are printed beside the data's only for the paper profile.
     reference = REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
-    findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference)
+    findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference,
+                                       estimate=True)
     text, code = preflight.report(findings)
     print(text)
     return code
