@@ -132,3 +132,20 @@ def test_figure4_says_when_a_panel_has_no_eligible_images():
     fig = case_figures.figure4(pd.DataFrame(rows))
     assert any("no eligible images" in t.get_text() for t in fig.axes[0].texts)
     assert not fig.axes[2].texts
+
+
+def test_figure4_names_identical_groups_from_the_run_tables_display_labels():
+    """The run's robustness table writes identical_with as display labels ("Grad-CAM = XGrad-CAM");
+    older tables and the figure inputs use method keys: both name the same group."""
+    rows = []
+    for label_form in (True, False):
+        rows = [{"checkpoint_id": "resnet34_s1", "arch": "resnet34", "seed": 1, "control": "none",
+                 "method": method, "failure_own": 0.5, "failure_fixed": 0.5, "logit_drop_all": 0.1,
+                 "n_own": 10, "n_fixed": 10, "random_deletion_mean": 0.0,
+                 "identical_with": {"gradcam": "XGrad-CAM = HiResCAM" if label_form else "xgradcam = hirescam",
+                                    "xgradcam": "Grad-CAM = HiResCAM" if label_form else "gradcam = hirescam",
+                                    "hirescam": "Grad-CAM = XGrad-CAM" if label_form else "gradcam = xgradcam"}.get(method, "")}
+                for method in CAM_METHODS]
+        fig = case_figures.figure4(pd.DataFrame(rows), left_out=["convnext_tiny_s1"])
+        note = fig._supxlabel.get_text().replace("\n", " ")
+        assert "Grad-CAM = XGrad-CAM = HiResCAM at ResNet-34" in note and "ConvNeXt-Tiny s1" in note

@@ -409,7 +409,10 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
         groups = []
         for arch, rows in matrix[matrix["identical_with"].fillna("") != ""].groupby("arch", sort=False):
             first = rows.drop_duplicates("method").iloc[0]
-            names = sorted({first["method"], *first["identical_with"].split(" = ")}, key=list(CAM_METHODS).index)
+            # identical_with holds display labels in the run's tables (method keys in older ones)
+            keys = {method_label(m): m for m in CAM_METHODS}
+            names = {first["method"], *(keys.get(n, n) for n in first["identical_with"].split(" = "))}
+            names = sorted(names, key=lambda m: list(CAM_METHODS).index(m) if m in CAM_METHODS else len(CAM_METHODS))
             groups.append(f"{' = '.join(method_label(m) for m in names)} at {ARCH_LABELS.get(arch, arch)}")
         notes.append("Open markers: identical by construction at the target layer ("
                      + "; ".join(groups) + ").")
