@@ -74,6 +74,14 @@ def data_footer(data_root: str | Path | None) -> str:
     return "" if data_root else SYNTHETIC_FOOTER
 
 
+def wrap_to_width(text: str, width_inches: float, *, fontsize: float, share: float = 0.95) -> str:
+    """``text`` wrapped (each of its lines) to ``share`` of a ``width_inches`` wide figure at
+    ``fontsize`` points: DejaVu Sans averages about 0.52 em per character, so a note never
+    widens the printed figure."""
+    characters = max(20, int(width_inches * 72 / (0.52 * fontsize) * share))
+    return "\n".join(textwrap.fill(line, width=characters) for line in text.split("\n"))
+
+
 def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
                 footer: str = "") -> list[Path]:
     """Write ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf``; return the two paths.
@@ -84,9 +92,7 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
     fixed so that reruns produce byte-identical files.
     """
     if footer:
-        # about 23 characters per inch at 6 pt (DejaVu Sans, mean glyph width ~0.52 em)
-        width = max(20, int(fig.get_figwidth() * 72 / (0.52 * 6) * 0.9))
-        wrapped = "\n".join(textwrap.fill(line, width=width) for line in footer.split("\n"))
+        wrapped = wrap_to_width(footer, fig.get_figwidth(), fontsize=6, share=0.9)
         fig.text(0.995, -0.005, wrapped, ha="right", va="top", fontsize=6, color="#555555")
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)

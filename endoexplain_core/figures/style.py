@@ -6,11 +6,10 @@ Eigen-CAM is class-agnostic and is labelled with an asterisk everywhere (``metho
 
 from __future__ import annotations
 
-import textwrap
-
 import matplotlib
 
 # Method names, labels and colours live in the registry (endoexplain_core.methods).
+from endoexplain_core.artefacts import wrap_to_width
 from endoexplain_core.data.cohorts import DATASET_LABELS
 from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
     BASELINE_METHODS as BASELINES, CAM_METHODS, EIGEN_FOOTNOTE, METHOD_COLOURS, METHOD_LABELS,
@@ -70,9 +69,8 @@ def two_line_label(label: str) -> str:
 def footnote(fig, text: str, *, fontsize: float = 6.5) -> None:
     """The figure's note below its axes, left-aligned and wrapped to the figure's width (a
     one-line note wider than the figure would widen the printed figure)."""
-    characters_per_inch = 72 / (0.52 * fontsize)     # DejaVu Sans: mean glyph width ~0.52 em
-    width = int(fig.get_figwidth() * characters_per_inch * 0.95)
-    fig.supxlabel(textwrap.fill(text, width=width), fontsize=fontsize, x=0.01, ha="left")
+    fig.supxlabel(wrap_to_width(text, fig.get_figwidth(), fontsize=fontsize), fontsize=fontsize,
+                  x=0.01, ha="left")
 
 
 def panel_title(ax, letter: str, title: str = "", **kwargs) -> None:

@@ -64,10 +64,10 @@ class Finding:
 
 
 def _paper_value(key: str, reference_dir: Path) -> str | None:
-    path = reference_dir / "paper_reported_values.csv"
-    if not path.is_file():
-        return None
-    values = pd.read_csv(path, dtype=str).set_index("key")["paper_value"]
+    """One of the paper's reported values (``paper_comparison.read_paper_values``), or None."""
+    from endoexplain_core.analysis import paper_comparison
+
+    values = paper_comparison.read_paper_values(reference_dir).set_index("key")["paper_value"]
     return values.get(key)
 
 
