@@ -5,6 +5,8 @@
 #                [--adopt-manifest] [--output-root DIR] [--scheduler sequential|local:N|tls://HOST:PORT]
 #                [--allow-insecure-scheduler]   (needed for a plain tcp://HOST:PORT scheduler)
 #                [--set SECTION.KEY=VALUE ...]  (one profile setting for this run, e.g. --set shared.image_size=128)
+#                [--set-file FILE]  (--set lines from a file, e.g. configs/paper_rehearsal.sets)
+#                [--manifest-reference DIR]  (reference manifest folder; default data_manifest/<profile>)
 #                [--check]   (preflight: data, weights, device, disk; exit 0 ready / 2 not ready; trains nothing)
 #
 # Sets up (or reuses) the pinned virtual environment and its Jupyter kernel, then executes the

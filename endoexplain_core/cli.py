@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 UNPAIRED_SHOWN = 5
 DEFAULT_DATASET = "own"
 
@@ -64,18 +63,20 @@ class Case:
 
 def _image_files(folder: Path, what: str) -> dict[str, Path]:
     """stem -> file for the image files in ``folder`` (refuses two files with one stem)."""
+    from endoexplain_core.data import imageio
+
     if not folder.is_dir():
         raise CommandError(f"{what} folder {folder} does not exist or is not a folder")
     files: dict[str, Path] = {}
     for path in sorted(folder.iterdir()):
-        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith("."):
+        if imageio.is_image_file(path):
             if path.stem in files:
                 raise CommandError(f"{what} folder {folder} has two files with the stem "
                                    f"{path.stem!r}: {files[path.stem].name} and {path.name}")
             files[path.stem] = path
     if not files:
         raise CommandError(f"{what} folder {folder} holds no image files "
-                           f"({', '.join(IMAGE_SUFFIXES)})")
+                           f"({', '.join(imageio.IMAGE_SUFFIXES)})")
     return files
 
 
@@ -457,7 +458,9 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
 
     def read_cases():
         for case in cases:
-            image, mask = read_image_and_mask(case.image_path, case.mask_path)
+            # decoded for the input size, as the package's own runs read every model input
+            image, mask = read_image_and_mask(case.image_path, case.mask_path,
+                                              decode_size=args.image_size)
             yield case.sample_id, image, mask
 
     device = audit.resolve_device(args.device)
@@ -495,7 +498,8 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     chosen = {s for s in selection.values() if s}
     by_id = {case.sample_id: case for case in cases}
     needed = {i for sid in chosen for i in case_figures.audit_batch_ids(table, sid, args.batch_size)}
-    selected_cases = {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path)
+    selected_cases = {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path,
+                                               decode_size=args.image_size)
                       for sid in sorted(needed)}
     figure, iou_check = case_figures.render_figure3(table, selection, model.to(device), layer,
                                                     selected_cases, args.image_size,

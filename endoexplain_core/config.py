@@ -110,6 +110,9 @@ class StageSettings(Section):
 class RolesSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
     frame_size: int = Field(128, ge=32, description="synthetic frames are frame_size x frame_size px")
+    synthetic_layout: Literal["embedded", "mirror"] = Field(
+        "embedded", description="embedded: small square frames; mirror: the real datasets' "
+                                "frame sizes, overlays, formats and stray files")
     category_counts: dict[str, int] = Field(default_factory=dict,
                                             description="synthetic labelled images per category")
     n_segmented: int = Field(20, ge=1, description="synthetic polyps with a mask")
@@ -509,6 +512,19 @@ def parse_override(text: str) -> Override:
     return Override(text, parts[0], tuple(parts[1:]), value)
 
 
+def read_set_file(path: str | Path) -> list[str]:
+    """The ``--set`` texts of a file (``run_all.sh --set-file``): one SECTION.KEY=VALUE per line;
+    blank lines and lines starting with ``#`` are skipped. ``ProfileError`` naming the file when
+    it cannot be read."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ProfileError(f"--set-file {path}: cannot be read ({error})") from None
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
 def apply_overrides(raw: dict, overrides: list[Override], stage_settings: dict[str, type[StageSettings]],
                     shared_settings: type[Section]) -> dict:
     """A copy of the profile's raw mapping with each override written in, in order. The section
@@ -607,6 +623,16 @@ def stage_parameters(profile: Profile, stage: str) -> dict[str, Any]:
     parameters = {key: shared[key] for key in settings.uses_shared}
     parameters.update(settings.model_dump(mode="json"))
     return parameters
+
+
+SYNTHETIC_MARKER = "synthetic_cohort.json"   # written by the synthetic generator at its root
+
+
+def is_synthetic_data(data_root: str | Path | None) -> bool:
+    """True when a run reads synthetic frames: no data root (the embedded cohort), or a data
+    root the synthetic generator wrote (its ``SYNTHETIC_MARKER``, e.g. the mirror of the real
+    datasets). Every table, figure and record of such a run says "synthetic"."""
+    return not data_root or (Path(data_root).expanduser() / SYNTHETIC_MARKER).is_file()
 
 
 def resolve_data_root(data_root: str | Path | None, run_dir: str | Path) -> Path:

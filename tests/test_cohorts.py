@@ -188,7 +188,7 @@ def test_kvasir_seg_and_cvc_clinicdb(tmp_path):
 def test_iter_cases_streams_images_and_masks(tmp_path):
     make_polypdb(tmp_path)
     cases, _ = cohorts.read_polypdb(tmp_path)
-    streamed = list(cohorts.iter_cases(cases, tmp_path))
+    streamed = list(cohorts.iter_cases(cases, tmp_path, decode_size=None))
     assert [s[0] for s in streamed] == list(cases["sample_id"])
     sample_id, image, mask = streamed[-1]
     expected = imageio.read_rgb(tmp_path / "PolypDB" / "PolypDB_center_wise" / "Simula" / "WLI"

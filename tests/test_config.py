@@ -270,3 +270,28 @@ def test_a_set_override_changes_exactly_the_digests_of_the_stages_that_read_it()
     from endoexplain_core.pipeline import orchestrator
     assert orchestrator.stage_overrides(shared, "00_roles") == []
     assert orchestrator.stage_overrides(shared, "05_robustness") == ["shared.score_threshold=0.8"]
+
+
+def test_set_file_lines_skip_comments_and_blanks_and_a_missing_file_is_named(tmp_path):
+    sets = tmp_path / "rehearsal.sets"
+    sets.write_text("# a comment\n\nshared.image_size=128\n   # indented comment\n 03_validity_gate.steps=4 \n")
+    assert config.read_set_file(sets) == ["shared.image_size=128", "03_validity_gate.steps=4"]
+    with pytest.raises(config.ProfileError, match="nowhere.sets"):
+        config.read_set_file(tmp_path / "nowhere.sets")
+
+
+def test_generated_data_roots_count_as_synthetic(tmp_path):
+    assert config.is_synthetic_data("") and config.is_synthetic_data(None)
+    assert not config.is_synthetic_data(tmp_path)                        # real data: no marker
+    (tmp_path / config.SYNTHETIC_MARKER).write_text("{}")
+    assert config.is_synthetic_data(str(tmp_path))                       # the mirror carries it
+
+
+def test_the_paper_reference_manifest_is_refused_for_generated_data(tmp_path, capsys):
+    (tmp_path / config.SYNTHETIC_MARKER).write_text("{}")
+    with pytest.raises(ValueError, match="--manifest-reference"):
+        orchestrator.manifest_reference_dir("paper", str(tmp_path), None)
+    assert orchestrator.manifest_reference_dir("paper", str(tmp_path), tmp_path / "ref") == tmp_path / "ref"
+    assert orchestrator.manifest_reference_dir("smoke", "", None).parts[-2:] == ("data_manifest", "smoke")
+    assert orchestrator.main(["--profile", "smoke", "--set-file", str(tmp_path / "missing.sets")]) == 2
+    assert "missing.sets" in capsys.readouterr().err

@@ -59,3 +59,76 @@ def test_mask_size_mismatch_names_both_files(tmp_path):
     with pytest.raises(MaskSizeError, match=r"frame_mask\.png is 10x10.*frame\.png is 12x10"):
         read_image_and_mask(tmp_path / "frame.png", tmp_path / "frame_mask.png")
     check_mask_size("a", (5, 6, 3), "b", (5, 6))  # equal sizes pass silently
+
+
+# --- decoding for the model input size -----------------------------------------------------------
+
+DECODE_MEAN_TOLERANCE = 1.5   # grey levels: mean |reduced - full| of the S x S model input
+DECODE_P99_TOLERANCE = 20     # grey levels: 99th percentile (edges move by under one block)
+
+
+def _mirror_frame(tmp_path, name="frame.jpg", size=(1080, 1920)):
+    """A real-sized JPEG frame and its PNG mask, dressed as the mirror layout writes them."""
+    from endoexplain_core.data import mirror, synthetic
+
+    rng = np.random.default_rng(5)
+    image, mask = synthetic.render_frame(rng, 128)
+    image, mask = mirror.dress_frame(rng, image, mask, [size], text=True)
+    Image.fromarray(image).save(tmp_path / name, quality=92)
+    Image.fromarray(mask.astype(np.uint8) * 255).save(tmp_path / "mask.png")
+    return tmp_path / name, tmp_path / "mask.png"
+
+
+@pytest.mark.parametrize("size", [128, 256, 512])
+def test_reduced_jpeg_decode_matches_full_decode_within_the_stated_tolerance(tmp_path, size):
+    from endoexplain_core.data.datasets import decode_resized, resize_rgb
+
+    path, _ = _mirror_frame(tmp_path)
+    reduced = read_rgb(path, decode_size=size)
+    scale = 1920 // reduced.shape[1]
+    assert scale >= 2 and min(reduced.shape[:2]) >= size            # reduced, never below S
+    difference = np.abs(decode_resized(path, size).astype(int)
+                        - resize_rgb(read_rgb(path), size).astype(int))
+    assert difference.mean() < DECODE_MEAN_TOLERANCE
+    assert np.percentile(difference, 99) <= DECODE_P99_TOLERANCE
+
+
+def test_decode_size_leaves_small_jpegs_and_other_formats_untouched(tmp_path):
+    path, _ = _mirror_frame(tmp_path, size=(200, 250))                  # under 2 S: no reduction
+    np.testing.assert_array_equal(read_rgb(path, decode_size=128), read_rgb(path))
+    png = tmp_path / "frame.png"
+    Image.open(path).save(png)
+    np.testing.assert_array_equal(read_rgb(png, decode_size=32), read_rgb(png))
+
+
+def test_same_frame_accepts_dct_scales_only():
+    from endoexplain_core.data.imageio import same_frame
+
+    assert same_frame((1080, 1920), (1080, 1920)) and same_frame((135, 240), (1080, 1920))
+    assert same_frame((121, 154), (966, 1225))                      # ceil(966/8), ceil(1225/8)
+    assert not same_frame((120, 154), (966, 1225)) and not same_frame((540, 961), (1080, 1920))
+
+
+def test_every_model_input_path_sees_identical_pixels(tmp_path):
+    """Training and logit export (datasets.decode_resized) and the audits (manifest_cases +
+    prepare_case, cohorts.iter_cases) feed a checkpoint the same tensor; the mask is checked
+    against the file's full size."""
+    import pandas as pd
+    import torch
+
+    from endoexplain_core.analysis import audit
+    from endoexplain_core.data import cohorts
+    from endoexplain_core.data.datasets import decode_resized, to_normalised_tensor
+
+    path, mask_path = _mirror_frame(tmp_path)
+    pool = pd.DataFrame({"sample_id": ["a"], "path": [path.name], "mask_path": [mask_path.name]})
+    (sample_id, image, mask), = audit.manifest_cases(pool, tmp_path, decode_size=256)
+    assert image.shape[:2] != mask.shape and mask.shape == (1080, 1920)
+    audited, _ = audit.prepare_case(sample_id, image, mask, 256)
+    torch.testing.assert_close(audited, to_normalised_tensor(decode_resized(path, 256)), rtol=0, atol=0)
+    case = {"sample_id": "a", "image_path": path.name, "mask_paths": (mask_path.name,)}
+    (_, external, _), = cohorts.iter_cases(pd.DataFrame([case]), tmp_path, decode_size=256)
+    np.testing.assert_array_equal(external, image)
+    Image.fromarray(np.zeros((1080, 1900), np.uint8)).save(mask_path)   # a mask of another size
+    with pytest.raises(MaskSizeError, match="1900x1080"):
+        list(audit.manifest_cases(pool, tmp_path, decode_size=256))

@@ -145,6 +145,17 @@ def test_a_bad_set_override_stops_before_any_work(project, capsys):
     assert not (root / "cli" / "runs" / "smoke" / "notebooks").exists()
 
 
+def test_adopting_a_reference_manifest_reruns_the_first_stage_only(project, tmp_path):
+    """The first paper run adopts the manifest (--adopt-manifest); the next plain run checks
+    the new reference again (stage 00) but does not redo the stages after it."""
+    reference = tmp_path / "reference"
+    run(project, adopt_manifest=True, manifest_reference=reference)
+    reference.mkdir()
+    (reference / "manifest.csv").write_text("sample_id\na\n")          # what 00 adopted
+    assert statuses(run(project, manifest_reference=reference)) == ["ran", "skipped"]
+    assert statuses(run(project, manifest_reference=reference)) == ["skipped", "skipped"]
+
+
 def test_changed_upstream_notebook_reruns_downstream(project):
     root, notebooks, _ = project
     run(project)

@@ -42,7 +42,7 @@ from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metr
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
 from endoexplain_core.models import networks, training
 from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
-from endoexplain_core.data.imageio import read_image_and_mask
+from endoexplain_core.data.imageio import read_image_and_mask, same_frame
 from endoexplain_core.models.training import resolve_device  # one device rule for every stage
 
 TARGET = "polyp_family positive logit"
@@ -110,16 +110,19 @@ def masked_pool(manifest: pd.DataFrame) -> pd.DataFrame:
     return pool.reset_index(drop=True)
 
 
-def manifest_cases(pool: pd.DataFrame, data_root: str | Path
+def manifest_cases(pool: pd.DataFrame, data_root: str | Path, *, decode_size: int | None
                    ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Yield (sample_id, uint8 (H, W, 3) RGB image, bool (H, W) mask) for each pool row.
+    """Yield (sample_id, uint8 (h, w, 3) RGB image, bool (H, W) mask) for each pool row.
 
+    ``decode_size``: the model input side the images go to (large JPEGs decoded at a reduced
+    scale, as in training: ``imageio.read_rgb``); None for the full frame (h, w = H, W).
     Files are read lazily, one at a time, so memory does not grow with the pool; unreadable
     files and mask/image size mismatches raise errors naming the files.
     """
     data_root = Path(data_root)
     for row in pool.itertuples(index=False):
-        image, mask = read_image_and_mask(data_root / row.path, data_root / row.mask_path)
+        image, mask = read_image_and_mask(data_root / row.path, data_root / row.mask_path,
+                                          decode_size=decode_size)
         yield str(row.sample_id), image, mask
 
 
@@ -154,8 +157,9 @@ def checkpoint_temperature(temperatures_path: str | Path, checkpoint_id: str) ->
 
 def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Resize one case: float32 (3, S, S) normalised image and bool (S, S) mask."""
-    if image.shape[:2] != mask.shape[:2]:
+    """Resize one case: float32 (3, S, S) normalised image and bool (S, S) mask. The image
+    is the mask's frame, at full size or decoded at a reduced scale (``imageio.same_frame``)."""
+    if not same_frame(image.shape, mask.shape):
         raise ValueError(f"sample {sample_id}: mask size {mask.shape[:2]} differs from "
                          f"image size {image.shape[:2]}")
     resized_mask = cv2.resize(mask.astype(np.uint8), (image_size, image_size),
@@ -167,7 +171,7 @@ def pool_images(pool: pd.DataFrame, data_root: str | Path, image_size: int) -> t
     """(sample ids, normalised float32 (N, 3, S, S) images) of a masked pool, as the audit
     prepares them; cases whose mask is empty at this size are left out, as in the audit."""
     ids, images = [], []
-    for sample_id, image, mask in manifest_cases(pool, data_root):
+    for sample_id, image, mask in manifest_cases(pool, data_root, decode_size=image_size):
         tensor, resized_mask = prepare_case(sample_id, image, mask, image_size)
         if resized_mask.any():
             ids.append(sample_id)
@@ -462,11 +466,14 @@ def run_manifest_digest(run_dir: str | Path) -> str:
     return digest_path.read_text().split()[0]
 
 
-def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids) -> dict:
-    """sample_id -> (uint8 RGB image, bool mask) for the requested pool members."""
+def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids, *,
+               decode_size: int | None) -> dict:
+    """sample_id -> (uint8 RGB image, bool mask) for the requested pool members
+    (``decode_size`` as in ``manifest_cases``)."""
     wanted = set(sample_ids)
     return {sample_id: (image, mask) for sample_id, image, mask
-            in manifest_cases(pool[pool["sample_id"].isin(wanted)], data_root)}
+            in manifest_cases(pool[pool["sample_id"].isin(wanted)], data_root,
+                              decode_size=decode_size)}
 
 
 def audit_paths(run_dir: str | Path, dataset: str, checkpoint_id: str) -> dict[str, Path]:
@@ -526,7 +533,8 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
             batch_size=batch_size)
         files.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
                                       paths["negatives"])
-    summary = audit_checkpoint(model, metadata, temperature, manifest_cases(pool, data_root),
+    summary = audit_checkpoint(model, metadata, temperature,
+                               manifest_cases(pool, data_root, decode_size=image_size),
                                dataset=dataset, image_size=image_size,
                                table_path=paths["table"],
                                random_deletion_path=paths["random_deletion"],

@@ -252,14 +252,16 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_registered_model``
     and its fitted temperature). Default cases: the run's masked HyperKvasir pool; pass
-    ``cases`` and ``case_iterator`` (e.g. ``cohorts.iter_cases``) for an external cohort."""
+    ``cases`` and ``case_iterator`` (e.g. ``cohorts.iter_cases``; called with ``decode_size``)
+    for an external cohort."""
     run_dir = Path(run_dir)
     if cases is None:
         cases = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
         case_iterator = audit.manifest_cases
     temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
     model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
-    return score_checkpoint(model, metadata, temperature, case_iterator(cases, data_root),
+    return score_checkpoint(model, metadata, temperature,
+                            case_iterator(cases, data_root, decode_size=image_size),
                             dataset=dataset, image_size=image_size, settings=settings,
                             batch_size=batch_size, device=device, total=len(cases))
 
@@ -285,7 +287,8 @@ def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint
     for epoch, path in snapshots:
         model, metadata = training.load_model(path, digest, image_size, resolve_device(device))
         _, c_rows, _ = score_checkpoint(model, {**metadata, "checkpoint_id": checkpoint_id}, temperature,
-                                        audit.manifest_cases(cases, data_root), dataset="hyperkvasir",
+                                        audit.manifest_cases(cases, data_root, decode_size=image_size),
+                                        dataset="hyperkvasir",
                                         image_size=image_size, settings=settings, batch_size=batch_size,
                                         device=device, total=len(cases))
         rows.append(c_rows.assign(epoch=epoch, val_auprc=float(metadata["val_auprc"])))

@@ -137,7 +137,8 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
     temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
     pool = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
     paths = audit.audit_paths(run_dir, f"hyperkvasir_layer_{neighbour[0]}", checkpoint_id)
-    audit.audit_checkpoint(model, metadata, temperature, audit.manifest_cases(pool, data_root),
+    audit.audit_checkpoint(model, metadata, temperature,
+                           audit.manifest_cases(pool, data_root, decode_size=image_size),
                            dataset="hyperkvasir", image_size=image_size, table_path=paths["table"],
                            random_deletion_path=paths["random_deletion"], top_fraction=top_fraction,
                            repetitions=1, batch_size=batch_size, device=device,
@@ -149,7 +150,8 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
                                              score_threshold, replicates, seed)}
     torch_device = next(model.parameters()).device
     batches = (images.to(torch_device) for _, images, _ in audit.prepared_batches(
-        audit.manifest_cases(pool, data_root), image_size, batch_size, excluded=[]))
+        audit.manifest_cases(pool, data_root, decode_size=image_size), image_size, batch_size,
+        excluded=[]))
     # the layers' weights over every audit image (one decode for both layers)
     diagnostics = layer_diagnostics(model, dict((protocol, neighbour)), batches)
     identical = {name: networks.identical_methods(model, name) for name in (protocol[0], neighbour[0])}

@@ -71,7 +71,7 @@ def held_out_negatives(manifest: pd.DataFrame, max_images: int) -> pd.DataFrame:
 def negative_images(rows: pd.DataFrame, data_root: str | Path, image_size: int) -> torch.Tensor:
     """Normalised float32 (N, 3, S, S) images of manifest ``rows`` (read from ``data_root``)."""
     data_root = Path(data_root)
-    return torch.stack([to_normalised_tensor(resize_rgb(read_rgb(data_root / path), image_size))
+    return torch.stack([to_normalised_tensor(resize_rgb(read_rgb(data_root / path, image_size), image_size))
                         for path in rows["path"]])
 
 

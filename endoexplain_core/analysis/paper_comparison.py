@@ -30,7 +30,10 @@ TABLE5_KEYS = {"or_gradcampp": "Grad-CAM++ versus Grad-CAM", "or_xgradcam": "XGr
                "or_score": "Scaled score per 0.10"}
 
 
-def read_paper_values(paper_dir: str | Path) -> pd.DataFrame:
+PAPER_VALUES_DIR = Path(__file__).resolve().parents[2] / "data_manifest" / "paper"
+
+
+def read_paper_values(paper_dir: str | Path = PAPER_VALUES_DIR) -> pd.DataFrame:
     """The shipped paper values; raises naming the file when it is missing or malformed."""
     path = Path(paper_dir) / PAPER_VALUES_FILE
     if not path.is_file():

@@ -144,7 +144,8 @@ def audit_cohort_unit(model, metadata: dict, temperature: float, dataset: str,
     checkpoint_id = str(metadata["checkpoint_id"])
     folder = Path(run_dir) / "audit" / dataset
     return audit.audit_checkpoint(
-        model, metadata, temperature, cohorts.iter_cases(cases, data_root), dataset=dataset,
+        model, metadata, temperature, cohorts.iter_cases(cases, data_root, decode_size=image_size),
+        dataset=dataset,
         image_size=image_size, table_path=folder / f"{checkpoint_id}.parquet",
         random_deletion_path=folder / f"{checkpoint_id}_random_deletion.parquet",
         top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size,

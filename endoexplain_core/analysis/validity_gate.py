@@ -735,7 +735,8 @@ def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     pool = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
     paths = audit.audit_paths(run_dir, dataset, checkpoint_id)
     summary = audit.audit_checkpoint(
-        model, metadata, temperature, audit.manifest_cases(pool, data_root), dataset=dataset,
+        model, metadata, temperature, audit.manifest_cases(pool, data_root, decode_size=check_size),
+        dataset=dataset,
         image_size=check_size, table_path=paths["table"], random_deletion_path=paths["random_deletion"],
         top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size, device=device,
         total=len(pool))

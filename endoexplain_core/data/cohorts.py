@@ -37,7 +37,6 @@ import pandas as pd
 
 from endoexplain_core.data import imageio, roles
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 EMPTY_MASK = "mask has no positive pixel (excluded from localisation)"
 CASE_COLUMNS = ("dataset", "sample_id", "image_path", "mask_paths", "frame_paths", "centre",
                 "modality", "sha256", "ahash", "height", "width", "lesion_pixels")
@@ -115,8 +114,8 @@ def _natural_key(text: str) -> list:
 
 
 def _images_in(folder: Path) -> list[Path]:
-    """Image files directly in ``folder`` (any case of the usual suffixes), naturally sorted."""
-    files = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    """Image files directly in ``folder`` (``imageio.is_image_file``), naturally sorted."""
+    files = [p for p in folder.iterdir() if imageio.is_image_file(p)]
     return sorted(files, key=lambda p: _natural_key(p.name))
 
 
@@ -229,20 +228,25 @@ def _union_mask(paths: list[Path]) -> np.ndarray:
     return union
 
 
-def load_case(case: pd.Series | dict, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Image (uint8 HxWx3) and mask (bool HxW, union over collapsed frames) of one case."""
+def load_case(case: pd.Series | dict, data_root: Path, *, decode_size: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Image (uint8 hxwx3) and mask (bool HxW, union over collapsed frames) of one case;
+    ``decode_size`` as in ``imageio.read_rgb`` (None: the full frame, h, w = H, W)."""
     data_root = Path(data_root)
-    image = imageio.read_rgb(data_root / case["image_path"])
+    image_path = data_root / case["image_path"]
+    image = imageio.read_rgb(image_path, decode_size)
     mask = _union_mask([data_root / p for p in case["mask_paths"]])
-    imageio.check_mask_size(data_root / case["image_path"], image.shape,
-                            data_root / case["mask_paths"][0], mask.shape)
+    full_shape = image.shape if decode_size is None else imageio.check_image_header(image_path)[::-1]
+    imageio.check_mask_size(image_path, full_shape, data_root / case["mask_paths"][0], mask.shape)
     return image, mask
 
 
-def iter_cases(cases: pd.DataFrame, data_root: Path) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Stream ``(sample_id, image uint8 HxWx3, mask bool HxW)`` one case at a time."""
+def iter_cases(cases: pd.DataFrame, data_root: Path, *, decode_size: int | None
+               ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Stream ``(sample_id, image uint8 hxwx3, mask bool HxW)`` one case at a time;
+    ``decode_size``: the model input side (``load_case``), None for full frames."""
     for case in cases.to_dict("records"):
-        image, mask = load_case(case, data_root)
+        image, mask = load_case(case, data_root, decode_size=decode_size)
         yield case["sample_id"], image, mask
 
 

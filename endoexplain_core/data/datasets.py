@@ -3,7 +3,9 @@
 Every stage that feeds an image to a classifier uses the same two steps defined here, so a
 checkpoint sees identical pixels in training, logit export and the CAM audit:
 
-1. ``resize_rgb``: uint8 (H, W, 3) RGB -> uint8 (S, S, 3), area interpolation (OpenCV).
+1. ``resize_rgb``: uint8 (H, W, 3) RGB -> uint8 (S, S, 3), area interpolation (OpenCV), from
+   the frame decoded for size S (``imageio.read_rgb(path, decode_size=S)``: large JPEGs at a
+   reduced DCT scale, the same in every stage).
 2. ``to_normalised_tensor``: uint8 (S, S, 3) -> float32 (3, S, S), ``(x / 255 - mean) / std``
    with the ImageNet ``IMAGENET_MEAN`` / ``IMAGENET_STD`` (RGB order).
 
@@ -130,9 +132,10 @@ class ImageCache:
 
 
 def decode_resized(path: Path, image_size: int) -> np.ndarray:
-    """Read ``path`` as RGB and resize it; any failure raises ``ImageDecodeError`` naming it."""
+    """Read ``path`` as RGB decoded for ``image_size`` and resize it; any failure raises
+    ``ImageDecodeError`` naming it."""
     try:
-        rgb = read_rgb(path)
+        rgb = read_rgb(path, decode_size=image_size)
     except Exception as error:  # any reader failure becomes one error type naming the file
         raise ImageDecodeError(f"cannot decode image {path}: {error}") from error
     return resize_rgb(rgb, image_size)

@@ -14,8 +14,8 @@ Conventions:
 - Category folders are matched after lower-casing and turning "_" and " " into "-", and through
   the aliases the official split files use (``polyp``, ``hemorroids``, ``normal-cecum``, ...).
   An unrecognised category is an error (its target would be a guess).
-- Image files are recognised by extension, case-insensitively (.jpg/.jpeg/.png/.tif/.tiff/.bmp);
-  hidden files are skipped, other files are counted as ignored.
+- Image files are recognised by extension, case-insensitively (``imageio.is_image_file``:
+  .jpg/.jpeg/.png/.tif/.tiff/.bmp); hidden files are skipped, other files are counted as ignored.
 - The segmented images are matched to labelled images by SHA-256 (their names differ). The
   mask path is recorded on the first labelled file (by path) with those bytes. A segmented
   image with no byte-identical labelled lower-GI image is an error: it could not be kept out
@@ -35,13 +35,12 @@ from typing import Any
 
 import pandas as pd
 
-from endoexplain_core.data.imageio import check_mask_size, read_mask
+from endoexplain_core.data.imageio import check_mask_size, is_image_file, read_mask
 from endoexplain_core.data.roles import hash_files, sha256_file
 
 HYPERKVASIR_FOLDER = "hyper-kvasir"
 LOWER_GI = "lower-gi-tract"
 UPPER_GI = "upper-gi-tract"
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 POSITIVE_SOURCES = ("polyps", "dyed-lifted-polyps")
 
 # Canonical lower-GI category -> its group folder (docs/protocol.md, "Dataset layouts").
@@ -108,10 +107,6 @@ def canonical_category(folder_name: str) -> str | None:
     return name if name in CATEGORY_GROUP else None
 
 
-def _is_image(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS
-
-
 def _visible_children(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
 
@@ -154,7 +149,7 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
                 unknown.append(_relative(category_dir, data_root))
                 continue
             for file in _visible_children(category_dir):
-                if not _is_image(file):
+                if not is_image_file(file):
                     ignored.append(_relative(file, data_root))
                     continue
                 rows.append({"sample_id": file.stem, "path": _relative(file, data_root),
@@ -178,7 +173,7 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
     upper_gi = 0
     if (labelled / UPPER_GI).is_dir():
         upper_gi = sum(1 for p in (labelled / UPPER_GI).rglob("*")
-                       if _is_image(p) and not p.name.startswith("."))
+                       if is_image_file(p))
     matched, duplicate_segmented = _match_segmented(images, data_root, segmented_images,
                                                     segmented_masks, progress)
     summary = {
@@ -195,7 +190,7 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
 
 def _find_mask(masks_dir: Path, stem: str) -> Path | None:
     """The mask file with this stem, whatever the (image) extension or its case."""
-    candidates = [p for p in masks_dir.glob(f"{stem}.*") if _is_image(p)]
+    candidates = [p for p in masks_dir.glob(f"{stem}.*") if is_image_file(p)]
     return sorted(candidates)[0] if candidates else None
 
 
@@ -208,7 +203,7 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
     """
     first_row_of_digest = (images.sort_values("path").drop_duplicates("sha256")
                            .reset_index().set_index("sha256")["index"])
-    files = [p for p in _visible_children(images_dir) if _is_image(p)]
+    files = [p for p in _visible_children(images_dir) if is_image_file(p)]
     if not files:
         raise HyperKvasirError(f"{images_dir}: no segmented images found")
     digests = hash_files(files, progress=progress, description="hashing segmented images")
@@ -241,4 +236,4 @@ def segmented_sha256(data_root: str | Path) -> list[str]:
     """SHA-256 of every image in ``segmented-images/images`` (for cross-dataset hash audits)."""
     folder = _require_folder(Path(data_root) / HYPERKVASIR_FOLDER / "segmented-images" / "images",
                              "segmented-images/images")
-    return [sha256_file(p) for p in _visible_children(folder) if _is_image(p)]
+    return [sha256_file(p) for p in _visible_children(folder) if is_image_file(p)]

@@ -20,6 +20,14 @@ Conventions used by every stage:
   the model's input and the mask's alignment) are not.
 - An image above ``MAX_PIXELS`` pixels is refused before it is decoded (a decompression bomb,
   or a file far larger than any endoscopy frame).
+- Model inputs are decoded for their size: ``read_rgb(path, decode_size=S)`` decodes a JPEG at
+  the largest DCT scale (1/2, 1/4 or 1/8, libjpeg's scaled decoding) that keeps both sides at
+  least ``S``; the caller then resizes to S x S. A reduced frame of a W x H file is
+  ceil(W/k) x ceil(H/k) (``same_frame``), so its mask is checked against the header's full size.
+  Every path that feeds a model (training, logit export, every audit) decodes this way, so a
+  checkpoint sees identical pixels everywhere; against a full decode + resize the model input
+  differs by about one grey level on average (tests/test_imageio.py states the bound).
+  Hashes, masks and figures read the full frame.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 MASK_THRESHOLD = 128
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")   # any case
 MAX_PIXELS = 64_000_000          # 8000 x 8000; the largest real frames are about 2 MP
 COLOUR_MASK_SPREAD = 48          # max - min over R, G, B of a pixel (0-255 scale)
 COLOUR_MASK_SHARE = 0.001        # share of pixels above that spread that makes a colour mask
@@ -51,6 +60,14 @@ class MaskSizeError(ValueError):
 
 class MaskFormatError(ImageReadError):
     """A mask file that would read as something other than what it shows (module docstring)."""
+
+
+def is_image_file(path: Path) -> bool:
+    """True for a visible file with an image suffix. Hidden files are never images of a
+    dataset: macOS archives carry an AppleDouble ``._<name>.jpg`` beside each file, which no
+    image reader decodes."""
+    path = Path(path)
+    return path.is_file() and not path.name.startswith(".") and path.suffix.lower() in IMAGE_SUFFIXES
 
 
 @contextlib.contextmanager
@@ -79,9 +96,12 @@ def _opened(path: Path, check=None):
         raise ImageReadError(f"{path}: cannot decode image file ({error})") from error
 
 
-def _open_decoded(path: Path, check=None) -> Image.Image:
-    """The fully decoded image at ``path`` (8 bits per channel), after ``_opened``'s checks."""
+def _open_decoded(path: Path, check=None, decode_size: int | None = None) -> Image.Image:
+    """The decoded image at ``path`` (8 bits per channel), after ``_opened``'s checks; a JPEG
+    at the DCT scale that keeps both sides >= ``decode_size`` when it is given."""
     with _opened(path, check) as image:
+        if decode_size is not None and image.format == "JPEG":
+            image.draft("RGB", (int(decode_size), int(decode_size)))
         image.load()  # decode now so that truncated files fail here, not later
         if image.mode in HIGH_BIT_DEPTH_MODES:
             raise ImageReadError(f"{path}: {image.mode} image with more than 8 bits per "
@@ -100,15 +120,24 @@ def _check_orientation(path: Path):
     return check
 
 
-def read_rgb(path: str | Path) -> np.ndarray:
-    """Read an image file as uint8 (H, W, 3) RGB.
+def read_rgb(path: str | Path, decode_size: int | None = None) -> np.ndarray:
+    """Read an image file as uint8 (H, W, 3) RGB; with ``decode_size`` (the side the caller
+    will resize to) a large JPEG is decoded at a reduced scale (module docstring).
 
     Raises ``ImageReadError`` naming ``path`` when the file is missing, cannot be decoded,
     carries an EXIF orientation other than 1, or is above ``MAX_PIXELS``.
     """
     path = Path(path)
-    return np.asarray(_open_decoded(path, _check_orientation(path)).convert("RGB"),
+    return np.asarray(_open_decoded(path, _check_orientation(path), decode_size).convert("RGB"),
                       dtype=np.uint8).copy()
+
+
+def same_frame(image_shape: tuple[int, ...], full_shape: tuple[int, ...]) -> bool:
+    """True when an (H, W) image is the frame of ``full_shape`` decoded at a DCT scale 1/k
+    (k in 1, 2, 4, 8): its sides are ceil(full side / k)."""
+    height, width = image_shape[:2]
+    full_height, full_width = full_shape[:2]
+    return any(height == -(-full_height // k) and width == -(-full_width // k) for k in (1, 2, 4, 8))
 
 
 def check_image_header(path: str | Path) -> tuple[int, int]:
@@ -167,9 +196,13 @@ def check_mask_size(image_path: str | Path, image_shape: tuple[int, ...],
 
 
 def read_image_and_mask(image_path: str | Path, mask_path: str | Path,
-                        threshold: int = MASK_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
-    """Read an image (uint8 H x W x 3) and its mask (bool H x W), checking the sizes agree."""
-    image = read_rgb(image_path)
+                        threshold: int = MASK_THRESHOLD, *, decode_size: int | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Read an image (uint8 h x w x 3) and its mask (bool H x W), checking that the mask has
+    the image file's size. Without ``decode_size`` h, w = H, W; with it the image may be the
+    reduced decode of the module docstring (``same_frame``)."""
+    image = read_rgb(image_path, decode_size)
     mask = read_mask(mask_path, threshold)
-    check_mask_size(image_path, image.shape, mask_path, mask.shape)
+    full_shape = image.shape if decode_size is None else check_image_header(image_path)[::-1]
+    check_mask_size(image_path, full_shape, mask_path, mask.shape)
     return image, mask

@@ -47,11 +47,13 @@ import imagehash
 import numpy as np
 from PIL import Image, ImageDraw
 
-from endoexplain_core import files
-from endoexplain_core.data.imageio import read_mask, read_rgb
+from endoexplain_core import config, files
+from endoexplain_core.data import mirror
+from endoexplain_core.data.imageio import is_image_file, read_mask, read_rgb
 
 GENERATOR_VERSION = 1
-MARKER_FILE = "synthetic_cohort.json"
+MARKER_FILE = config.SYNTHETIC_MARKER
+LAYOUTS = ("embedded", "mirror")
 JPEG_QUALITY = 92
 
 # Colours in linear [0, 1] RGB.
@@ -453,11 +455,28 @@ def _kvasir_name(rng: np.random.Generator) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class _TreeWriter:
-    """Writes files under a root and remembers what it wrote (relative POSIX paths)."""
+    """Writes files under a root and remembers what it wrote (relative POSIX paths).
 
-    def __init__(self, root: Path):
+    ``layout`` "mirror" dresses every rendered frame as the real datasets look on disk
+    (``dress``, from the ``mirror/<name>`` streams); "embedded" leaves frames as rendered.
+    """
+
+    def __init__(self, root: Path, seed: int = 0, layout: str = "embedded"):
         self.root = root
         self.written: list[str] = []
+        self.mirror = layout == "mirror"
+        self._seed = seed
+        self._streams: dict[str, np.random.Generator] = {}
+
+    def dress(self, name: str, image: np.ndarray, mask: np.ndarray,
+              sizes: Sequence[tuple[int, int]], text: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``mirror.dress_frame`` with the stream ``mirror/<name>`` in the mirror layout; the
+        frame unchanged in the embedded one."""
+        if not self.mirror:
+            return image, mask
+        if name not in self._streams:
+            self._streams[name] = stream(self._seed, f"mirror/{name}")
+        return mirror.dress_frame(self._streams[name], image, mask, sizes, text=text)
 
     def write(self, relative: str, data: bytes) -> None:
         path = self.root / relative
@@ -477,7 +496,7 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
                     position_box_rate: float = 0.5, etis_count: int = 40,
                     etis_duplicates: int = 2, polypgen_counts: Sequence[int] = (12, 12, 12, 8, 8, 6),
                     polypgen_empty_per_centre: int = 1, polypgen_duplicates: int = 1,
-                    polypdb_per_cell: int = 6) -> dict[str, Any]:
+                    polypdb_per_cell: int = 6, layout: str = "embedded") -> dict[str, Any]:
     """Write the synthetic cohort under ``root`` and return a summary of what was written.
 
     Layout (see docs/architecture.md): ``hyper-kvasir/labeled-images/lower-gi-tract/<group>/
@@ -509,6 +528,10 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     polypgen_counts : frames per centre C1..C6, of which ``polypgen_empty_per_centre`` show no
         polyp (empty mask); plus ``polypgen_duplicates`` byte copies in C1.
     polypdb_per_cell : frames per (centre, modality) of ``POLYPDB_CENTRE_MODALITIES``.
+    layout : "embedded" (frames as rendered, ``frame_size`` squares) or "mirror" (the same
+        content dressed as the real downloads look: published frame sizes, black surround,
+        screen text, 3-channel PolypGen masks, stray files, ``sequenceData`` and PolypDB's
+        modality-wise tree; see ``data.mirror``). The embedded bytes do not depend on it.
 
     The tree is built in ``<root>.partial`` and renamed into place, so an interrupted run
     leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
@@ -525,6 +548,8 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
         raise ValueError(f"polypgen_counts needs {len(POLYPGEN_CENTRES)} values (C1..C6)")
     if n_audit_near_duplicates > n_segmented:
         raise ValueError("n_audit_near_duplicates cannot exceed n_segmented")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if root.exists() and not (root / MARKER_FILE).is_file():
         raise FileExistsError(f"{root} exists and is not a synthetic cohort written by this "
                               f"generator (no {MARKER_FILE}); refusing to overwrite it")
@@ -542,10 +567,12 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
         "polypgen_empty_per_centre": polypgen_empty_per_centre,
         "polypgen_duplicates": polypgen_duplicates, "polypdb_per_cell": polypdb_per_cell,
     }
+    if layout != "embedded":   # the embedded marker keeps its earlier bytes
+        parameters["layout"] = layout
     partial = root.with_name(root.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    writer = _TreeWriter(partial)
+    writer = _TreeWriter(partial, seed, layout)
     knobs = {"conspicuity": conspicuity, "dye_strength": dye_strength,
              "lesion_radius": tuple(lesion_radius)}
     summary: dict[str, Any] = {"parameters": parameters}
@@ -559,6 +586,8 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     summary["PolypGen"] = _write_polypgen(writer, seed, frame_size, polypgen_counts,
                                           polypgen_empty_per_centre, polypgen_duplicates, knobs)
     summary["PolypDB"] = _write_polypdb(writer, seed, frame_size, polypdb_per_cell, knobs)
+    if writer.mirror:
+        summary["mirror_extras"] = _write_mirror_extras(writer, seed, frame_size)
     summary["files"] = len(writer.written)
     writer.write(MARKER_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     _replace_directory(partial, root)
@@ -601,6 +630,8 @@ def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: 
             image, mask = render_frame(rng, frame_size, **{"lesion": False, **style},
                                        **frame_knobs,
                                        position_box=bool(rng.random() < position_box_rate))
+            image, mask = writer.dress("hyper-kvasir", image, mask, mirror.HYPERKVASIR_SIZES,
+                                       mirror.OVERLAY_TEXT["hyper-kvasir"])
             data = encode_image(image, "JPEG")
             writer.write(f"{folder}/{_uuid_name(rng)}.jpg", data)
             frames.append((image, mask, data))
@@ -680,6 +711,8 @@ def _write_etis(writer: _TreeWriter, seed: int, frame_size: int, count: int, dup
     for number in range(1, count + 1):
         image, mask = render_frame(rng, size, **_polyp_knobs(rng, etis_knobs),
                                    colour_shift=(1.02, 0.97, 0.92))
+        image, mask = writer.dress("ETIS-LaribPolypDB", image, mask, mirror.ETIS_SIZES,
+                                   mirror.OVERLAY_TEXT["ETIS-LaribPolypDB"])
         frames.append((encode_image(image, "TIFF"), mask))
         writer.write(f"ETIS-LaribPolypDB/ETIS-LaribPolypDB/{number}.tif", frames[-1][0])
         writer.write(f"ETIS-LaribPolypDB/Ground Truth/p{number}.tif", encode_image(mask, "TIFF"))
@@ -712,14 +745,17 @@ def _write_polypgen(writer: _TreeWriter, seed: int, frame_size: int, counts: Seq
             image, mask = render_frame(rng, size, lesion=has_polyp, **_polyp_knobs(rng, knobs),
                                        colour_shift=style["colour_shift"],
                                        position_box=style["position_box"])
+            image, mask = writer.dress(f"PolypGen/C{centre}", image, mask,
+                                       mirror.POLYPGEN_SIZES[centre], mirror.OVERLAY_TEXT["PolypGen"])
             stem = f"C{centre}_{index + 1:04d}"
             data = encode_image(image, "JPEG")
+            mask_data = encode_image(_polypgen_mask(writer, mask, index), "JPEG")
             writer.write(f"{folder}/images_C{centre}/{stem}.jpg", data)
-            writer.write(f"{folder}/masks_C{centre}/{stem}_mask.jpg", encode_image(mask, "JPEG"))
+            writer.write(f"{folder}/masks_C{centre}/{stem}_mask.jpg", mask_data)
             if centre == 1 and has_polyp and index - empty_per_centre < duplicates:
                 copy_stem = f"C1_dup{index + 1:04d}"
                 writer.write(f"{folder}/images_C1/{copy_stem}.jpg", data)
-                writer.write(f"{folder}/masks_C1/{copy_stem}_mask.jpg", encode_image(mask, "JPEG"))
+                writer.write(f"{folder}/masks_C1/{copy_stem}_mask.jpg", mask_data)
                 written += 1
         per_centre[f"C{centre}"] = written
     return {"frames": per_centre, "empty_mask_frames": empty}
@@ -737,11 +773,57 @@ def _write_polypdb(writer: _TreeWriter, seed: int, frame_size: int, per_cell: in
                 image, mask = render_frame(rng, frame_size, **_polyp_knobs(rng, knobs),
                                            colour_shift=POLYPDB_MODALITIES[modality],
                                            position_box=centre == "Simula")
+                image, mask = writer.dress(f"PolypDB/{centre}", image, mask,
+                                           mirror.POLYPDB_SIZES[centre],
+                                           mirror.OVERLAY_TEXT[f"PolypDB/{centre}"])
                 stem = f"{centre}_{modality}_{index + 1:03d}"
-                writer.write(f"{folder}/images/{stem}.jpg", encode_image(image, "JPEG"))
-                writer.write(f"{folder}/masks/{stem}.png", encode_image(mask, "PNG"))
+                image_data, mask_data = encode_image(image, "JPEG"), encode_image(mask, "PNG")
+                writer.write(f"{folder}/images/{stem}.jpg", image_data)
+                writer.write(f"{folder}/masks/{stem}.png", mask_data)
+                if writer.mirror:   # the modality-wise tree: the same files re-organised
+                    modality_folder = f"PolypDB/PolypDB_modality_wise/{modality}"
+                    writer.write(f"{modality_folder}/images/{stem}.jpg", image_data)
+                    writer.write(f"{modality_folder}/masks/{stem}.png", mask_data)
             cells[f"{centre}/{modality}"] = per_cell
     return {"frames": sum(cells.values()), "cells": cells}
+
+
+def _polypgen_mask(writer: _TreeWriter, mask: np.ndarray, index: int) -> np.ndarray:
+    """The array a PolypGen mask is saved from: greyscale, or in the mirror layout a 3-channel
+    copy for every other frame (several centres ship 3-channel JPEG masks)."""
+    if writer.mirror and index % 2 == 0:
+        return np.repeat((mask.astype(np.uint8) * 255)[..., None], 3, axis=2)
+    return mask
+
+
+def _write_mirror_extras(writer: _TreeWriter, seed: int, frame_size: int) -> dict[str, Any]:
+    """What real downloads hold besides the frames the readers index: stray system files,
+    HyperKvasir's label CSV and two upper-GI frames (counted and excluded), an AppleDouble
+    ``._`` copy beside a PolypGen frame and PolypGen's ``sequenceData`` video frames."""
+    rng = stream(seed, "mirror/extras")
+    for relative, data in mirror.STRAY_FILES.items():
+        writer.write(relative, data)
+    labelled = "hyper-kvasir/labeled-images/lower-gi-tract/"
+    label_rows = []
+    for path in writer.written:
+        if path.startswith(labelled):
+            group, category, name = path.removeprefix(labelled).split("/")
+            label_rows.append((name.rsplit(".", 1)[0], category, group))
+    writer.write(mirror.LABEL_CSV, mirror.label_csv(label_rows))
+    upper = "hyper-kvasir/labeled-images/upper-gi-tract/anatomical-landmarks/z-line"
+    for _ in range(2):
+        image, mask = render_frame(rng, frame_size, lesion=False)
+        image, _ = writer.dress("hyper-kvasir/upper-gi", image, mask, mirror.HYPERKVASIR_SIZES, True)
+        writer.write(f"{upper}/{_uuid_name(rng)}.jpg", encode_image(image, "JPEG"))
+    writer.write("PolypGen/data_C1/images_C1/._C1_0001.jpg", b"\x00\x05\x16\x07" + bytes(78))
+    sequence = "PolypGen/sequenceData/positive/seq1"
+    for number in (1, 2):
+        image, mask = render_frame(rng, frame_size)
+        image, mask = writer.dress("PolypGen/sequence", image, mask, mirror.POLYPGEN_SIZES[1], True)
+        writer.write(f"{sequence}/images_seq1/seq1_{number:04d}.jpg", encode_image(image, "JPEG"))
+        writer.write(f"{sequence}/masks_seq1/seq1_{number:04d}_mask.jpg", encode_image(mask, "JPEG"))
+    return {"stray_files": len(mirror.STRAY_FILES) + 1, "label_csv_rows": len(label_rows),
+            "upper_gi_frames": 2, "sequence_frames": 2}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -753,10 +835,10 @@ def _contact_rows(root: Path, per_row: int) -> list[tuple[str, list[Path], list[
     rows = []
     labelled = root / "hyper-kvasir" / "labeled-images" / "lower-gi-tract"
     for folder in sorted(p for p in labelled.glob("*/*") if p.is_dir()):
-        images = sorted(p for p in folder.iterdir() if p.is_file())[:per_row]
+        images = sorted(p for p in folder.iterdir() if is_image_file(p))[:per_row]
         rows.append((folder.name, images, [None] * len(images)))
     segmented = root / "hyper-kvasir" / "segmented-images"
-    images = sorted((segmented / "images").glob("*"))[:per_row]
+    images = sorted(p for p in (segmented / "images").glob("*") if is_image_file(p))[:per_row]
     if images:
         rows.append(("segmented (mask)", images, [segmented / "masks" / p.name for p in images]))
     etis = sorted((root / "ETIS-LaribPolypDB" / "ETIS-LaribPolypDB").glob("*.tif"),
@@ -764,10 +846,10 @@ def _contact_rows(root: Path, per_row: int) -> list[tuple[str, list[Path], list[
     if etis:
         rows.append(("ETIS", etis, [None] * len(etis)))
     for images_dir in sorted((root / "PolypGen").glob("data_C*/images_C*")):
-        images = sorted(images_dir.glob("*"))[:per_row]
+        images = sorted(p for p in images_dir.glob("*") if is_image_file(p))[:per_row]
         rows.append((f"PolypGen {images_dir.parent.name[5:]}", images, [None] * len(images)))
     for modality_dir in sorted((root / "PolypDB" / "PolypDB_center_wise").glob("*/*")):
-        images = sorted((modality_dir / "images").glob("*"))[:per_row]
+        images = sorted(p for p in (modality_dir / "images").glob("*") if is_image_file(p))[:per_row]
         rows.append((f"PolypDB {modality_dir.parent.name}/{modality_dir.name}", images,
                      [None] * len(images)))
     return rows

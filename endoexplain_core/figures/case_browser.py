@@ -358,10 +358,10 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     if audit.audit_paths(run_dir, "hyperkvasir", primary_id)["table"].is_file():
         pool = audit.masked_pool(load_manifest(manifest_path))
         pool_label = "Synthetic HyperKvasir-like (audit pool)" if synthetic else "HyperKvasir (audit pool)"
-        sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root))
+        sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root, decode_size=image_size))
     external = transfer.external_cases(run_dir, cohort_root, names)
     for name, cases in external.items():
-        sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root))
+        sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root, decode_size=image_size))
 
     out_dir = run_dir / BROWSER_DIR
     records, labels = [], {}

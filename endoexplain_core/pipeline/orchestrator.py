@@ -139,11 +139,14 @@ def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR)
     return digest.hexdigest()
 
 
-def data_fingerprint(data_root: str, reference_dir: Path) -> str:
+REFERENCE_KEYS = ("adopt_manifest", "manifest_reference_dir")
+
+
+def data_fingerprint(data_root: str, reference_dir: Path | None) -> str:
     """Cheap fingerprint of the inputs of the first stage.
 
     For a real data root: relative path, size and modification time of every file (hashing the
-    bytes is the roles stage's job). Always: the committed reference manifest.
+    bytes is the roles stage's job). With ``reference_dir``: the reference manifest's files.
     """
     digest = hashlib.sha256()
     if data_root:
@@ -155,7 +158,7 @@ def data_fingerprint(data_root: str, reference_dir: Path) -> str:
                 stat = path.stat()
                 digest.update(f"{path.relative_to(root).as_posix()}\t{stat.st_size}\t"
                               f"{stat.st_mtime_ns}\n".encode())
-    if reference_dir.is_dir():
+    if reference_dir is not None and reference_dir.is_dir():
         for path in sorted(reference_dir.iterdir()):
             if path.is_file():
                 digest.update(path.name.encode())
@@ -400,8 +403,14 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
                  shared_settings: type | None = None, scheduler: str | None = None,
                  allow_insecure_scheduler: bool = False,
-                 overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+                 overrides: list[str] | tuple[str, ...] = (),
+                 manifest_reference: str | Path | None = None) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
+
+    ``manifest_reference`` (``--manifest-reference``): the folder of the reference manifest
+    stage 00 compares with (and ``--adopt-manifest`` writes); default the committed
+    ``data_manifest/<profile>``. A generated data root (the synthetic mirror) with the paper
+    profile must name another folder: ``data_manifest/paper`` is the real datasets' reference.
 
     ``overrides``: ``--set SECTION.KEY=VALUE`` texts, validated with the profile before any
     work (``config.load_profile``); they enter the parameters of the stages that read the key,
@@ -434,7 +443,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if data_root and not Path(data_root).is_dir():
         raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     data_root = str(Path(data_root).resolve()) if data_root else ""
-    reference_dir = REPO_ROOT / "data_manifest" / profile_name
+    reference_dir = manifest_reference_dir(profile_name, data_root, manifest_reference)
 
     unknown = sorted(set(only or []) - set(names))
     if unknown:
@@ -442,6 +451,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
 
     _mark_running(paths.run_dir / "provenance.json")
     upstream = data_fingerprint(data_root, reference_dir)
+    # Later stages read the data through the manifest, not the reference it was checked
+    # against: adopting a reference (the first paper run) must not rerun them next time.
+    data_only = data_fingerprint(data_root, None)
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
     for notebook in stages:
@@ -455,11 +467,14 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             parameters["scheduler"] = scheduler
         if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
             parameters["allow_insecure_scheduler"] = True
-        # Where tasks run does not change what they compute: not part of the digest.
-        digested = {k: v for k, v in parameters.items() if k not in profiles.EXECUTION_KEYS}
-        digest = stage_digest(notebook, digested, core_code_digest(core_modules_used(notebook)),
-                              upstream)
-        upstream = digest
+        # Where tasks run does not change what they compute, nor does where the reference
+        # manifest lives or whether a new one is adopted (its content is in the first
+        # stage's fingerprint): not part of the digest.
+        digested = {k: v for k, v in parameters.items()
+                    if k not in (*profiles.EXECUTION_KEYS, *REFERENCE_KEYS)}
+        core = core_code_digest(core_modules_used(notebook))
+        digest = stage_digest(notebook, digested, core, upstream)
+        upstream = stage_digest(notebook, digested, core, data_only) if stage == names[0] else digest
         executed = paths.notebooks_out / notebook.name
         stamp_path = paths.stamps / f"{stage}.json"
         stamp = _read_stamp(stamp_path)
@@ -574,6 +589,7 @@ def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: 
         "config_file": str(profiles.profile_path(profile)),
         "overrides": list(overrides),
         "data_root": data_root or "(embedded synthetic cohort)",
+        "synthetic_data": profiles.is_synthetic_data(data_root),
         "git": git_state(),
         "packages": package_versions(),
         "device": device_description(),
@@ -597,7 +613,22 @@ def _write_record(paths: RunPaths, provenance: dict[str, Any]) -> None:
     record.write_run_index(paths.run_dir, paths.figures_dir, provenance)
 
 
-def preflight_main(profile: str, data_root: str, output_root: Path, overrides: list[str]) -> int:
+def manifest_reference_dir(profile_name: str, data_root: str,
+                           manifest_reference: str | Path | None) -> Path:
+    """The reference manifest folder of a run (``run_pipeline``'s ``manifest_reference``);
+    ``ValueError`` for the paper profile on generated data without one: adopting that manifest
+    would replace the real datasets' committed reference with a synthetic one."""
+    if manifest_reference:
+        return Path(manifest_reference).expanduser().resolve()
+    if profile_name == "paper" and data_root and profiles.is_synthetic_data(data_root):
+        raise ValueError(f"--data-root {data_root} holds generated frames ({profiles.SYNTHETIC_MARKER}); "
+                         "data_manifest/paper is the real datasets' reference manifest: give the "
+                         "rehearsal its own with --manifest-reference DIR (and --adopt-manifest)")
+    return REPO_ROOT / "data_manifest" / profile_name
+
+
+def preflight_main(profile: str, data_root: str, output_root: Path, overrides: list[str],
+                   manifest_reference: str | None = None) -> int:
     """``run_all.sh --check``: validate the profile (with its ``--set``), run every preflight
     check and print them (``pipeline.preflight``); 0 when ready, 2 when not."""
     from endoexplain_core.pipeline import preflight
@@ -612,6 +643,10 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
     reference = REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
     findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference,
                                        estimate=True)
+    try:
+        manifest_reference_dir(config.profile, data_root, manifest_reference)
+    except ValueError as error:
+        findings.append(preflight.Finding("data", "reference manifest", preflight.PROBLEM, str(error)))
     text, code = preflight.report(findings)
     print(text)
     return code
@@ -629,6 +664,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adopt-manifest", action="store_true",
                         help="accept a manifest that differs from data_manifest/<profile>/ and "
                              "make it the new reference")
+    parser.add_argument("--manifest-reference", default=None, metavar="DIR",
+                        help="folder of the reference manifest that stage 00 compares with and "
+                             "--adopt-manifest writes (default: data_manifest/<profile>/; a "
+                             "rehearsal of the paper profile on generated data needs its own)")
     parser.add_argument("--output-root", default=str(REPO_ROOT),
                         help="where runs/ and figures/ are written (default: the repository)")
     parser.add_argument("--scheduler", default=None, metavar="WHERE",
@@ -647,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="override one profile setting for this run, validated like the file, "
                              "e.g. --set 01_training.training_settings.epochs=1 or --set "
                              "shared.image_size=128 (repeatable; recorded in provenance.json)")
+    parser.add_argument("--set-file", action="append", default=[], metavar="FILE",
+                        help="--set texts from a file, one SECTION.KEY=VALUE per line (# comments), "
+                             "applied before the command line's --set; e.g. "
+                             "configs/paper_rehearsal.sets")
     parser.add_argument("--check", action="store_true",
                         help="preflight only: check the data root, every dataset and weight file the "
                              "profile needs, the device and the free disk, print every finding and "
@@ -655,17 +698,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
     args = parser.parse_args(argv)
+    try:
+        args.overrides = [text for path in args.set_file for text in profiles.read_set_file(path)
+                          ] + args.overrides
+    except profiles.ProfileError as error:
+        print(f"run_all: {error}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stdout)
     if args.check:
-        return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides)
+        return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides,
+                              args.manifest_reference)
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
                                   output_root=Path(args.output_root),
                                   wait_for_lock=args.wait_for_lock, scheduler=args.scheduler,
                                   allow_insecure_scheduler=args.allow_insecure_scheduler,
-                                  overrides=args.overrides)
+                                  overrides=args.overrides,
+                                  manifest_reference=args.manifest_reference)
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2

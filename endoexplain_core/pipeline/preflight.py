@@ -43,6 +43,10 @@ READY, MISSING, PROBLEM, INFO = "ready", "missing", "problem", "info"
 NAMED_EXAMPLES = 3                      # files named per exclusion reason (all are counted)
 PAPER_MANIFEST_ROWS_KEY = "manifest_rows"
 MIN_FREE_DISK_GB = 5.0                  # below this the run folder may fill the disk
+CHECKPOINT_COPIES = 4   # float32 copies kept per trained model: best weights + resume state (weights, AdamW's two moments)
+RECORD_BYTES_PER_STAGE = 2.0e6      # executed notebook + HTML, tables and figures of one stage (measured, rehearsal run)
+BROWSER_BYTES_PER_IMAGE = 0.0       # case browser strip per audited image (measured, rehearsal run)
+
 
 
 @dataclass(frozen=True)
@@ -174,10 +178,15 @@ def device_findings(device: str) -> list[Finding]:
                                                                       if device == "auto" else ""))]
 
 
+def free_gib(run_dir: Path) -> float:
+    """GiB free on the file system that will hold ``run_dir`` (its first existing parent)."""
+    existing = next(p for p in [run_dir, *run_dir.parents] if p.exists())
+    return shutil.disk_usage(existing).free / 2 ** 30
+
+
 def disk_findings(run_dir: Path, minimum_gb: float = MIN_FREE_DISK_GB) -> list[Finding]:
     """Free space on the file system that will hold the run folder."""
-    existing = next(p for p in [run_dir, *run_dir.parents] if p.exists())
-    free = shutil.disk_usage(existing).free / 2 ** 30
+    free = free_gib(run_dir)
     status = READY if free >= minimum_gb else PROBLEM
     return [Finding("disk", str(run_dir), status, f"{free:.1f} GiB free (at least {minimum_gb:.0f} "
                     "GiB advised)")]
@@ -190,6 +199,7 @@ class Costs:
     forward: float
     train: float       # forward + backward + optimiser step, in train mode
     cams: float        # one fused pass of the five CAMs (forward + one backward)
+    parameters: int = 0  # numbers in the model's state dict (weights and buffers)
 
 
 def measure_costs(architectures, image_size: int, device: str, *, batch: int = 8,
@@ -237,24 +247,23 @@ def measure_costs(architectures, image_size: int, device: str, *, batch: int = 8
                     torch.cuda.synchronize()
                 runs.append(time.perf_counter() - started)
             timed[name] = min(runs) / batch
-        costs[arch] = Costs(**timed)
+        costs[arch] = Costs(**timed, parameters=sum(t.numel() for t in model.state_dict().values()))
     return costs
 
 
 def decode_cost(paths, image_size: int) -> float:
     """Seconds to decode and resize one image to the input size, over the given files (the
-    data's own; 0 when there is none)."""
+    data's own; 0 when there is none), as the run does it (``datasets.decode_resized``)."""
     import time
 
-    from endoexplain_core.data.datasets import resize_rgb
-    from endoexplain_core.data.imageio import read_rgb
+    from endoexplain_core.data.datasets import decode_resized
 
     paths = list(paths)
     if not paths:
         return 0.0
     started = time.perf_counter()
     for path in paths:
-        resize_rgb(read_rgb(path), image_size)
+        decode_resized(path, image_size)
     return (time.perf_counter() - started) / len(paths)
 
 
@@ -323,8 +332,38 @@ def stage_seconds(config: profiles.Profile, counts: WorkCounts, costs: dict[str,
     }
 
 
-def estimate_findings(config: profiles.Profile, counts: WorkCounts, sample_paths) -> list[Finding]:
-    """One info line per stage with its estimated minutes and how, and a total."""
+def stage_disk_bytes(config: profiles.Profile, counts: WorkCounts, costs: dict[str, Costs]
+                     ) -> dict[str, tuple[float, str]]:
+    """stage -> (bytes the stage leaves in the run folder, how): trained models exactly
+    (parameters x 4 bytes x ``CHECKPOINT_COPIES``, plus one copy per epoch snapshot when kept),
+    the rest (notebooks, tables, figures, case browser) from sizes measured on a run."""
+    from endoexplain_core.models import training
+
+    shared = config.shared
+    primary = training.PRIMARY_ARCH
+    stage01 = config.stage_settings("01_training")
+    model_bytes = {arch: 4.0 * costs[arch].parameters for arch in shared.architectures}
+    checkpoints = 0.0
+    for arch in shared.architectures:
+        settings = training.settings_for(arch, stage01.training_settings, stage01.arch_overrides)
+        runs = len(shared.training_seeds) + (1 if arch == primary else 0)     # + shuffled control
+        snapshots = settings.epochs if stage01.keep_epoch_snapshots and arch == primary else 0
+        checkpoints += runs * model_bytes[arch] * CHECKPOINT_COPIES + snapshots * model_bytes[arch]
+    audited = counts.audit_pool + counts.external
+    record = RECORD_BYTES_PER_STAGE
+    return {
+        "01_training": (checkpoints + record, "trained models x parameters x 4 bytes x "
+                        f"{CHECKPOINT_COPIES} (best weights + resume state)"),
+        "09_figures": (audited * BROWSER_BYTES_PER_IMAGE + record,
+                       "case browser: one strip per audited image"),
+        "other stages": (8 * record, "notebooks, tables and figures; the gate keeps no model"),
+    }
+
+
+def estimate_findings(config: profiles.Profile, counts: WorkCounts, sample_paths,
+                      run_dir: Path | None = None) -> list[Finding]:
+    """One info line per stage with its estimated minutes and how, the disk it fills and a
+    total; with ``run_dir``, a problem when the disk estimate exceeds its free space."""
     costs = measure_costs(config.shared.architectures, config.shared.image_size, config.shared.device)
     decode = decode_cost(sample_paths, config.shared.image_size)
     findings = [Finding("estimate", "per-image costs", INFO, "; ".join(
@@ -336,6 +375,14 @@ def estimate_findings(config: profiles.Profile, counts: WorkCounts, sample_paths
     for stage, (value, how) in seconds.items():
         findings.append(Finding("estimate", stage, INFO, f"{value / 60:.1f} min ({how})"))
     total = sum(value for value, _ in seconds.values())
+    disk = stage_disk_bytes(config, counts, costs)
+    for stage, (value, how) in disk.items():
+        findings.append(Finding("estimate", f"disk {stage}", INFO, f"{value / 2 ** 30:.2f} GiB ({how})"))
+    needed = sum(value for value, _ in disk.values()) / 2 ** 30
+    free = free_gib(run_dir) if run_dir is not None else float("inf")
+    findings.append(Finding("estimate", "disk total", INFO if needed < free else PROBLEM,
+                            f"about {needed:.1f} GiB in the run folder"
+                            + (f", {free:.1f} GiB free there" if run_dir is not None else "")))
     findings.append(Finding("estimate", "total", INFO, f"about {total / 60:.0f} min of model passes "
                             f"({counts.development:,} development, {counts.audit_pool:,} audit, "
                             f"{counts.external:,} external images); statistics, figures and notebook "
@@ -377,7 +424,7 @@ def run_preflight(config: profiles.Profile, data_root: str, run_dir: Path,
             counts = WorkCounts(development=int(index.summary["labelled_lower_gi"]) - audit_pool,
                                 audit_pool=audit_pool, external=external)
             sample = [Path(data_root) / p for p in index.images["path"].head(6)]
-            findings += estimate_findings(config, counts, sample)
+            findings += estimate_findings(config, counts, sample, run_dir)
     return findings
 
 

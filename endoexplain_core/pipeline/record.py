@@ -310,7 +310,11 @@ def compute_seconds(stage_records: list[dict]) -> float:
 
 
 def is_synthetic(provenance: dict) -> bool:
-    """True when the run used the embedded synthetic cohort (no data root)."""
+    """True when the run read synthetic frames (``provenance["synthetic_data"]``: the embedded
+    cohort or a generated data root such as the mirror); records written before that key
+    existed: no data root."""
+    if "synthetic_data" in provenance:
+        return bool(provenance["synthetic_data"])
     data_root = str(provenance.get("data_root") or "")
     return not data_root or "synthetic" in data_root
 

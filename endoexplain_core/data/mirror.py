@@ -1,0 +1,114 @@
+"""How the real datasets look on disk, for the synthetic generator's ``mirror`` layout.
+
+The embedded cohort (``synthetic.generate_cohort(layout="embedded")``) writes small square
+frames. The ``mirror`` layout writes the same planted content as the real downloads look: each
+rendered frame is enlarged into a frame of one of its dataset's published sizes, on a black
+surround, with the text and box overlays of the processor's screen where the dataset has them
+(``dress_frame``); the mask is enlarged with it (nearest neighbour) and encoded as the dataset
+encodes its masks. Beside the frames it writes what real folders hold and readers must pass by:
+stray files (``.DS_Store``, ``Thumbs.db``, AppleDouble ``._<name>.jpg``), label CSVs and JSON,
+PolypGen's ``sequenceData`` videos and PolypDB's modality-wise copy of its tree.
+
+Frame sizes are (height, width) in pixels, the sizes listed for each published set (several per
+dataset where the set mixes processors); ETIS-LaribPolypDB has one size. The frames are large
+on purpose: they exercise the loaders' reduced-scale JPEG decoding and the preflight's size
+report with the pixels a real run reads.
+
+Every draw comes from the generator passed in (the generator's ``mirror/...`` streams), so the
+content streams of the embedded layout are untouched and its bytes do not change.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+
+# Published frame sizes, (height, width) pixels.
+HYPERKVASIR_SIZES: tuple[tuple[int, int], ...] = ((576, 720), (1024, 1280), (1072, 1920), (529, 622))
+ETIS_SIZES: tuple[tuple[int, int], ...] = ((966, 1225),)
+POLYPGEN_SIZES: dict[int, tuple[tuple[int, int], ...]] = {
+    1: ((1080, 1920), (1064, 1350)), 2: ((1080, 1350),), 3: ((576, 720), (480, 640)),
+    4: ((1080, 1920),), 5: ((1024, 1280),), 6: ((1080, 1920), (576, 720)),
+}
+POLYPDB_SIZES: dict[str, tuple[tuple[int, int], ...]] = {
+    "Simula": ((576, 720), (1024, 1280)), "BKAI": ((995, 1280),), "Karolinska": ((1080, 1920),),
+}
+# Datasets whose frames carry the processor's on-screen text (ETIS and the BKAI crops do not).
+OVERLAY_TEXT = {"hyper-kvasir": True, "ETIS-LaribPolypDB": False, "PolypGen": True,
+                "PolypDB/Simula": True, "PolypDB/BKAI": False, "PolypDB/Karolinska": True}
+
+# Files real downloads carry next to the images (relative path -> bytes).
+STRAY_FILES: dict[str, bytes] = {
+    ".DS_Store": b"\x00\x00\x00\x01Bud1" + bytes(26),
+    "hyper-kvasir/labeled-images/.DS_Store": b"\x00\x00\x00\x01Bud1" + bytes(26),
+    "ETIS-LaribPolypDB/ETIS-LaribPolypDB/Thumbs.db": b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(56),
+    "PolypDB/PolypDB_center_wise/.DS_Store": b"\x00\x00\x00\x01Bud1" + bytes(26),
+    "hyper-kvasir/segmented-images/bounding-boxes.json": b'{"note": "boxes of the segmented polyps"}\n',
+}
+LABEL_CSV = "hyper-kvasir/labeled-images/image-labels.csv"
+
+
+def dress_frame(rng: np.random.Generator, image: np.ndarray, mask: np.ndarray,
+                sizes: Sequence[tuple[int, int]], *, text: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A rendered frame placed in a real-sized frame: uint8 (H, W, 3) image, bool (H, W) mask.
+
+    ``image`` (uint8 h x w x 3) and ``mask`` (bool h x w) are enlarged together into the
+    field-of-view box of a frame whose (H, W) is drawn from ``sizes``: the box fills 90-98% of
+    the height, keeps the rendered aspect ratio up to +15% wider (at most 80% of the width),
+    sits right of a black margin of at least 18% of the width,
+    and is drawn bilinearly (image) and by nearest neighbour (mask, so it stays binary).
+    With ``text``, the margin carries the processor's on-screen text and a white frame around
+    the field of view, as endoscopy screens record them. The surround is near-black (0-3), not
+    exact zero, as in real recordings.
+    """
+    height, width = sizes[int(rng.integers(len(sizes)))]
+    box_height = int(round(height * rng.uniform(0.90, 0.98)))
+    aspect = image.shape[1] / image.shape[0] * rng.uniform(1.0, 1.15)
+    box_width = min(int(round(box_height * aspect)), int(width * 0.80))
+    top = (height - box_height) // 2
+    left = width - box_width - int(round(width * rng.uniform(0.005, 0.02)))
+    frame = np.full((height, width, 3), int(rng.integers(0, 4)), dtype=np.uint8)
+    frame[top:top + box_height, left:left + box_width] = cv2.resize(
+        image, (box_width, box_height), interpolation=cv2.INTER_LINEAR)
+    frame_mask = np.zeros((height, width), dtype=bool)
+    frame_mask[top:top + box_height, left:left + box_width] = cv2.resize(
+        mask.astype(np.uint8), (box_width, box_height), interpolation=cv2.INTER_NEAREST) > 0
+    if text:
+        _screen_text(rng, frame, left, top, box_height)
+    return frame, frame_mask
+
+
+def _screen_text(rng: np.random.Generator, frame: np.ndarray, left: int, top: int,
+                 box_height: int) -> None:
+    """In place: date, time, processor settings in the left margin and a frame line around the
+    field of view (never inside it, so the lesion mask stays true)."""
+    scale = frame.shape[0] / 900.0
+    lines = [f"{int(rng.integers(2010, 2020))}/{int(rng.integers(1, 13)):02d}/"
+             f"{int(rng.integers(1, 29)):02d}",
+             f"{int(rng.integers(7, 18)):02d}:{int(rng.integers(0, 60)):02d}:"
+             f"{int(rng.integers(0, 60)):02d}",
+             f"Eh:A{int(rng.integers(1, 9))} Ct:{int(rng.integers(1, 4))}",
+             f"CVP:{int(rng.integers(1, 6))}"]
+    thickness = max(1, int(round(2 * scale)))
+    for number, line in enumerate(lines):
+        origin = (int(8 * scale), int(40 * scale + number * 34 * scale))
+        if origin[1] < frame.shape[0]:
+            cv2.putText(frame, line, origin, cv2.FONT_HERSHEY_SIMPLEX, 0.8 * scale,
+                        (235, 235, 235), thickness, cv2.LINE_AA)
+    text_right = int(8 * scale + cv2.getTextSize(lines[2], cv2.FONT_HERSHEY_SIMPLEX, 0.8 * scale,
+                                                 thickness)[0][0])
+    outline = max(1, thickness // 2)
+    if left - 2 * outline > text_right:   # a frame line only where the margin leaves room for it
+        cv2.rectangle(frame, (left - 2 * outline, max(0, top - 2 * outline)),
+                      (frame.shape[1] - 1, min(frame.shape[0] - 1, top + box_height + outline)),
+                      (200, 200, 200), outline)
+
+
+def label_csv(rows: Sequence[tuple[str, str, str]]) -> bytes:
+    """HyperKvasir's ``image-labels.csv``: ``Video file,Finding,Organ,Classification`` per
+    labelled image, from (stem, category, group) triples."""
+    lines = ["Video file,Finding,Organ,Classification"]
+    lines += [f"{stem},{category},Lower GI,{group}" for stem, category, group in rows]
+    return ("\n".join(lines) + "\n").encode()
