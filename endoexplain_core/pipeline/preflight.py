@@ -18,7 +18,10 @@ trained or written.
            forward + backward, one fused five-CAM pass) and decoding + resizing a few of the
            data's own images; model passes only (the method is printed beside each stage). On
            the default run: 13 min estimated against 17.6 min measured; per stage within a
-           factor of 1.3 for training and the gate, up to 5x low where statistics dominate
+           factor of 1.3 for training and the gate, up to 5x low where statistics dominate.
+           Disk: trained models exactly (parameters x 4 bytes x best weights + resume state),
+           notebooks, tables, figures and the case browser from sizes measured on a run; more
+           than the free space is a problem
 
 Each data check uses the reader the run itself uses (``data.hyperkvasir``, ``data.cohorts``),
 so a problem the preflight does not see is one the run would not see either. A dataset's
