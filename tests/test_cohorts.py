@@ -99,6 +99,22 @@ def test_mask_of_another_size_names_both_files(tmp_path):
         cohorts.read_etis(tmp_path)
 
 
+def test_with_a_problems_list_every_bad_frame_is_recorded_and_the_rest_are_read(tmp_path):
+    make_etis(tmp_path)
+    masks = tmp_path / "ETIS-LaribPolypDB" / "Ground Truth"
+    (masks / "p2.tif").unlink()                                            # unpaired
+    write_mask(masks / "p10.tif", (0, 4, 0, 4), size=(HEIGHT + 2, WIDTH))  # wrong size
+    (tmp_path / "ETIS-LaribPolypDB" / "ETIS-LaribPolypDB" / "11.tif").write_bytes(b"broken")
+    write_mask(masks / "p11.tif", (0, 4, 0, 4))                            # its frame is unreadable
+    problems = []
+    cases, report = cohorts.read_etis(tmp_path, problems)
+    kinds = {Path(path).name: kind for path, kind, _ in problems}
+    assert kinds == {"2.tif": cohorts.UNPAIRED, "10.tif": cohorts.WRONG_SIZE, "11.tif": cohorts.UNREADABLE}
+    assert list(cases["sample_id"]) == ["1"] and report.rows_read == 2     # frames 1 and 3, collapsed
+    with pytest.raises(cohorts.CohortError):                               # without a list: the first one
+        cohorts.read_etis(tmp_path)
+
+
 def test_unknown_layout_and_missing_cohort(tmp_path):
     with pytest.raises(cohorts.CohortError, match="PolypGen folder not found"):
         cohorts.read_polypgen(tmp_path)

@@ -106,7 +106,13 @@ def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_pa
     broken = tmp_path / "broken"
     shutil.copytree(data_root, broken)
     shutil.rmtree(broken / "PolypDB")                                        # a missing dataset
-    next((broken / "ETIS-LaribPolypDB" / "Ground Truth").glob("*.tif")).unlink()  # unpaired frame
+    for mask in sorted((broken / "ETIS-LaribPolypDB" / "Ground Truth").glob("*.tif"))[:2]:
+        mask.unlink()                                                         # two unpaired frames
+    centre = broken / "PolypGen" / "data_C2"
+    (centre / "images_C2" / "C2_9999.jpg").write_bytes(b"not a jpeg")        # an unreadable frame
+    shutil.copy(next((centre / "masks_C2").glob("*.jpg")), centre / "masks_C2" / "C2_9999_mask.jpg")
+    from PIL import Image
+    Image.new("L", (40, 30)).save(centre / "masks_C2" / "C2_0002_mask.jpg")  # a mask of another size
     weights = tmp_path / "torch"
     shutil.copytree(torch_home, weights)
     next((weights / "hub" / "checkpoints").glob("resnet34-*.pth")).unlink()  # a missing weight file
@@ -115,7 +121,10 @@ def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_pa
     assert result.returncode == 2, out[-3000:] + result.stderr[-3000:]
     problems = [line for line in out.splitlines() if line.startswith(("[missing]", "[problem]"))]
     assert any("PolypDB" in line for line in problems), out
-    assert any("ETIS" in line and "no mask" in line for line in problems), out
+    assert any("ETIS" in line and "2 images without a mask" in line for line in problems), out
+    assert any("PolypGen" in line and "1 unreadable file" in line and "C2_9999.jpg" in line
+               for line in problems), out
+    assert any("PolypGen" in line and "1 mask of another size" in line for line in problems), out
     assert any("resnet34" in line and "resnet34-" in line for line in problems), out
     assert "NOT READY" in out
 

@@ -39,6 +39,7 @@ from endoexplain_core.kernels import (baselines, cams, deletion, imputation, loc
                                       randomisation, reliance, road, threshold)
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.models import networks
+from endoexplain_core.progress import progress_bar
 from endoexplain_core.models.training import resolve_device  # the audit's device rule
 
 
@@ -180,6 +181,9 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
     _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     timings: dict = {}
     parts: dict[str, list[pd.DataFrame]] = {"road": [], "srg": [], "lsr": [], "shape": []}
+    # ROAD solves one sparse system per image, fraction, order and map: minutes per checkpoint
+    bar = progress_bar(total=len(prepared.sample_ids), desc=f"ROAD/LSR {metadata['checkpoint_id']}",
+                       unit="image")
     for start in range(0, len(prepared.sample_ids), batch_size):
         stop = start + batch_size
         tables = faithfulness_batch(model, layer, prepared.images[start:stop].to(torch_device),
@@ -188,6 +192,8 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
                                     settings=settings, timings=timings)
         for name, table in tables.items():
             parts[name].append(table)
+        bar.update(len(prepared.sample_ids[start:stop]))
+    bar.close()
     result = {name: pd.concat(tables, ignore_index=True).assign(
         dataset=dataset, checkpoint_id=str(metadata["checkpoint_id"])) for name, tables in parts.items()}
     timings["total_s"] = time.perf_counter() - started

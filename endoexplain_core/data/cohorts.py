@@ -16,7 +16,10 @@ Every adapter returns ``(cases, report)``:
 
 Bad input raises an error naming the file: ``CohortError`` for a missing cohort folder, an
 unknown layout or an image without a mask; ``imageio.MaskSizeError`` for a mask whose size
-differs from its image; ``imageio.ImageReadError`` for an undecodable frame or mask.
+differs from its image; ``imageio.ImageReadError`` for an undecodable frame or mask. Given a
+``problems`` list, the adapters record each bad frame as ``(path, kind, message)`` instead
+and go on with the others (the preflight lists them all at once); a missing folder or an
+unknown layout still raises.
 
 Layouts (docs/architecture.md, docs/protocol.md), relative to the data root:
 ``ETIS-LaribPolypDB/ETIS-LaribPolypDB/<n>.tif`` + ``ETIS-LaribPolypDB/Ground Truth/p<n>.tif``
@@ -88,7 +91,7 @@ class Frame:
 
     sample_id: str
     image: Path
-    mask: Path
+    mask: Path | None       # None: no mask found (recorded as a problem, never read)
     centre: str = ""
     modality: str = ""
 
@@ -127,14 +130,30 @@ def _mask_index(mask_dir: Path) -> dict[str, Path]:
     return index
 
 
+UNPAIRED, UNREADABLE, WRONG_SIZE = "image without a mask", "unreadable file", "mask of another size"
+MASK_FORMAT = "mask that reads as something else"
+
+
+def _note_problem(problems: list | None, path: Path, error: Exception) -> None:
+    """Raise ``error``, or with a ``problems`` list record ``(path, kind, message)``."""
+    if problems is None:
+        raise error
+    kind = (WRONG_SIZE if isinstance(error, imageio.MaskSizeError) else
+            MASK_FORMAT if isinstance(error, imageio.MaskFormatError) else
+            UNREADABLE if isinstance(error, imageio.ImageReadError) else UNPAIRED)
+    problems.append((str(path), kind, str(error)))
+
+
 def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
-                image: Path) -> Path:
-    """The mask of ``image``: the first of the candidate ``stems`` present in ``index``."""
+                image: Path, problems: list | None = None) -> Path | None:
+    """The mask of ``image``: the first of the candidate ``stems`` present in ``index``; None
+    (recorded in ``problems``) when there is none."""
     for stem in stems:
         if stem in index:
             return index[stem]
     expected = " or ".join(f"'{s}.*'" for s in stems)
-    raise CohortError(f"{image}: no mask {expected} in {mask_dir}")
+    _note_problem(problems, image, CohortError(f"{image}: no mask {expected} in {mask_dir}"))
+    return None
 
 
 def _one_folder(root: Path, names: tuple[str, ...], what: str) -> Path:
@@ -177,7 +196,7 @@ def _cohort_root(data_root: Path, dataset: str) -> Path:
 # --------------------------------------------------------------------------- case building
 
 def build_cases(dataset: str, data_root: Path, frames: list[Frame],
-                report: CohortReport) -> pd.DataFrame:
+                report: CohortReport, problems: list | None = None) -> pd.DataFrame:
     """Hash and check every frame, collapse byte-identical frames, drop empty masks.
 
     Frames with identical SHA-256 become one case named after the first frame (in the given
@@ -185,13 +204,19 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
     pixel is excluded and recorded in ``report``. Mask and image must have the same size.
     """
     data_root = Path(data_root)
-    report.rows_read = len(frames)
     groups: dict[str, list[tuple[Frame, str, tuple[int, int], int]]] = {}
     for frame in frames:
-        sha256, ahash, shape = content_hashes(frame.image)
-        mask = imageio.read_mask(frame.mask)
-        imageio.check_mask_size(frame.image, shape, frame.mask, mask.shape)
+        if frame.mask is None:       # unpaired, already in ``problems``
+            continue
+        try:
+            sha256, ahash, shape = content_hashes(frame.image)
+            mask = imageio.read_mask(frame.mask)
+            imageio.check_mask_size(frame.image, shape, frame.mask, mask.shape)
+        except (imageio.ImageReadError, imageio.MaskSizeError) as error:
+            _note_problem(problems, frame.image, error)
+            continue
         groups.setdefault(sha256, []).append((frame, ahash, shape, int(mask.sum())))
+    report.rows_read = sum(len(members) for members in groups.values())  # frames read (problems left out)
 
     rows = []
     for sha256, members in groups.items():
@@ -252,7 +277,7 @@ def iter_cases(cases: pd.DataFrame, data_root: Path, *, decode_size: int | None
 
 # --------------------------------------------------------------------------- adapters
 
-def read_etis(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+def read_etis(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """ETIS-LaribPolypDB: ``<n>.tif`` frames, ``Ground Truth/p<n>.tif`` masks.
 
     Byte-identical frames (the dataset holds a few) are collapsed into one case whose mask is
@@ -266,16 +291,16 @@ def read_etis(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
     mask_dir = _one_folder(root, GROUND_TRUTH_NAMES, "mask")
     masks = _mask_index(mask_dir)
     frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (f"p{image.stem}", image.stem),
-                                                   image))
+                                                   image, problems))
               for image in _images_in(image_dir)]
     if not frames:
         raise CohortError(f"{image_dir}: no image files")
     report = CohortReport("etis", root)
     report.notes.append(f"masks read from '{mask_dir.name}'.")
-    return build_cases("etis", data_root, frames, report), report
+    return build_cases("etis", data_root, frames, report, problems), report
 
 
-def read_polypgen(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+def read_polypgen(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """PolypGen single frames: ``data_C<k>/images_C<k>/<stem>.jpg`` + ``masks_C<k>/<stem>_mask.jpg``.
 
     The centre label ``C<k>`` is kept; ``sample_id`` is ``C<k>/<stem>``. Empty-mask frames are
@@ -297,12 +322,13 @@ def read_polypgen(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
         _require_folders(centre_dir, image_dir, mask_dir)
         masks = _mask_index(mask_dir)
         frames += [Frame(f"{centre}/{image.stem}", image,
-                         _match_mask(masks, mask_dir, (f"{image.stem}_mask",), image), centre=centre)
+                         _match_mask(masks, mask_dir, (f"{image.stem}_mask",), image, problems),
+                         centre=centre)
                    for image in _images_in(image_dir)]
-    return build_cases("polypgen", data_root, frames, report), report
+    return build_cases("polypgen", data_root, frames, report, problems), report
 
 
-def read_polypdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+def read_polypdb(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """PolypDB centre-wise tree: ``PolypDB_center_wise/<centre>/<modality>/{images,masks}``.
 
     Centre and modality are kept; ``sample_id`` is ``<centre>/<modality>/<stem>``. The
@@ -325,46 +351,49 @@ def read_polypdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
             _require_folders(modality_dir, image_dir, mask_dir)
             masks = _mask_index(mask_dir)
             frames += [Frame(f"{centre_dir.name}/{modality_dir.name}/{image.stem}", image,
-                             _match_mask(masks, mask_dir, (image.stem,), image),
+                             _match_mask(masks, mask_dir, (image.stem,), image, problems),
                              centre=centre_dir.name, modality=modality_dir.name)
                        for image in _images_in(image_dir)]
     if not frames:
         raise CohortError(f"{tree}: no <centre>/<modality>/images files found")
-    return build_cases("polypdb", data_root, frames, report), report
+    return build_cases("polypdb", data_root, frames, report, problems), report
 
 
-def read_kvasir_seg(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+def read_kvasir_seg(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """Kvasir-SEG: ``images/<id>.jpg`` + ``masks/<id>.jpg`` (the pictures of HyperKvasir's
     segmented set, so a hash audit against the manifest is expected to exclude them all)."""
-    return _paired_folders("kvasir_seg", data_root, ("images",), ("masks",))
+    return _paired_folders("kvasir_seg", data_root, ("images",), ("masks",), problems)
 
 
-def read_cvc_clinicdb(data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
+def read_cvc_clinicdb(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """CVC-ClinicDB: ``Original/<n>.tif`` + ``Ground Truth/<n>.tif`` (.png in some mirrors)."""
-    return _paired_folders("cvc_clinicdb", data_root, ("Original",), GROUND_TRUTH_NAMES)
+    return _paired_folders("cvc_clinicdb", data_root, ("Original",), GROUND_TRUTH_NAMES, problems)
 
 
 def _paired_folders(dataset: str, data_root: Path, image_names: tuple[str, ...],
-                    mask_names: tuple[str, ...]) -> tuple[pd.DataFrame, CohortReport]:
+                    mask_names: tuple[str, ...], problems: list | None = None
+                    ) -> tuple[pd.DataFrame, CohortReport]:
     """Cohorts with one image folder and one mask folder whose files share stems."""
     root = _cohort_root(data_root, dataset)
     image_dir = _one_folder(root, image_names, "image")
     mask_dir = _one_folder(root, mask_names, "mask")
     masks = _mask_index(mask_dir)
-    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (image.stem,), image))
+    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (image.stem,), image, problems))
               for image in _images_in(image_dir)]
     if not frames:
         raise CohortError(f"{image_dir}: no image files")
     report = CohortReport(dataset, root)
-    return build_cases(dataset, data_root, frames, report), report
+    return build_cases(dataset, data_root, frames, report, problems), report
 
 
 ADAPTERS = {"etis": read_etis, "polypgen": read_polypgen, "polypdb": read_polypdb,
             "kvasir_seg": read_kvasir_seg, "cvc_clinicdb": read_cvc_clinicdb}
 
 
-def read_cohort(dataset: str, data_root: Path) -> tuple[pd.DataFrame, CohortReport]:
-    """Dispatch to the adapter of ``dataset`` (a key of ``ADAPTERS``)."""
+def read_cohort(dataset: str, data_root: Path, problems: list | None = None
+                ) -> tuple[pd.DataFrame, CohortReport]:
+    """Dispatch to the adapter of ``dataset`` (a key of ``ADAPTERS``); with ``problems``, bad
+    frames are recorded there and left out instead of raising (module docstring)."""
     if dataset not in ADAPTERS:
         raise CohortError(f"unknown cohort '{dataset}'; known: {', '.join(ADAPTERS)}")
-    return ADAPTERS[dataset](Path(data_root))
+    return ADAPTERS[dataset](Path(data_root), problems)

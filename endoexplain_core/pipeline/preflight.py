@@ -129,11 +129,13 @@ def cohort_findings(data_root: Path, required, optional) -> tuple[list[Finding],
                 findings.append(Finding("data", label, INFO, f"{folder} not found (optional: "
                                         "audited only when present)"))
             continue
+        problems: list[tuple[str, str, str]] = []
         try:
-            cases, report = cohorts.read_cohort(name, data_root)
+            cases, report = cohorts.read_cohort(name, data_root, problems)
         except (cohorts.CohortError, ImageReadError, ValueError) as error:
             findings.append(Finding("data", label, PROBLEM, str(error)))
             continue
+        findings += problem_findings(label, problems, data_root)
         reasons = Counter(reason for _, reason in report.exclusions)
         excluded = "; ".join(
             f"{reason}: {count} (e.g. "
@@ -148,6 +150,25 @@ def cohort_findings(data_root: Path, required, optional) -> tuple[list[Finding],
         if len(cases):
             findings.append(Finding("data", f"{label} sizes", INFO, _sizes_and_formats(cases, "image_path")))
     return findings, kept
+
+
+def problem_findings(label: str, problems: list[tuple[str, str, str]], data_root: Path) -> list[Finding]:
+    """One blocking line per kind of bad file a reader recorded (``(path, kind, message)``):
+    how many, and the first few named."""
+    findings = []
+    for kind, count in Counter(kind for _, kind, _ in problems).items():
+        named = [path for path, found, _ in problems if found == kind][:NAMED_EXAMPLES]
+        shown = ", ".join(_relative_to(path, data_root) for path in named)
+        findings.append(Finding("data", label, PROBLEM, f"{count} {kind}{'s' if count > 1 else ''} "
+                                f"(the run refuses them), e.g. {shown}"))
+    return findings
+
+
+def _relative_to(path: str, root: Path) -> str:
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return path
 
 
 def weight_findings(architectures, imagenet_weights) -> list[Finding]:
