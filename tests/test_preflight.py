@@ -53,7 +53,8 @@ def test_every_problem_is_listed_at_once_and_blocks(data_root, tmp_path):
     shutil.copytree(data_root, broken)
     shutil.rmtree(broken / "PolypGen")                                         # a required cohort
     masks = broken / "hyper-kvasir" / "segmented-images" / "masks"
-    next(masks.iterdir()).unlink()                                             # an unpaired image
+    for mask in sorted(masks.iterdir())[:2]:
+        mask.unlink()                                                          # two unpaired images
     profile = config.load_profile("smoke", overrides=["01_training.imagenet_weights={resnet34: /nowhere/r34.pth}"])
     findings = preflight.run_preflight(profile, str(broken), tmp_path / "runs" / "smoke")
     text, code = preflight.report(findings)
@@ -62,6 +63,7 @@ def test_every_problem_is_listed_at_once_and_blocks(data_root, tmp_path):
     assert ("data", "PolypGen") in blocking and ("data", "HyperKvasir") in blocking
     assert ("weights", "efficientnet_b0") in blocking and ("weights", "resnet34") in blocking
     assert "PolypGen not found (06_transfer external_cohorts needs it)" in text
+    assert "image without a mask: 2 file(s) the run would refuse, e.g. hyper-kvasir/segmented-images/" in text
     assert "no file for efficientnet_b0" in text and "/nowhere/r34.pth" in text
     # the other datasets are still checked and reported ready
     assert ("data", "ETIS-LaribPolypDB") not in blocking and "ETIS-LaribPolypDB: " in text

@@ -121,10 +121,10 @@ def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_pa
     assert result.returncode == 2, out[-3000:] + result.stderr[-3000:]
     problems = [line for line in out.splitlines() if line.startswith(("[missing]", "[problem]"))]
     assert any("PolypDB" in line for line in problems), out
-    assert any("ETIS" in line and "2 images without a mask" in line for line in problems), out
-    assert any("PolypGen" in line and "1 unreadable file" in line and "C2_9999.jpg" in line
+    assert any("ETIS" in line and "image without a mask: 2 file(s)" in line for line in problems), out
+    assert any("PolypGen" in line and "unreadable file: 1 file(s)" in line and "C2_9999.jpg" in line
                for line in problems), out
-    assert any("PolypGen" in line and "1 mask of another size" in line for line in problems), out
+    assert any("PolypGen" in line and "mask of another size: 1 file(s)" in line for line in problems), out
     assert any("resnet34" in line and "resnet34-" in line for line in problems), out
     assert "NOT READY" in out
 

@@ -130,18 +130,8 @@ def _mask_index(mask_dir: Path) -> dict[str, Path]:
     return index
 
 
-UNPAIRED, UNREADABLE, WRONG_SIZE = "image without a mask", "unreadable file", "mask of another size"
-MASK_FORMAT = "mask that reads as something else"
-
-
-def _note_problem(problems: list | None, path: Path, error: Exception) -> None:
-    """Raise ``error``, or with a ``problems`` list record ``(path, kind, message)``."""
-    if problems is None:
-        raise error
-    kind = (WRONG_SIZE if isinstance(error, imageio.MaskSizeError) else
-            MASK_FORMAT if isinstance(error, imageio.MaskFormatError) else
-            UNREADABLE if isinstance(error, imageio.ImageReadError) else UNPAIRED)
-    problems.append((str(path), kind, str(error)))
+UNPAIRED, UNREADABLE, WRONG_SIZE = imageio.UNPAIRED, imageio.UNREADABLE, imageio.WRONG_SIZE
+_note_problem = imageio.note_problem
 
 
 def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],

@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from endoexplain_core.data import imageio
 from endoexplain_core.data.imageio import check_mask_size, is_image_file, read_mask
 from endoexplain_core.data.roles import hash_files, sha256_file
 
@@ -121,7 +122,8 @@ def _relative(path: Path, data_root: Path) -> str:
     return PurePosixPath(path.relative_to(data_root)).as_posix()
 
 
-def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperKvasirIndex:
+def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
+                      problems: list | None = None) -> HyperKvasirIndex:
     """Index ``<data_root>/hyper-kvasir``: labelled lower-GI images, hashes, segmented masks.
 
     Hashes every labelled image (SHA-256, 16x16 average hash, size; see ``roles.hash_files``),
@@ -129,7 +131,10 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
     its image, at least one lesion pixel). Raises ``HyperKvasirError`` naming the path for a
     missing data root or folder, an unknown category, a repeated file stem, a segmented image
     without labelled twin, a missing mask or an empty mask; ``imageio.ImageReadError`` for an
-    unreadable image or mask; ``imageio.MaskSizeError`` for a mask of the wrong size.
+    unreadable image or mask; ``imageio.MaskSizeError`` for a mask of the wrong size. Given a
+    ``problems`` list, unreadable labelled images and segmented images without a usable mask
+    (missing, unreadable, of another size, empty) are recorded there as ``(path, kind,
+    message)`` and left out, and indexing goes on (the preflight lists them all at once).
     """
     data_root = Path(data_root)
     if not data_root.is_dir():
@@ -166,8 +171,9 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
         raise HyperKvasirError("file stems must be unique sample ids; repeated: "
                                + ", ".join(repeated["path"].head(4)))
     hashes = hash_files([data_root / p for p in images["path"]], progress=progress,
-                        description="hashing labelled images")
+                        description="hashing labelled images", problems=problems)
     images = pd.concat([images, hashes], axis=1)
+    images = images[images["sha256"].notna()].reset_index(drop=True)   # unreadable: in problems
     images["mask_path"] = ""
 
     upper_gi = 0
@@ -175,7 +181,7 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True) -> HyperK
         upper_gi = sum(1 for p in (labelled / UPPER_GI).rglob("*")
                        if is_image_file(p))
     matched, duplicate_segmented = _match_segmented(images, data_root, segmented_images,
-                                                    segmented_masks, progress)
+                                                    segmented_masks, progress, problems)
     summary = {
         "labelled_lower_gi": len(images),
         "per_category": images["source"].value_counts().sort_index().to_dict(),
@@ -195,7 +201,7 @@ def _find_mask(masks_dir: Path, stem: str) -> Path | None:
 
 
 def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, masks_dir: Path,
-                     progress: bool) -> tuple[int, int]:
+                     progress: bool, problems: list | None = None) -> tuple[int, int]:
     """Record ``mask_path`` on the labelled rows whose bytes equal a segmented image.
 
     Modifies ``images`` in place; returns (segmented images matched, segmented images whose
@@ -206,7 +212,10 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
     files = [p for p in _visible_children(images_dir) if is_image_file(p)]
     if not files:
         raise HyperKvasirError(f"{images_dir}: no segmented images found")
-    digests = hash_files(files, progress=progress, description="hashing segmented images")
+    digests = hash_files(files, progress=progress, description="hashing segmented images",
+                         problems=problems)
+    readable = digests["sha256"].notna().to_numpy()          # unreadable: in problems
+    files, digests = [f for f, ok in zip(files, readable) if ok], digests[readable]
     unmatched = [str(f) for f, d in zip(files, digests["sha256"]) if d not in first_row_of_digest]
     if unmatched:
         raise HyperKvasirError(
@@ -220,13 +229,18 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
             duplicates += 1
             continue
         mask_file = _find_mask(masks_dir, file.stem)
-        if mask_file is None:
-            raise HyperKvasirError(f"segmented image {file} has no mask in {masks_dir}")
-        mask = read_mask(mask_file)
-        check_mask_size(file, (height, width), mask_file, mask.shape)
-        if not mask.any():
-            raise HyperKvasirError(f"mask {mask_file} has no lesion pixel (threshold 128); "
-                                   f"every HyperKvasir segmented image shows a polyp")
+        try:
+            if mask_file is None:
+                raise HyperKvasirError(f"segmented image {file} has no mask in {masks_dir}")
+            mask = read_mask(mask_file)
+            check_mask_size(file, (height, width), mask_file, mask.shape)
+            if not mask.any():
+                raise HyperKvasirError(f"mask {mask_file} has no lesion pixel (threshold 128); "
+                                       f"every HyperKvasir segmented image shows a polyp")
+        except (HyperKvasirError, imageio.ImageReadError, imageio.MaskSizeError) as error:
+            empty = isinstance(error, HyperKvasirError) and mask_file is not None
+            imageio.note_problem(problems, file, error, imageio.EMPTY_MASK if empty else None)
+            continue
         images.at[row, "mask_path"] = _relative(mask_file, data_root)
         matched += 1
     return matched, duplicates

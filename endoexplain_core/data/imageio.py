@@ -50,6 +50,24 @@ EXIF_ORIENTATION = 0x0112
 HIGH_BIT_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 
+# Kinds of bad file a reader records when given a ``problems`` list (``note_problem``).
+UNPAIRED, UNREADABLE, WRONG_SIZE = "image without a mask", "unreadable file", "mask of another size"
+MASK_FORMAT, EMPTY_MASK = "mask that reads as something else", "empty mask"
+
+
+def note_problem(problems: list | None, path, error: Exception, kind: str | None = None) -> None:
+    """Raise ``error``; or, with a ``problems`` list (readers that go on past bad files so that
+    the preflight can list them all), append ``(path, kind, message)``. ``kind`` defaults to
+    the error's: wrong size, mask format, unreadable, else unpaired."""
+    if problems is None:
+        raise error
+    if kind is None:
+        kind = (WRONG_SIZE if isinstance(error, MaskSizeError) else
+                MASK_FORMAT if isinstance(error, MaskFormatError) else
+                UNREADABLE if isinstance(error, ImageReadError) else UNPAIRED)
+    problems.append((str(path), kind, str(error)))
+
+
 class ImageReadError(OSError):
     """An image or mask file is missing, unreadable or not decodable."""
 

@@ -33,6 +33,7 @@ from PIL import Image, UnidentifiedImageError
 
 from endoexplain_core.progress import progress_bar
 from endoexplain_core.config import resolve_data_root
+from endoexplain_core.data import imageio
 from endoexplain_core.data.imageio import ImageReadError
 from endoexplain_core import files
 
@@ -88,15 +89,21 @@ def hash_image_bytes(data: bytes, name: str | Path = "<bytes>") -> dict[str, obj
 
 
 def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
-               description: str = "hashing") -> pd.DataFrame:
+               description: str = "hashing", problems: list | None = None) -> pd.DataFrame:
     """Hash every file: DataFrame (one row per path, input order) with columns
-    ``sha256`` (str), ``ahash`` (str, 64 hex), ``width``, ``height`` (int, pixels)."""
+    ``sha256`` (str), ``ahash`` (str, 64 hex), ``width``, ``height`` (int, pixels). An
+    unreadable file raises ``ImageReadError``, or with ``problems`` is recorded there
+    (``imageio.note_problem``) and gets a row of None."""
     rows = []
     for path in progress_bar(paths, desc=description, disable=not progress, unit="file"):
         path = Path(path)
-        if not path.is_file():
-            raise ImageReadError(f"{path}: file does not exist")
-        rows.append(hash_image_bytes(path.read_bytes(), path))
+        try:
+            if not path.is_file():
+                raise ImageReadError(f"{path}: file does not exist")
+            rows.append(hash_image_bytes(path.read_bytes(), path))
+        except ImageReadError as error:
+            imageio.note_problem(problems, path, error)
+            rows.append({"sha256": None, "ahash": None, "width": None, "height": None})
     return pd.DataFrame(rows, columns=["sha256", "ahash", "width", "height"])
 
 

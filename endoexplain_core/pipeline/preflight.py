@@ -80,14 +80,16 @@ def _paper_value(key: str, reference_dir: Path) -> str | None:
 
 def hyperkvasir_findings(data_root: Path, *, paper_reference: Path | None = None
                          ) -> tuple[list[Finding], hyperkvasir.HyperKvasirIndex | None]:
-    """HyperKvasir under ``data_root``: per-category counts and the segmented set, or the reader's
-    first problem (a missing folder, an unreadable image, a mask that does not fit); with the
-    index when it could be read."""
+    """HyperKvasir under ``data_root``: per-category counts and the segmented set, every
+    unreadable image and unusable mask (counted, the first few named), or the reason the tree
+    cannot be read (a missing folder, an unknown category); with the index when it could be read."""
+    problems: list[tuple[str, str, str]] = []
     try:
-        index = hyperkvasir.index_hyperkvasir(data_root, progress=False)
+        index = hyperkvasir.index_hyperkvasir(data_root, progress=False, problems=problems)
     except (hyperkvasir.HyperKvasirError, ImageReadError, ValueError) as error:
         status = MISSING if "not found" in str(error) or "does not exist" in str(error) else PROBLEM
-        return [Finding("data", "HyperKvasir", status, str(error))], None
+        return [Finding("data", "HyperKvasir", status, str(error)),
+                *problem_findings("HyperKvasir", problems, data_root)], None
     summary = index.summary
     categories = ", ".join(f"{name} {count}" for name, count in summary["per_category"].items())
     paper_rows = _paper_value(PAPER_MANIFEST_ROWS_KEY, paper_reference) if paper_reference else None
@@ -95,7 +97,8 @@ def hyperkvasir_findings(data_root: Path, *, paper_reference: Path | None = None
     findings = [Finding("data", "HyperKvasir", READY,
                         f"{summary['labelled_lower_gi']:,} labelled lower-GI images{beside}; "
                         f"{summary['segmented_matched_by_sha256']:,} segmented with masks; "
-                        f"{summary['upper_gi_excluded']:,} upper-GI left out")]
+                        f"{summary['upper_gi_excluded']:,} upper-GI left out"),
+                *problem_findings("HyperKvasir", problems, data_root)]
     findings.append(Finding("data", "HyperKvasir categories", INFO, categories))
     if summary["ignored_files"]:
         findings.append(Finding("data", "HyperKvasir", INFO, f"{len(summary['ignored_files'])} "
@@ -159,8 +162,8 @@ def problem_findings(label: str, problems: list[tuple[str, str, str]], data_root
     for kind, count in Counter(kind for _, kind, _ in problems).items():
         named = [path for path, found, _ in problems if found == kind][:NAMED_EXAMPLES]
         shown = ", ".join(_relative_to(path, data_root) for path in named)
-        findings.append(Finding("data", label, PROBLEM, f"{count} {kind}{'s' if count > 1 else ''} "
-                                f"(the run refuses them), e.g. {shown}"))
+        findings.append(Finding("data", label, PROBLEM, f"{kind}: {count} file(s) the run would "
+                                f"refuse, e.g. {shown}"))
     return findings
 
 
