@@ -2,15 +2,17 @@
 
 **CPU: one instruction set on every machine.** The CPU libraries under torch choose their code
 by the machine they find: oneDNN (convolutions) JIT-compiles kernels for the best instruction
-set it detects, MKL (matrix products) picks a code branch per processor, and ATen's vectorised
-kernels are compiled once per instruction set and chosen at run time. Kernels for different
-instruction sets sum in different orders, so the same seeded training differs in the last bits
-between machines, and a from-scratch training run amplifies last-bit differences into different
-models. The package therefore caps all three at AVX2, which every x86-64 processor since 2013
-(Intel Haswell, AMD Excavator/Zen) has:
+set it detects, MKL (matrix products) picks a code branch per processor and vendor, and ATen's
+vectorised kernels are compiled once per instruction set and chosen at run time. Kernels for
+different instruction sets sum in different orders, so the same seeded training differs in the
+last bits between machines, and a from-scratch training run amplifies last-bit differences into
+different models. The package therefore caps oneDNN and ATen at AVX2, which every x86-64
+processor since 2013 (Intel Haswell, AMD Excavator/Zen) has, and puts MKL on the one branch it
+computes identically on Intel and other vendors' processors:
 
 ``ONEDNN_MAX_CPU_ISA=AVX2``   oneDNN's JIT kernels (convolutions, reorders, eltwise);
-``MKL_CBWR=AVX2``             MKL's conditional numerical reproducibility on its AVX2 branch;
+``MKL_CBWR=COMPATIBLE``       MKL's conditional numerical reproducibility, vendor-independent
+                              branch (on AMD processors MKL ignores ``AVX2``: docs/protocol.md);
 ``ATEN_CPU_CAPABILITY=avx2``  ATen's vectorised kernels (activations, reductions, BatchNorm).
 
 Each is read by its library at its first use, not at ``import torch``, so setting them before
@@ -38,7 +40,7 @@ import platform
 # environment variable -> value the package sets before torch's first use.
 CPU_PIN = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_CBWR": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
     "ATEN_CPU_CAPABILITY": "avx2",
 }
 PIN_SWITCH = "ENDOEXPLAIN_CPU_PIN"   # "off": keep the libraries' own dispatch (cost measurement)

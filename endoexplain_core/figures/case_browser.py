@@ -334,19 +334,21 @@ BROWSER_DIR = "cases"
 
 def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, image_size: int,
                        top_fraction: float, score_threshold: float, batch_size: int = 16,
-                       device: str = "cpu", cohort_names=None, not_validated=()) -> Path:
+                       device: str | torch.device = "cpu", cohort_names=None,
+                       not_validated=()) -> Path:
     """Write ``<run_dir>/cases/index.html`` and its strips for the primary checkpoint's audits:
     the HyperKvasir pool (``audit/hyperkvasir``) and each external cohort it was audited on
     (``audit/<cohort>``; ``cohort_names`` limits them). On the synthetic cohort (no
     ``data_root``) the cohorts are named "Synthetic ETIS-like" etc. Returns the page's path."""
     from endoexplain_core.analysis import transfer
-    from endoexplain_core.config import resolve_data_root
+    from endoexplain_core.config import is_synthetic_data, resolve_data_root
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import load_manifest
     from endoexplain_core.models import networks
 
     run_dir = Path(run_dir)
-    synthetic = not data_root
+    synthetic = is_synthetic_data(data_root)
+    device = audit.resolve_device(device)          # "auto" -> the device the audit used
     cohort_root = resolve_data_root(data_root, run_dir)
     primary_id = str(transfer.primary_checkpoint(run_dir)["checkpoint_id"])
     model, metadata = audit.load_registered_model(run_dir, primary_id, image_size, device)
