@@ -77,3 +77,17 @@ def test_a_missing_data_root_and_an_absent_cuda_device_are_named(tmp_path):
     import torch
     if not torch.cuda.is_available():
         assert "asks for CUDA but torch sees no CUDA device" in text
+
+
+def test_disk_estimate_counts_every_trained_model_exactly():
+    """Trained models: parameters x 4 bytes x (best weights + resume state) per checkpoint; the
+    paper's 10 checkpoints of three architectures dominate the run folder."""
+    profile = config.load_profile("paper")
+    costs = {"efficientnet_b0": preflight.Costs(0, 0, 0, parameters=1_000_000),
+             "resnet34": preflight.Costs(0, 0, 0, parameters=2_000_000),
+             "convnext_tiny": preflight.Costs(0, 0, 0, parameters=3_000_000)}
+    disk = preflight.stage_disk_bytes(profile, preflight.WorkCounts(100, 20, 10), costs)
+    models = (4 * 1e6 + 3 * 2e6 + 3 * 3e6) * 4 * preflight.CHECKPOINT_COPIES   # 3 seeds + the control
+    assert disk["01_training"][0] == pytest.approx(models + preflight.RECORD_BYTES_PER_STAGE)
+    browser = 30 * preflight.BROWSER_BYTES_PER_IMAGE * (256 / 128) ** 2
+    assert disk["09_figures"][0] == pytest.approx(browser + preflight.RECORD_BYTES_PER_STAGE)

@@ -72,7 +72,7 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert "0.08-0.20; its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[3]
     assert lines[4] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
                         "are printed as UNSTABLE; 1 could not be rerun.")
-    assert lines[5].startswith("**Data**: every number comes from the embedded synthetic cohort")
+    assert lines[5].startswith("**Data**: every number comes from the synthetic cohort the package generates")
     assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 5
     save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
                                   "n": [27] * 7, "peak_failure": [1.0] * 6 + [0.26]})

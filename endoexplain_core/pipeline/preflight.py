@@ -47,8 +47,9 @@ NAMED_EXAMPLES = 3                      # files named per exclusion reason (all 
 PAPER_MANIFEST_ROWS_KEY = "manifest_rows"
 MIN_FREE_DISK_GB = 5.0                  # below this the run folder may fill the disk
 CHECKPOINT_COPIES = 4   # float32 copies kept per trained model: best weights + resume state (weights, AdamW's two moments)
-RECORD_BYTES_PER_STAGE = 2.0e6      # executed notebook + HTML, tables and figures of one stage (measured, rehearsal run)
-BROWSER_BYTES_PER_IMAGE = 0.0       # case browser strip per audited image (measured, rehearsal run)
+# Measured on the paper rehearsal (configs/paper_rehearsal.sets on the mirror, 128 px):
+RECORD_BYTES_PER_STAGE = 2.0e6      # executed notebook + HTML, tables and figures of one stage (1.6 MB)
+BROWSER_BYTES_PER_IMAGE = 27e3      # case browser strip per audited image at 128 px (JPEG; grows with the area)
 
 
 
@@ -381,7 +382,7 @@ def stage_disk_bytes(config: profiles.Profile, counts: WorkCounts, costs: dict[s
     return {
         "01_training": (checkpoints + record, "trained models x parameters x 4 bytes x "
                         f"{CHECKPOINT_COPIES} (best weights + resume state)"),
-        "09_figures": (audited * BROWSER_BYTES_PER_IMAGE + record,
+        "09_figures": (audited * BROWSER_BYTES_PER_IMAGE * (shared.image_size / 128) ** 2 + record,
                        "case browser: one strip per audited image"),
         "other stages": (8 * record, "notebooks, tables and figures; the gate keeps no model"),
     }

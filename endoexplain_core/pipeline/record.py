@@ -387,7 +387,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
             "</code></h1>"]
     if synthetic:
         head.append('<p class="banner banner-synthetic">Synthetic cohort: every number and image '
-                    "in this record comes from the embedded synthetic cohort (HyperKvasir-, ETIS-, "
+                    "in this record comes from the synthetic cohort the package generates (HyperKvasir-, ETIS-, "
                     "PolypGen- and PolypDB-like frames), not from patients.</p>")
     head.append(gate_banner(figures_dir))
     head += ['<ul class="facts">',

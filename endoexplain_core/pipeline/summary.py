@@ -242,7 +242,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
                      "and are printed as UNSTABLE"
                      + (f"; {open_count} could not be rerun" if open_count else "") + ".")
     if synthetic:
-        lines.append("**Data**: every number comes from the embedded synthetic cohort (synthetic "
+        lines.append("**Data**: every number comes from the synthetic cohort the package generates (synthetic "
                      "HyperKvasir-, ETIS-, PolypGen- and PolypDB-like frames), not from patients.")
     return lines
 
