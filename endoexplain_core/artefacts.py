@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from endoexplain_core import files, marks
+from endoexplain_core import config, files, marks
 
 PRINT_DPI = 300
 PROVENANCE_DIR = "provenance"          # sidecars live in this subfolder of figures_dir
@@ -69,9 +69,10 @@ SAVE_PAD_INCHES = 0.02
 
 
 def data_footer(data_root: str | Path | None) -> str:
-    """The footer every figure of a run carries: ``SYNTHETIC_FOOTER`` when the run used the
-    embedded synthetic cohort (no data root), else ""."""
-    return "" if data_root else SYNTHETIC_FOOTER
+    """The footer every figure of a run carries: ``SYNTHETIC_FOOTER`` when the run read
+    synthetic frames (``config.is_synthetic_data``: the embedded cohort or a generated data root
+    such as the mirror), else ""."""
+    return SYNTHETIC_FOOTER if config.is_synthetic_data(data_root) else ""
 
 
 def wrap_to_width(text: str, width_inches: float, *, fontsize: float, share: float = 0.95) -> str:

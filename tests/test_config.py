@@ -293,5 +293,9 @@ def test_the_paper_reference_manifest_is_refused_for_generated_data(tmp_path, ca
         orchestrator.manifest_reference_dir("paper", str(tmp_path), None)
     assert orchestrator.manifest_reference_dir("paper", str(tmp_path), tmp_path / "ref") == tmp_path / "ref"
     assert orchestrator.manifest_reference_dir("smoke", "", None).parts[-2:] == ("data_manifest", "smoke")
+    with pytest.raises(ValueError, match="data_manifest/smoke"):          # the embedded reference
+        orchestrator.manifest_reference_dir("smoke", "", None, adopt=True, mirror_layout=True)
+    with pytest.raises(ValueError, match="generated data root"):
+        orchestrator.manifest_reference_dir("default", str(tmp_path), None, adopt=True)
     assert orchestrator.main(["--profile", "smoke", "--set-file", str(tmp_path / "missing.sets")]) == 2
     assert "missing.sets" in capsys.readouterr().err

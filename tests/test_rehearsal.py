@@ -151,6 +151,7 @@ def test_the_shrunk_paper_profile_runs_every_stage_on_the_mirror(mirror, tmp_pat
     assert len(transfer) >= 3
     index = (run_dir / "index.html").read_text()
     assert "synthetic" in index.lower()
+    assert "synthetic" in (figures_dir / "table_transfer.md").read_text().lower()   # tables say so
     shutil.rmtree(run_dir / "checkpoints")        # 2.5 GB of weights and resume states: not kept
 
 
@@ -162,12 +163,14 @@ def synthetic_labelled_count(data_root: Path) -> int:
 def test_the_paper_profile_on_generated_data_needs_its_own_reference_manifest(mirror, tmp_path):
     """data_manifest/paper is the real datasets' reference: a rehearsal may not adopt into it."""
     data_root, torch_home = mirror
+    committed = REPO / "data_manifest" / "paper"
+    before = {p.name: p.read_bytes() for p in committed.iterdir() if p.is_file()}
     command = ["bash", str(REPO / "run_all.sh"), "--profile", "paper", "--data-root", str(data_root),
                "--output-root", str(tmp_path), "--adopt-manifest"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TORCH_HOME": str(torch_home)})
     assert result.returncode == 2 and "--manifest-reference" in result.stderr, result.stderr[-2000:]
-    assert not (REPO / "data_manifest" / "paper" / "manifest.csv").exists()
+    assert {p.name: p.read_bytes() for p in committed.iterdir() if p.is_file()} == before
 
 
 def test_the_rehearsal_file_is_valid_and_shrinks_only_work_counts():

@@ -58,7 +58,7 @@ class CohortError(ValueError):
 class CohortReport:
     """What an adapter read and left out.
 
-    ``rows_read``: image files indexed. ``duplicates_collapsed``: frames merged into another
+    ``rows_read``: image files read (with a ``problems`` list, the refused ones are not counted). ``duplicates_collapsed``: frames merged into another
     case because their bytes are identical. ``exclusions``: (relative path, reason) per excluded
     case. ``notes``: layout remarks (e.g. trees that were deliberately not indexed).
     """

@@ -5,7 +5,7 @@ checkpoint sees identical pixels in training, logit export and the CAM audit:
 
 1. ``resize_rgb``: uint8 (H, W, 3) RGB -> uint8 (S, S, 3), area interpolation (OpenCV), from
    the frame decoded for size S (``imageio.read_rgb(path, decode_size=S)``: large JPEGs at a
-   reduced DCT scale, the same in every stage).
+   reduced DCT scale that keeps both sides >= 2 S, the same in every stage).
 2. ``to_normalised_tensor``: uint8 (S, S, 3) -> float32 (3, S, S), ``(x / 255 - mean) / std``
    with the ImageNet ``IMAGENET_MEAN`` / ``IMAGENET_STD`` (RGB order).
 

@@ -22,11 +22,12 @@ Conventions used by every stage:
   or a file far larger than any endoscopy frame).
 - Model inputs are decoded for their size: ``read_rgb(path, decode_size=S)`` decodes a JPEG at
   the largest DCT scale (1/2, 1/4 or 1/8, libjpeg's scaled decoding) that keeps both sides at
-  least ``S``; the caller then resizes to S x S. A reduced frame of a W x H file is
-  ceil(W/k) x ceil(H/k) (``same_frame``), so its mask is checked against the header's full size.
-  Every path that feeds a model (training, logit export, every audit) decodes this way, so a
-  checkpoint sees identical pixels everywhere; against a full decode + resize the model input
-  differs by about one grey level on average (tests/test_imageio.py states the bound).
+  least ``DECODE_MARGIN`` x S, so that the caller's area resize to S x S still averages blocks
+  of at least 2 x 2 pixels. A reduced frame of a W x H file is ceil(W/k) x ceil(H/k)
+  (``same_frame``), so its mask is checked against the header's full size. Every path that
+  feeds a model (training, logit export, every audit) decodes this way, so a checkpoint sees
+  identical pixels everywhere; against a full decode + resize the model input differs by well
+  under one grey level on average (tests/test_imageio.py states the bound).
   Hashes, masks and figures read the full frame.
 """
 
@@ -40,6 +41,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 MASK_THRESHOLD = 128
+DECODE_MARGIN = 2   # a reduced JPEG decode keeps both sides >= DECODE_MARGIN x the model input side
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")   # any case
 MAX_PIXELS = 64_000_000          # 8000 x 8000; the largest real frames are about 2 MP
 COLOUR_MASK_SPREAD = 48          # max - min over R, G, B of a pixel (0-255 scale)
@@ -119,7 +121,8 @@ def _open_decoded(path: Path, check=None, decode_size: int | None = None) -> Ima
     at the DCT scale that keeps both sides >= ``decode_size`` when it is given."""
     with _opened(path, check) as image:
         if decode_size is not None and image.format == "JPEG":
-            image.draft("RGB", (int(decode_size), int(decode_size)))
+            side = DECODE_MARGIN * int(decode_size)
+            image.draft("RGB", (side, side))
         image.load()  # decode now so that truncated files fail here, not later
         if image.mode in HIGH_BIT_DEPTH_MODES:
             raise ImageReadError(f"{path}: {image.mode} image with more than 8 bits per "

@@ -101,8 +101,8 @@ def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
             if not path.is_file():
                 raise ImageReadError(f"{path}: file does not exist")
             rows.append(hash_image_bytes(path.read_bytes(), path))
-        except ImageReadError as error:
-            imageio.note_problem(problems, path, error)
+        except OSError as error:        # ImageReadError, or the file cannot be opened at all
+            imageio.note_problem(problems, path, error, imageio.UNREADABLE)
             rows.append({"sha256": None, "ahash": None, "width": None, "height": None})
     return pd.DataFrame(rows, columns=["sha256", "ahash", "width", "height"])
 

@@ -140,6 +140,7 @@ def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR)
 
 
 REFERENCE_KEYS = ("adopt_manifest", "manifest_reference_dir")
+PAPER_VALUES = REPO_ROOT / "data_manifest" / "paper" / "paper_reported_values.csv"  # read by 09
 
 
 def data_fingerprint(data_root: str, reference_dir: Path | None) -> str:
@@ -443,7 +444,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if data_root and not Path(data_root).is_dir():
         raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     data_root = str(Path(data_root).resolve()) if data_root else ""
-    reference_dir = manifest_reference_dir(profile_name, data_root, manifest_reference)
+    mirror_layout = getattr(config.stage_settings(names[0]), "synthetic_layout", "") == "mirror"
+    reference_dir = manifest_reference_dir(profile_name, data_root, manifest_reference,
+                                           adopt=adopt_manifest, mirror_layout=mirror_layout)
 
     unknown = sorted(set(only or []) - set(names))
     if unknown:
@@ -452,8 +455,10 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     _mark_running(paths.run_dir / "provenance.json")
     upstream = data_fingerprint(data_root, reference_dir)
     # Later stages read the data through the manifest, not the reference it was checked
-    # against: adopting a reference (the first paper run) must not rerun them next time.
-    data_only = data_fingerprint(data_root, None)
+    # against: adopting a reference (the first paper run) must not rerun them next time. The
+    # paper's reported values (the paper-vs-run table of 09) are an input of the whole chain.
+    data_only = data_fingerprint(data_root, None) + (
+        files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
     for notebook in stages:
@@ -613,17 +618,26 @@ def _write_record(paths: RunPaths, provenance: dict[str, Any]) -> None:
     record.write_run_index(paths.run_dir, paths.figures_dir, provenance)
 
 
-def manifest_reference_dir(profile_name: str, data_root: str,
-                           manifest_reference: str | Path | None) -> Path:
-    """The reference manifest folder of a run (``run_pipeline``'s ``manifest_reference``);
-    ``ValueError`` for the paper profile on generated data without one: adopting that manifest
-    would replace the real datasets' committed reference with a synthetic one."""
+def manifest_reference_dir(profile_name: str, data_root: str, manifest_reference: str | Path | None,
+                           *, adopt: bool = False, mirror_layout: bool = False) -> Path:
+    """The reference manifest folder of a run (``run_pipeline``'s ``manifest_reference``).
+
+    ``ValueError`` when the committed ``data_manifest/<profile>`` would be checked against, or
+    replaced by, frames it does not describe: the paper profile on a generated data root (that
+    reference is the real datasets'), and adopting the manifest of a generated data root or of
+    the mirror layout into any profile's committed reference (the embedded cohort's)."""
     if manifest_reference:
         return Path(manifest_reference).expanduser().resolve()
-    if profile_name == "paper" and data_root and profiles.is_synthetic_data(data_root):
+    generated_root = bool(data_root) and profiles.is_synthetic_data(data_root)
+    if profile_name == "paper" and generated_root:
         raise ValueError(f"--data-root {data_root} holds generated frames ({profiles.SYNTHETIC_MARKER}); "
                          "data_manifest/paper is the real datasets' reference manifest: give the "
                          "rehearsal its own with --manifest-reference DIR (and --adopt-manifest)")
+    if adopt and (generated_root or mirror_layout):
+        raise ValueError(f"--adopt-manifest would replace data_manifest/{profile_name} (the embedded "
+                         "cohort's reference) with the manifest of a "
+                         + ("generated data root" if generated_root else "mirror-layout cohort")
+                         + ": give it its own folder with --manifest-reference DIR")
     return REPO_ROOT / "data_manifest" / profile_name
 
 

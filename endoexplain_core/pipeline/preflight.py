@@ -148,7 +148,7 @@ def cohort_findings(data_root: Path, required, optional) -> tuple[list[Finding],
         kept += len(cases)
         status = READY if len(cases) else PROBLEM
         findings.append(Finding("data", label, status,
-                                f"{len(cases):,} cases kept of {report.rows_read:,} files; "
+                                f"{len(cases):,} cases kept of {report.rows_read + len(problems):,} files; "
                                 f"{report.duplicates_collapsed} byte duplicates collapsed"
                                 + (f"; excluded {excluded}" if excluded else "")))
         if len(cases):

@@ -280,7 +280,7 @@ def machine_lines(run_dir: str | Path) -> list[str]:
 
 
 def summary_text(run_dir: str | Path, figures_dir: str | Path, profile: str, synthetic: bool) -> str:
-    cohort = "embedded synthetic cohort" if synthetic else "real data"
+    cohort = "synthetic cohort" if synthetic else "real data"   # embedded or mirror: both generated
     lines = [f"# Run summary: {profile} profile, {cohort}", "",
              BRIEF_HEADING, ""]
     lines += [f"- {line}" for line in verdict_lines(figures_dir, synthetic)]
