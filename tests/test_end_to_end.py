@@ -30,7 +30,8 @@ EXPECTED_FIGURE_FILES = [
 def run_all(output_root: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "endoexplain_core.pipeline.orchestrator", "--profile", "smoke",
                "--output-root", str(output_root), *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=1500)
+    # generous: a local:2 smoke run took over 25 min on 2 cores shared with other test runs
+    return subprocess.run(command, capture_output=True, text=True, timeout=2700)
 
 
 @pytest.fixture(scope="module")
