@@ -131,7 +131,6 @@ def _mask_index(mask_dir: Path) -> dict[str, Path]:
 
 
 UNPAIRED, UNREADABLE, WRONG_SIZE = imageio.UNPAIRED, imageio.UNREADABLE, imageio.WRONG_SIZE
-_note_problem = imageio.note_problem
 
 
 def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
@@ -142,7 +141,7 @@ def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
         if stem in index:
             return index[stem]
     expected = " or ".join(f"'{s}.*'" for s in stems)
-    _note_problem(problems, image, CohortError(f"{image}: no mask {expected} in {mask_dir}"))
+    imageio.note_problem(problems, image, CohortError(f"{image}: no mask {expected} in {mask_dir}"))
     return None
 
 
@@ -203,7 +202,7 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
             mask = imageio.read_mask(frame.mask)
             imageio.check_mask_size(frame.image, shape, frame.mask, mask.shape)
         except (imageio.ImageReadError, imageio.MaskSizeError) as error:
-            _note_problem(problems, frame.image, error)
+            imageio.note_problem(problems, frame.image, error)
             continue
         groups.setdefault(sha256, []).append((frame, ahash, shape, int(mask.sum())))
     report.rows_read = sum(len(members) for members in groups.values())  # frames read (problems left out)
