@@ -1,6 +1,7 @@
 """Units of work as tasks (pipeline.tasks): scheduler settings, identical results on a local
 Dask cluster, and a worker killed mid-task whose task is retried with the same result."""
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -84,8 +85,22 @@ def test_local_cluster_is_tls_on_loopback_and_refuses_clients_without_its_creden
         for intruder in ({}, {"security": Security.temporary()}):
             with pytest.raises((TypeError, OSError)):  # no ssl context / handshake refused
                 Client(address, timeout="5s", **intruder)
-        with pytest.raises(OSError):  # CommClosedError: the port speaks TLS only
-            Client(address.replace("tls://", "tcp://"), timeout="5s")
+        # A plain tcp:// handshake against the TLS port, at the comm level in its own event
+        # loop: a Client would start a loop thread, whose 10-second start-up limit a loaded
+        # machine can miss (an AssertionError that says nothing about the port).
+        with pytest.raises(OSError):  # CommClosedError / TimeoutError: the port speaks TLS only
+            asyncio.run(_plain_tcp_handshake(address.replace("tls://", "tcp://")))
+
+
+async def _plain_tcp_handshake(address: str) -> None:
+    from distributed.comm import connect
+
+    comm = await connect(address, timeout="5s")
+    try:
+        await comm.write({"op": "identity"})
+        await asyncio.wait_for(comm.read(), timeout=5)
+    finally:
+        comm.abort()
 
 
 @pytest.mark.parametrize("setting", ["local:0", "local", "dask", "tcp://host", "local:two"])
