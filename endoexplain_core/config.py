@@ -306,6 +306,8 @@ class ExtendedLocalisationSettings(StageSettings):
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts the primary is scored on (if present)")
     bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+    c_score_negatives: int = Field(
+        64, ge=0, description="held-out test negatives of the negative-class C-Score (0: polyp class only)")
 
     @model_validator(mode="after")
     def _dog_scales_ordered(self):
@@ -336,6 +338,10 @@ class FaithfulnessSettings(StageSettings):
     energy_alpha: float = Field(0.01, gt=0.0, description="uniform share in the energy lift")
     decision_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="scaled-score threshold t")
     min_subgroup_images: int = Field(8, ge=2, description="images needed on each side of a contrast")
+    subgroup_checkpoints: Literal["primary", "learned"] = Field(
+        "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; a checkpoint term)")
+    subgroup_faithfulness: bool = Field(
+        True, description="SRG and LSR of the primary on the subgroup cohorts too (ROAD on every external image)")
     bootstrap_replicates: int = Field(2000, ge=100, description="replicates for SRG/LSR/curve CIs")
 
     @field_validator("road_fractions")

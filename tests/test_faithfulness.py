@@ -318,6 +318,20 @@ def test_randomisation_changes_gradient_maps_and_head_step_keeps_eigencam():
                                trained["gradcam"])
 
 
+def test_fully_randomised_is_the_cascade_s_last_step_and_leaves_the_model_alone():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=2).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    randomised = randomisation.fully_randomised(model, seed=4)
+    *_, (_, last) = randomisation.cascade(model, seed=4)
+    for key, value in randomised.state_dict().items():
+        torch.testing.assert_close(value, last.state_dict()[key])
+        torch.testing.assert_close(model.state_dict()[key], before[key])
+    assert not torch.equal(randomised.fc.weight, model.fc.weight)
+    assert not torch.equal(randomised.conv1.weight, model.conv1.weight)
+    assert not randomised.training
+
+
 def test_spearman_and_top_iou_against_scipy_and_by_hand():
     from scipy.stats import spearmanr
     a, b = torch.rand(2, 6, 7), torch.rand(2, 6, 7)

@@ -506,3 +506,90 @@ def test_threshold_bias_tests_match_scipy_and_holm(scored):
         assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(auc, iou).pvalue)
     assert row["grid_mean_difference"] == pytest.approx(np.mean(auc / 0.9 - iou))
     np.testing.assert_allclose(result["p_holm"], stats.holm_adjust(result["p_value"].to_numpy()))
+
+
+# --- the negative class's C-Score -----------------------------------------------------------------
+
+def _normalised(frames) -> tuple[list[str], torch.Tensor]:
+    """(sample ids, normalised (B, 3, S, S) images) of (sample_id, uint8 RGB, ...) frames."""
+    from endoexplain_core.data.datasets import to_normalised_tensor
+    return [f[0] for f in frames], torch.stack([to_normalised_tensor(f[1]) for f in frames])
+
+
+def test_negative_class_gold_list_weights_and_c_score_by_hand(monkeypatch):
+    """Four negatives with z = logit1 - logit0 = -2, -1, 0, 3 and T = 2: negative-class
+    confidences sigmoid(-z / 2) = 0.731, 0.622, 0.5, 0.182, so G(0) = the first three (0.5 counts).
+    CAMs: the left half on images 0, 1 (and 3), the right half on image 2, so the only
+    agreeing gold pair is (0, 1): C = w0 w1 / (w0 w1 + w0 w2 + w1 w2) -- not the unweighted 1/3.
+    LayerCAM is all zeros (constant: uniform maps, C = 1)."""
+    from endoexplain_core.analysis import extended_localisation as ext
+    from endoexplain_core.kernels import cams
+    size, z = 64, torch.tensor([-2.0, -1.0, 0.0, 3.0])
+    left = torch.zeros(size, size)
+    left[:, :size // 2] = 1
+    hand_maps = torch.stack([left, left, 1 - left, left])
+    seen = []
+
+    def fake_cams(model, layer, images, *, target_class, methods, return_logits):
+        start = sum(seen)
+        seen.append(len(images))
+        assert target_class == 0 and tuple(methods) == ext.MODEL_METHODS and return_logits
+        rows = slice(start, start + len(images))
+        maps = {m: hand_maps[rows].clone() for m in methods}
+        maps["layercam"] = torch.zeros(len(images), size, size)
+        return maps, torch.stack([torch.zeros(len(images)), z[rows]], dim=1)
+
+    monkeypatch.setattr(cams, "compute_cams", fake_cams)
+    monkeypatch.setattr(ext.networks, "resolve_target_layer", lambda model, arch, layer: ("hand", None))
+    frames = [(f"neg{i}", np.full((size, size, 3), 100 + 20 * i, np.uint8)) for i in range(4)]
+    ids, images = _normalised(frames)
+    batches = [(ids[:2], images[:2]), (ids[2:], images[2:])]          # the gold list spans batches
+    metadata = {"checkpoint_id": "hand", "arch": "resnet34", "seed": 1}
+    rows = ext.negative_class_c_scores(torch.nn.Identity(), metadata, 2.0, batches, dataset="toy",
+                                       settings=ext.ExtendedSettings()).set_index("method")
+    assert seen == [2, 2]
+    assert list(rows.index) == list(ext.EXTENDED_METHODS) and set(rows["class"]) == {"negative"}
+    assert (rows["n_gold"] == 3).all() and (rows["n_audited"] == 4).all()
+    w = torch.sigmoid(-z[:3] / 2).double().numpy()
+    expected = w[0] * w[1] / (w[0] * w[1] + w[0] * w[2] + w[1] * w[2])
+    assert rows.loc["gradcam", "c_score"] == pytest.approx(expected, rel=1e-6)
+    assert abs(expected - 1 / 3) > 0.05
+    assert rows.loc["gradcam", "n_constant"] == 0 and rows.loc["layercam", "n_constant"] == 3
+    assert rows.loc["layercam", "c_score"] == pytest.approx(1.0)
+    assert rows.loc["centre", "c_score"] == pytest.approx(1.0)
+    assert rows.loc["gradcam", "c_score_ci_low"] <= expected <= rows.loc["gradcam", "c_score_ci_high"]
+    assert np.isfinite(rows.loc["random", "c_score_native"])
+
+
+def test_negative_rows_carry_the_polyp_rows_columns_and_class(scored):
+    from endoexplain_core.analysis import extended_localisation as ext
+    from tests.kernel_fixtures import nondegenerate_model
+    polyp = scored[1]
+    assert set(polyp["class"]) == {"polyp"}
+    model = nondegenerate_model("resnet34", seed=7, image_size=64)
+    metadata = {"checkpoint_id": "resnet34_s7", "arch": "resnet34", "seed": 7}
+    ids, images = _normalised(_cases(6, seed=1))
+    batches = [(ids[:4], images[:4]), (ids[4:], images[4:])]
+    negative = ext.negative_class_c_scores(model, metadata, 1.0, batches, dataset="toy",
+                                           settings=ext.ExtendedSettings())
+    assert list(negative.columns) == list(polyp.columns)
+    assert set(negative["class"]) == {"negative"} and list(negative["method"]) == list(ext.EXTENDED_METHODS)
+    assert (negative["n_audited"] == 6).all() and negative["n_gold"].between(0, 6).all()
+    # the logits' sign alone decides each image's class: every image is in one of the two gold lists
+    positive = ext.score_checkpoint(model, metadata, 1.0, _cases(6, seed=1), dataset="toy", image_size=64,
+                                    settings=ext.ExtendedSettings())[1]
+    assert positive["n_gold"].iloc[0] + negative["n_gold"].iloc[0] == 6
+
+
+def test_negative_batches_read_the_manifest_rows_in_batches(tmp_path):
+    from PIL import Image
+    from endoexplain_core.analysis import extended_localisation as ext
+    from endoexplain_core.data.datasets import resize_rgb, to_normalised_tensor
+    frames = [np.full((80, 96, 3), 40 * i, np.uint8) for i in range(3)]
+    for index, frame in enumerate(frames):
+        Image.fromarray(frame).save(tmp_path / f"n{index}.png")
+    rows = pd.DataFrame({"sample_id": ["n0", "n1", "n2"], "path": ["n0.png", "n1.png", "n2.png"]})
+    batches = list(ext.negative_batches(rows, tmp_path, image_size=32, batch_size=2))
+    assert [ids for ids, _ in batches] == [["n0", "n1"], ["n2"]]
+    assert batches[0][1].shape == (2, 3, 32, 32)
+    torch.testing.assert_close(batches[1][1][0], to_normalised_tensor(resize_rgb(frames[2], 32)))

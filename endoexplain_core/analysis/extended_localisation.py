@@ -5,7 +5,10 @@ method, the scores of ``kernels.localisation``: the IoU curve over 19 thresholds
 (AUC-IoU), the top-k sweep (5%..50%), the energy lift lambda_E in bits and the pointing game
 against its own chance level; and, over the correctly classified images, the C-Score of each
 method. The maps are the five CAMs of Table 4, LayerCAM (same fused pass), the random heatmap,
-the centre baseline and the image-only difference-of-Gaussians (DoG) map.
+the centre baseline and the image-only difference-of-Gaussians (DoG) map. The C-Score is per
+class c, as in its paper: ``score_checkpoint`` gives the polyp class's rows (maps for class 1 on
+the masked polyps), ``negative_class_c_scores`` the negative class's (maps for class 0 on
+held-out test negatives); every C-Score row says its ``class`` ("polyp", "negative").
 
 Conventions (every table carries them in its ``note``):
 - Images and masks are prepared as in the audit (``audit.prepare_case``: model input size,
@@ -18,8 +21,11 @@ Conventions (every table carries them in its ``note``):
   and have an arbitrary pointing peak; they are counted in every table (``n_constant``).
 - Spatial scales are fractions of the input size (DoG sigmas, tolerance radius, smoothing), so
   the profiles' input sizes keep the same geometry.
-- Gold list of the C-Score: images whose temperature-scaled score is >= 0.5 (correctly
-  classified as polyp; every masked image is a polyp), weighted by that score.
+- Gold list G(c) of the C-Score: the images of class c whose temperature-scaled confidence for
+  c is >= 0.5 (correctly classified), weighted by it: for the polyp class sigmoid(z / T) on the
+  masked polyps, for the negative class 1 - sigmoid(z / T) on held-out test negatives (z =
+  logit1 - logit0). The negatives have no mask: their field of view (for the DoG map) is the
+  image's alone.
 
 Size: over 400 lines on purpose: the case scores, their tables and the C-Score all read one per-
 image score frame; it is notebook 07's analysis, kept in one place.
@@ -29,9 +35,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -39,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats as scipy_stats
 
-from endoexplain_core.analysis import audit, stats, transfer
+from endoexplain_core.analysis import audit, map_diagnostics, stats, transfer
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import baselines, cams, deletion, localisation
@@ -133,12 +139,61 @@ def _small_maps(values: torch.Tensor) -> torch.Tensor:
     return F.adaptive_avg_pool2d(values[:, None].float(), C_SCORE_RESOLUTION)[:, 0].cpu()
 
 
+@dataclass
+class GoldList:
+    """The C-Score's gold list of one class, collected batch by batch: the gold images' maps
+    (method -> pooled (n, 64, 64) CPU tensors), their weights (the class confidences) and up to
+    ``NATIVE_REFERENCE_IMAGES`` random heatmaps at the native input size."""
+
+    maps: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {m: [] for m in EXTENDED_METHODS})
+    weights: list[np.ndarray] = field(default_factory=list)
+    native_random: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, maps: dict[str, torch.Tensor], confidence: np.ndarray) -> None:
+        """Keep the images of a batch (method -> (B, S, S) maps) whose ``confidence`` (B,) for the
+        class is >= ``GOLD_SCORE``."""
+        gold = confidence >= GOLD_SCORE
+        if not gold.any():
+            return
+        self.weights.append(confidence[gold])
+        index = torch.from_numpy(gold).to(maps["random"].device)
+        for method in EXTENDED_METHODS:
+            self.maps[method].append(_small_maps(maps[method][index]))
+        if sum(len(m) for m in self.native_random) < NATIVE_REFERENCE_IMAGES:
+            self.native_random.append(maps["random"][index].float().cpu())
+
+    def rows(self, constants: dict, class_name: str, n_audited: int) -> list[dict]:
+        """One C-Score row per method (``c_score_with_interval``; ``c_score_native``: the random
+        heatmap's C-Score without pooling, NaN for the other methods)."""
+        weights = np.concatenate(self.weights) if self.weights else np.zeros(0)
+        native = torch.cat(self.native_random)[:NATIVE_REFERENCE_IMAGES] if self.native_random else None
+        rows = []
+        for method in EXTENDED_METHODS:
+            maps = torch.cat(self.maps[method]) if self.maps[method] else None
+            row = {**constants, "class": class_name, "method": method, "n_gold": len(weights),
+                   "n_audited": n_audited,
+                   "n_constant": 0 if maps is None else int((maps.flatten(1).amax(1) <= 0).sum()),
+                   **c_score_with_interval(maps, weights), "c_score_native": float("nan")}
+            if method == "random" and native is not None and len(native) >= 2:
+                row["c_score_native"] = localisation.c_score(
+                    native, torch.from_numpy(weights[:len(native)]), resolution=native.shape[-1])
+            rows.append(row)
+        return rows
+
+
 # --- one checkpoint on one cohort ---------------------------------------------------------------
 
 def _synchronise(device: torch.device) -> None:
     """Wait for queued GPU work, so the timings split CAM and metric time correctly."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _checkpoint_columns(metadata: dict, dataset: str) -> dict:
+    """The leading columns of every case and C-Score row: dataset and the checkpoint's identity."""
+    return {"dataset": dataset, "checkpoint_id": str(metadata["checkpoint_id"]),
+            "arch": str(metadata["arch"]), "seed": int(metadata["seed"]),
+            "control": str(metadata.get("control", "none"))}
 
 
 def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable, *,
@@ -148,16 +203,17 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     """Extended scores of one checkpoint on one masked cohort.
 
     ``cases``: iterable of (sample_id, uint8 RGB, bool mask) as ``audit.manifest_cases`` yields.
-    Returns (case table: one row per image x ``EXTENDED_METHODS``; C-Score rows: one per
-    method over the gold list; run summary with timings: ``cam_seconds`` (the fused CAM pass
-    and logits) and ``metric_seconds`` (field of view, DoG, baselines and every score)).
+    Returns (case table: one row per image x ``EXTENDED_METHODS``; C-Score rows of the polyp
+    class (``class`` "polyp"): one per method over the gold list; run summary with timings:
+    ``cam_seconds`` (the fused CAM pass and logits) and ``metric_seconds`` (field of view, DoG,
+    baselines and every score)).
     """
     checkpoint_id = str(metadata["checkpoint_id"])
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
     _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     excluded: list[str] = []
-    frames, gold_maps, gold_weights, native_random = [], {m: [] for m in EXTENDED_METHODS}, [], []
+    frames, gold = [], GoldList()
     cam_seconds = metric_seconds = 0.0
     for ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
         images, masks = images.to(torch_device), masks.to(torch_device)
@@ -174,13 +230,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
         metric_seconds += time.perf_counter() - started
         z = (logits[:, 1] - logits[:, 0]).double().cpu()
         scaled = torch.sigmoid(z / temperature).numpy()
-        gold = scaled >= GOLD_SCORE
-        if gold.any():
-            gold_weights.append(scaled[gold])
-            for method in EXTENDED_METHODS:
-                gold_maps[method].append(_small_maps(maps[method][torch.from_numpy(gold).to(torch_device)]))
-            if sum(len(m) for m in native_random) < NATIVE_REFERENCE_IMAGES:
-                native_random.append(maps["random"][torch.from_numpy(gold).to(torch_device)].float().cpu())
+        gold.add(maps, scaled)
         for method in EXTENDED_METHODS:
             frame = pd.DataFrame(columns[method])
             frame.insert(0, "sample_id", ids)
@@ -191,26 +241,41 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
         raise ValueError(f"checkpoint {checkpoint_id} on {dataset}: no case with a non-empty mask "
                          f"({len(excluded)} empty masks excluded)")
     table = pd.concat(frames, ignore_index=True)
-    constants = {"dataset": dataset, "checkpoint_id": checkpoint_id, "arch": str(metadata["arch"]),
-                 "seed": int(metadata["seed"]), "control": str(metadata.get("control", "none"))}
+    constants = _checkpoint_columns(metadata, dataset)
     for position, (name, value) in enumerate(constants.items()):
         table.insert(position, name, value)
-    weights = np.concatenate(gold_weights) if gold_weights else np.zeros(0)
-    c_rows = [{**constants, "method": method, "n_gold": len(weights),
-               "n_audited": int(table["sample_id"].nunique()),
-               "n_constant": int(sum((m.flatten(1).amax(1) <= 0).sum() for m in gold_maps[method])),
-               **c_score_with_interval(torch.cat(gold_maps[method]) if gold_maps[method] else None, weights)}
-              for method in EXTENDED_METHODS]
-    native = torch.cat(native_random)[:NATIVE_REFERENCE_IMAGES] if native_random else None
-    for row in c_rows:   # the random reference without pooling, beside the pooled one
-        row["c_score_native"] = (localisation.c_score(native, torch.from_numpy(weights[:len(native)]),
-                                                      resolution=native.shape[-1])
-                                 if row["method"] == "random" and native is not None and len(native) >= 2
-                                 else float("nan"))
+    c_rows = gold.rows(constants, "polyp", int(table["sample_id"].nunique()))
     summary = {**constants, "n_audited": int(table["sample_id"].nunique()),
                "n_empty_masks_excluded": len(excluded), "cam_seconds": round(cam_seconds, 3),
                "metric_seconds": round(metric_seconds, 3)}
     return table, pd.DataFrame(c_rows), summary
+
+
+def negative_class_c_scores(model: torch.nn.Module, metadata: dict, temperature: float,
+                            batches: Iterable[tuple[list[str], torch.Tensor]], *, dataset: str,
+                            settings: ExtendedSettings, device: str = "cpu") -> pd.DataFrame:
+    """C-Score rows of the negative class (``class`` "negative") of one checkpoint.
+
+    ``batches``: (sample ids, normalised float32 (B, 3, S, S) images) of non-polyp frames, e.g.
+    ``negative_batches``. Maps: ``MODEL_METHODS`` for target class 0 and the model-free maps of
+    ``reference_maps`` (the random heatmap keyed by sample id, the centre, the DoG map in the
+    image's own field of view). Gold list G(0): the images whose negative-class confidence
+    1 - sigmoid(z / T) (z = logit1 - logit0) is >= 0.5, weighted by it. Columns as the polyp rows
+    of ``score_checkpoint``; ``n_audited`` = the negatives scored.
+    """
+    torch_device = resolve_device(device)
+    model = model.to(torch_device).eval()
+    _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    gold, n_scored = GoldList(), 0
+    for ids, images in batches:
+        images = images.to(torch_device)
+        maps, logits = cams.compute_cams(model, layer, images, target_class=0,
+                                         methods=MODEL_METHODS, return_logits=True)
+        maps.update(reference_maps(images, ids, settings)[0])
+        z = (logits[:, 1] - logits[:, 0]).double().cpu()
+        gold.add(maps, torch.sigmoid(-z / temperature).numpy())   # = 1 - sigmoid(z / T)
+        n_scored += len(ids)
+    return pd.DataFrame(gold.rows(_checkpoint_columns(metadata, dataset), "negative", n_scored))
 
 
 def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray) -> dict[str, float]:
@@ -264,6 +329,35 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
                             case_iterator(cases, data_root, decode_size=image_size),
                             dataset=dataset, image_size=image_size, settings=settings,
                             batch_size=batch_size, device=device, total=len(cases))
+
+
+def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size: int,
+                     batch_size: int = 16) -> Iterator[tuple[list[str], torch.Tensor]]:
+    """(sample ids, normalised float32 (B, 3, S, S) images) of manifest rows of negatives
+    (``map_diagnostics.held_out_negatives``), read batch by batch with
+    ``map_diagnostics.negative_images`` (decoded at ``image_size``, as every model input)."""
+    for start in range(0, len(negatives), batch_size):
+        rows = negatives.iloc[start:start + batch_size]
+        yield ([str(sample_id) for sample_id in rows["sample_id"]],
+               map_diagnostics.negative_images(rows, data_root, image_size))
+
+
+def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
+                                max_images: int, image_size: int, settings: ExtendedSettings,
+                                batch_size: int = 16, device: str = "cpu") -> pd.DataFrame:
+    """``negative_class_c_scores`` of a checkpoint of the run's registry (its fitted temperature)
+    over the first ``max_images`` held-out test negatives by sample id (the audit's prior-map
+    negatives are the first ``prior_negatives`` of the same list). An empty frame for 0."""
+    run_dir = Path(run_dir)
+    negatives = map_diagnostics.held_out_negatives(load_manifest(run_dir / "manifest" / "manifest.csv"),
+                                                   max_images)
+    if negatives.empty:
+        return pd.DataFrame()
+    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
+    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    return negative_class_c_scores(model, metadata, temperature,
+                                   negative_batches(negatives, data_root, image_size, batch_size),
+                                   dataset="hyperkvasir", settings=settings, device=device)
 
 
 def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,

@@ -97,8 +97,9 @@ def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torc
 
 def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids,
                        *, temperature: float, settings: FaithfulnessSettings,
-                       timings: dict | None = None) -> dict[str, pd.DataFrame]:
-    """ROAD, LSR and shape-preserving deletion of one batch. Returns three tables:
+                       timings: dict | None = None, include_shape: bool = True
+                       ) -> dict[str, pd.DataFrame]:
+    """ROAD, LSR and (``include_shape``) shape-preserving deletion of one batch. Returns:
 
     ``road``  per (sample_id, method, order, fraction): ``drop`` in z/T
     ``srg``   per (sample_id, method): ``srg`` and the mean MoRF and LeRF drops
@@ -148,7 +149,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
         "zone_area_fraction": (zones.flatten(1).sum(1) / fov.flatten(1).sum(1)).double().cpu().numpy()})
 
     shape_rows = []
-    for method in CAM_METHODS:
+    for method in CAM_METHODS if include_shape else ():
         top = threshold.top_fraction_mask(maps[method], settings.top_fraction)
         shape = reliance.shape_preserving_deletion(model, images, top, fov, keys, method=method,
                                                    repetitions=settings.shape_repetitions,
@@ -162,13 +163,14 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
             "shifted_z_drop_mean": shape["shifted_z_drop_mean"].numpy()}))
     return {"road": pd.concat(road_rows, ignore_index=True),
             "srg": pd.concat(srg_rows, ignore_index=True), "lsr": lsr_table,
-            "shape": pd.concat(shape_rows, ignore_index=True)}
+            "shape": pd.concat(shape_rows, ignore_index=True) if shape_rows else pd.DataFrame()}
 
 
 def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
                             dataset: str, settings: FaithfulnessSettings, batch_size: int,
-                            device: str = "cpu") -> dict:
-    """Run ``faithfulness_batch`` over all prepared cases of one checkpoint.
+                            device: str = "cpu", include_shape: bool = True) -> dict:
+    """Run ``faithfulness_batch`` over all prepared cases of one checkpoint (``include_shape``
+    False: ROAD and LSR only, an empty ``shape`` table).
 
     Returns ``{"road", "srg", "lsr", "shape"}`` DataFrames (with ``dataset`` and
     ``checkpoint_id`` columns) and ``timings``: per imputing part (``"road"``, ``"lsr"``) the
@@ -182,14 +184,14 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
     timings: dict = {}
     parts: dict[str, list[pd.DataFrame]] = {"road": [], "srg": [], "lsr": [], "shape": []}
     # ROAD solves one sparse system per image, fraction, order and map: minutes per checkpoint
-    bar = progress_bar(total=len(prepared.sample_ids), desc=f"ROAD/LSR {metadata['checkpoint_id']}",
+    bar = progress_bar(total=len(prepared.sample_ids), desc=f"ROAD/LSR {metadata['checkpoint_id']} {dataset}",
                        unit="image")
     for start in range(0, len(prepared.sample_ids), batch_size):
         stop = start + batch_size
         tables = faithfulness_batch(model, layer, prepared.images[start:stop].to(torch_device),
                                     prepared.masks[start:stop].to(torch_device),
                                     prepared.sample_ids[start:stop], temperature=temperature,
-                                    settings=settings, timings=timings)
+                                    settings=settings, timings=timings, include_shape=include_shape)
         for name, table in tables.items():
             parts[name].append(table)
         bar.update(len(prepared.sample_ids[start:stop]))

@@ -6,6 +6,9 @@ method; negative = worse maps in the subgroup. Outcomes:
 
   energy_lift   lambda_E in bits (linear model); gap in bits
   pointing_hit  peak inside the tolerance zone (logistic model); gap in percentage points
+  srg           symmetric relevance gain of the map (linear; z/T), faithfulness
+  lsr           lesion-specific reliance of the classifier (linear; z/T), one row per image
+                under the pseudo-method ``classifier`` (it does not depend on the map)
 
 The data are long: one row per (image, method). One GEE per contrast, outcome and model
 (statsmodels, exchangeable working correlation, bias-reduced "Mancl-DeRouen" sandwich
@@ -33,6 +36,18 @@ by the delta method from the robust covariance; 95% and 90% Wald intervals; two-
 p-values; Holm within each family = (outcome, model, slopes) over every contrast and method;
 TOST equivalence (two one-sided tests at 5%): equivalent when the 90% interval lies inside
 +-0.5 bit (energy lift) or +-10 pp (pointing).
+
+Checkpoints. The frame may hold several checkpoints (every learned checkpoint of the matrix):
+then every model, M0 included, adds a checkpoint term ``C(checkpoint_id)`` and the images stay
+the clusters (the maps of one image under several classifiers are correlated), so a gap is the
+subgroup effect pooled over the classifiers. Crude gaps and the control contrasts
+(``subgroup_controls``) average each image's outcome over the checkpoints first.
+
+Holm families, as the density-audit design: the *primary* family is each method's M1 (shared
+slopes) energy-lift gap over every contrast; the *secondary* family holds the M1 pointing, SRG
+and LSR gaps and the control contrasts (chance level, method minus DoG, trained minus
+randomised network); every other fit (M0, M2, M3, Mc, method-specific slopes) is a sensitivity
+reading, Holm-adjusted within its own (outcome, model, slopes) family (``holm_family``).
 
 Clusters: images. A contrast that pools centres adjusts for centre by fixed effects rather
 than clustering on centre, because the cohorts have too few centres (3 to 6) for a cluster-
@@ -67,8 +82,9 @@ from statsmodels.stats.proportion import confint_proportions_2indep
 
 from endoexplain_core.analysis.stats import holm_adjust, separation_directions
 
-OUTCOMES = {"energy_lift": "linear", "pointing_hit": "logistic"}
-OUTCOME_UNITS = {"energy_lift": "bit", "pointing_hit": "pp"}
+OUTCOMES = {"energy_lift": "linear", "pointing_hit": "logistic", "srg": "linear", "lsr": "linear"}
+MAP_OUTCOMES = ("energy_lift", "pointing_hit")   # the localisation outcomes of every case
+OUTCOME_UNITS = {"energy_lift": "bit", "pointing_hit": "pp", "srg": "z/T", "lsr": "z/T"}
 EQUIVALENCE_MARGINS = {"energy_lift": 0.5, "pointing_hit": 10.0}
 CASE_MIX = ("log_lesion_area", "centrality", "fov_area")
 CLASSIFIER_STATE = ("margin", "correct")
@@ -81,6 +97,9 @@ CONFOUNDER_MODEL = "Mc"
 PRECEDING = ("fov_area",)
 ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
 TOST_ALPHA = 0.05
+PRIMARY_FAMILY, SECONDARY_FAMILY = "primary", "secondary"
+CHECKPOINT_TERM = "C(checkpoint_id)"
+LSR_METHOD = "classifier"   # LSR's pseudo-method: the classifier's reliance, no map involved
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
 WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
                           "approximation; read the crude gap's Newcombe interval")
@@ -313,7 +332,7 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
         return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
 
 
-def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUTCOMES),
+def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCOMES,
                   models=ALL_MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
     slopes fit of ``sensitivity_model``. A logistic term with (quasi-)complete separation makes
@@ -322,8 +341,10 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
     outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN).
     Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
     separated, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
-    n_subgroup, n_reference."""
+    n_subgroup, n_reference, n_checkpoints."""
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
+    pooled = ((CHECKPOINT_TERM,) if "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
+              else ())
     per_image = frame.drop_duplicates("cluster")
     counts = {"n_images": len(per_image), "n_subgroup": int((per_image["subgroup"] == 1).sum()),
               "n_reference": int((per_image["subgroup"] == 0).sum())}
@@ -339,7 +360,7 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
         varying_methods = [m for m in methods if varying.get(m, False)]
         constant = [m for m in methods if m not in varying_methods]
         for model, slopes, specific in fits:
-            gaps, separated, note = fit_estimable(frame, outcome, model_terms(model, contrast),
+            gaps, separated, note = fit_estimable(frame, outcome, [*model_terms(model, contrast), *pooled],
                                                   varying_methods, method_specific_slopes=specific)
             gaps = gaps.assign(method_note="")
             if separated:
@@ -373,21 +394,41 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=tuple(OUT
                 gaps.loc[beyond, "method_note"] = WALD_BEYOND_RANGE_NOTE
             method_note = gaps.pop("method_note").fillna("")
             gaps["note"] = ["; ".join(filter(None, [own, note])) for own in method_note]
-            gaps = gaps.assign(**counts)
+            gaps = gaps.assign(**counts, n_checkpoints=int(frame["checkpoint_id"].nunique())
+                               if "checkpoint_id" in frame else 1)
             parts.append(gaps)
     return pd.concat(parts, ignore_index=True)
 
 
-def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
-    """Holm-adjusted ``p_holm`` within each (outcome, model, slopes) family over every contrast
-    and method with a finite p; TOST against ``EQUIVALENCE_MARGINS`` (``tost_p``,
-    ``tost_equivalent``; NaN/False where not estimable)."""
+def holm_family(outcome: str, model: str, slopes: str) -> str:
+    """The Holm family of one subgroup fit (module docstring): ``"primary"`` for the M1
+    shared-slopes energy-lift gaps, ``"secondary"`` for the other M1 shared-slopes outcomes
+    (the control contrasts join it in ``subgroup_controls``), else
+    ``"sensitivity: <outcome> <model> <slopes>"``."""
+    if model == "M1" and slopes == "shared":
+        return PRIMARY_FAMILY if outcome == "energy_lift" else SECONDARY_FAMILY
+    return f"sensitivity: {outcome} {model} {slopes}"
+
+
+def add_holm(*tables: pd.DataFrame) -> list[pd.DataFrame]:
+    """``p_holm`` for every row of ``tables`` (each with ``holm_family`` and ``p``): Holm's
+    adjustment over the union of the tables' rows of one family that have a finite p. Rows
+    of family ``""`` (descriptive) or without a p keep NaN. Returns adjusted copies."""
+    out = [table.copy().assign(p_holm=np.nan) for table in tables]
+    stacked = pd.concat([table[["holm_family", "p"]].assign(table=k, row=table.index)
+                         for k, table in enumerate(out)], ignore_index=True)
+    stacked = stacked[(stacked["holm_family"] != "") & stacked["p"].notna()]
+    for _, family in stacked.groupby("holm_family", sort=False):
+        adjusted = holm_adjust(family["p"].to_numpy(dtype=float))
+        for k, row, value in zip(family["table"], family["row"], adjusted):
+            out[k].loc[row, "p_holm"] = value
+    return out
+
+
+def add_tost(gaps: pd.DataFrame) -> pd.DataFrame:
+    """TOST against ``EQUIVALENCE_MARGINS`` (``margin``, ``tost_p``, ``tost_equivalent``;
+    NaN/False where not estimable or where the outcome has no stated margin: SRG, LSR)."""
     out = gaps.copy()
-    out["p_holm"] = np.nan
-    for _, family in out.groupby(["outcome", "model", "slopes"], sort=False):
-        finite = family["p"].notna()
-        if finite.any():
-            out.loc[family.index[finite], "p_holm"] = holm_adjust(family.loc[finite, "p"].to_numpy())
     out["margin"] = out["outcome"].map(EQUIVALENCE_MARGINS)
     out["tost_p"], out["tost_equivalent"] = np.nan, False
     for outcome, margin in EQUIVALENCE_MARGINS.items():
@@ -400,109 +441,72 @@ def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def crude_gaps(frame: pd.DataFrame, outcomes=tuple(OUTCOMES), level: float = 0.95) -> pd.DataFrame:
+def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
+    """``holm_family`` (``holm_family``), ``p_holm`` within each family over every contrast
+    and method with a finite p, and the TOST columns (``add_tost``)."""
+    gaps = gaps.assign(holm_family=[holm_family(o, m, s) for o, m, s in
+                                    zip(gaps["outcome"], gaps["model"], gaps["slopes"])])
+    return add_tost(add_holm(gaps)[0])
+
+
+def per_image_means(frame: pd.DataFrame, columns) -> pd.DataFrame:
+    """One row per (cluster, method): ``columns`` averaged over the frame's checkpoints (the
+    density audit's "views averaged over architectures"), with ``subgroup`` kept."""
+    return (frame.groupby(["cluster", "method"], sort=False)
+            .agg(subgroup=("subgroup", "first"), **{c: (c, "mean") for c in columns})
+            .reset_index())
+
+
+def welch_gap(subgroup_values, reference_values, level: float = 0.95) -> dict[str, float]:
+    """Subgroup mean minus reference mean with Welch's t interval and two-sided p (NaN when a
+    side has fewer than 2 values or both sides are constant). Keys: gap, ci_low, ci_high, p."""
+    sub = np.asarray(subgroup_values, dtype=float)
+    ref = np.asarray(reference_values, dtype=float)
+    gap = sub.mean() - ref.mean() if len(sub) and len(ref) else np.nan
+    if len(sub) < 2 or len(ref) < 2 or (np.ptp(sub) == 0 and np.ptp(ref) == 0):
+        return {"gap": gap, "ci_low": np.nan, "ci_high": np.nan, "p": np.nan}
+    with warnings.catch_warnings():   # one exactly constant side is fine: its variance is 0
+        warnings.filterwarnings("ignore", message="Precision loss occurred", category=RuntimeWarning)
+        test = scipy_stats.ttest_ind(sub, ref, equal_var=False)
+        interval = test.confidence_interval(level)
+    return {"gap": gap, "ci_low": float(interval.low), "ci_high": float(interval.high),
+            "p": float(test.pvalue)}
+
+
+def crude_gaps(frame: pd.DataFrame, outcomes=MAP_OUTCOMES, level: float = 0.95) -> pd.DataFrame:
     """Plain group means per method and outcome (subgroup mean minus reference mean; pointing
     in pp): what the two groups of cases actually received, before any model.
 
-    Each method's rows are independent images, so the crude gap has a direct interval: for the
-    pointing hit the Newcombe hybrid score interval of a difference of two proportions
-    (``statsmodels`` ``confint_proportions_2indep(method="newcomb")``; valid at 0/n and n/n,
-    where the GEE is separated), for energy lift Welch's t interval. Columns: outcome, method,
-    n_subgroup, n_reference, subgroup_mean, reference_mean, crude_gap, crude_ci_low,
-    crude_ci_high, crude_interval (NaN interval when a side has fewer than 2 images)."""
+    Each method's rows are independent images. With one checkpoint the crude pointing gap has
+    the Newcombe hybrid score interval of a difference of two proportions (``statsmodels``
+    ``confint_proportions_2indep(method="newcomb")``; valid at 0/n and n/n, where the GEE is
+    separated); energy lift, SRG and LSR get Welch's t interval. With several checkpoints each
+    image's outcome is first averaged over them (``per_image_means``; a pointing value is then
+    a share of hits, not 0/1) and every interval is Welch's. Columns: outcome, method,
+    n_subgroup, n_reference, n_checkpoints, subgroup_mean, reference_mean, crude_gap,
+    crude_ci_low, crude_ci_high, crude_interval (NaN interval when a side has fewer than 2
+    images)."""
+    n_checkpoints = int(frame["checkpoint_id"].nunique()) if "checkpoint_id" in frame else 1
+    if n_checkpoints > 1:
+        frame = per_image_means(frame, outcomes)
     rows = []
     for outcome in outcomes:
-        logistic = OUTCOMES[outcome] == "logistic"
-        scale = 100.0 if logistic else 1.0
+        newcombe = OUTCOMES[outcome] == "logistic" and n_checkpoints == 1
+        scale = 100.0 if OUTCOMES[outcome] == "logistic" else 1.0
         for method, part in frame.groupby("method", sort=False):
-            sub = part.loc[part["subgroup"] == 1, outcome].to_numpy(float)
-            ref = part.loc[part["subgroup"] == 0, outcome].to_numpy(float)
+            sub = part.loc[part["subgroup"] == 1, outcome].dropna().to_numpy(float)
+            ref = part.loc[part["subgroup"] == 0, outcome].dropna().to_numpy(float)
             low = high = np.nan
-            if len(sub) >= 2 and len(ref) >= 2:
-                if logistic:
-                    low, high = confint_proportions_2indep(int(sub.sum()), len(sub), int(ref.sum()),
-                                                           len(ref), method="newcomb", alpha=1 - level)
-                elif np.var(sub) + np.var(ref) > 0:
-                    interval = scipy_stats.ttest_ind(sub, ref, equal_var=False).confidence_interval(level)
-                    low, high = interval.low, interval.high
-            sub_mean = sub.mean() if len(sub) else np.nan
-            ref_mean = ref.mean() if len(ref) else np.nan
+            if not newcombe:
+                low, high = (welch_gap(sub, ref, level)[k] for k in ("ci_low", "ci_high"))
+            elif len(sub) >= 2 and len(ref) >= 2:
+                low, high = confint_proportions_2indep(int(sub.sum()), len(sub), int(ref.sum()),
+                                                       len(ref), method="newcomb", alpha=1 - level)
             rows.append({"outcome": outcome, "method": method, "n_subgroup": len(sub),
-                         "n_reference": len(ref), "subgroup_mean": sub_mean * scale,
-                         "reference_mean": ref_mean * scale,
-                         "crude_gap": (sub_mean - ref_mean) * scale,
+                         "n_reference": len(ref), "n_checkpoints": n_checkpoints,
+                         "subgroup_mean": (sub.mean() if len(sub) else np.nan) * scale,
+                         "reference_mean": (ref.mean() if len(ref) else np.nan) * scale,
+                         "crude_gap": (sub.mean() - ref.mean() if len(sub) and len(ref) else np.nan) * scale,
                          "crude_ci_low": float(low) * scale, "crude_ci_high": float(high) * scale,
-                         "crude_interval": "Newcombe hybrid score" if logistic else "Welch t"})
+                         "crude_interval": "Newcombe hybrid score" if newcombe else "Welch t"})
     return pd.DataFrame(rows)
-
-
-# --- the contrasts of this audit -------------------------------------------------------------
-
-WHITE_LIGHT = {"WLI", "WL", "WHITE LIGHT", "WHITE-LIGHT"}
-
-
-def _labelled(frame: pd.DataFrame, subgroup: pd.Series) -> pd.DataFrame:
-    out = frame.assign(subgroup=subgroup.astype(int).to_numpy())
-    return out.assign(cluster=out["dataset"].astype(str) + "/" + out["sample_id"].astype(str))
-
-
-def audit_contrasts(cases: pd.DataFrame, *, min_images: int
-                    ) -> tuple[list[tuple[Contrast, pd.DataFrame]], pd.DataFrame]:
-    """The subgroup contrasts of the transfer cohorts and the audit pool.
-
-    ``cases``: long table of ``analysis.faithfulness.localisation_outcomes`` rows with
-    ``dataset``, ``centre`` and ``modality`` added (``""`` where a cohort has no such label).
-    Contrasts:
-      * PolypDB, image-enhanced endoscopy (NBI, BLI, FICE, LCI, ...) vs white light; centre
-        fixed effects from M1 on (the modality mix differs between centres);
-      * PolypGen, each centre vs the other PolypGen centres;
-      * lesion size, lesions below vs at or above the median lesion share of the field of view,
-        over every cohort; dataset fixed effects from M1 on; log lesion area left out (it
-        defines the contrast).
-    A contrast with fewer than ``min_images`` images on either side is skipped and listed in
-    the second return value (contrast, n_subgroup, n_reference, reason).
-    """
-    contrasts: list[tuple[Contrast, pd.DataFrame]] = []
-    skipped = []
-
-    def add(contrast: Contrast, frame: pd.DataFrame) -> None:
-        images = frame.drop_duplicates("cluster")
-        n_sub, n_ref = int(images["subgroup"].sum()), int((1 - images["subgroup"]).sum())
-        if min(n_sub, n_ref) < min_images:
-            skipped.append({"contrast": contrast.name, "n_subgroup": n_sub, "n_reference": n_ref,
-                            "reason": f"fewer than {min_images} images on one side"})
-        else:
-            contrasts.append((contrast, frame))
-
-    polypdb = cases[cases["dataset"] == "polypdb"]
-    if len(polypdb):
-        enhanced = ~polypdb["modality"].str.upper().isin(WHITE_LIGHT)
-        add(Contrast("PolypDB: image-enhanced vs white light", "image-enhanced", "white light",
-                     fixed_effects=("C(centre)",)), _labelled(polypdb, enhanced))
-    polypgen = cases[cases["dataset"] == "polypgen"]
-    for centre in sorted(c for c in polypgen["centre"].unique() if c):
-        add(Contrast(f"PolypGen: {centre} vs other centres", centre, "other centres"),
-            _labelled(polypgen, polypgen["centre"] == centre))
-    per_image = cases.drop_duplicates(["dataset", "sample_id"])
-    median = float(per_image["log_lesion_area"].median())
-    add(Contrast("Lesion size: small vs large", "below the median lesion share",
-                 "at or above the median", exclude=("log_lesion_area",),
-                 fixed_effects=("C(dataset)",) if cases["dataset"].nunique() > 1 else ()),
-        _labelled(cases, cases["log_lesion_area"] < median))
-    return contrasts, pd.DataFrame(skipped, columns=["contrast", "n_subgroup", "n_reference", "reason"])
-
-
-def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=ALL_MODELS
-                   ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """All contrasts' gaps with Holm and TOST (``add_holm_and_tost``), their crude gaps, and
-    the skipped contrasts."""
-    contrasts, skipped = audit_contrasts(cases, min_images=min_images)
-    if not contrasts:
-        empty = pd.DataFrame(columns=["contrast", "outcome", "model", "slopes", "method", "gap",
-                                      "tost_equivalent", "tost_p"])
-        return empty, pd.DataFrame(), skipped
-    gaps = add_holm_and_tost(pd.concat([contrast_gaps(frame, contrast, models=models)
-                                        for contrast, frame in contrasts], ignore_index=True))
-    crude = pd.concat([crude_gaps(frame).assign(contrast=contrast.name)
-                       for contrast, frame in contrasts], ignore_index=True)
-    return gaps, crude, skipped

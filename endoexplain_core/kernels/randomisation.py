@@ -85,6 +85,15 @@ def cascade(model: nn.Module, *, seed: int):
         yield name, randomised
 
 
+def fully_randomised(model: nn.Module, *, seed: int) -> nn.Module:
+    """A copy of ``model`` (eval mode) with every block re-initialised: the last step of
+    ``cascade``, the same weights under the same ``seed``. The trained model is not modified."""
+    randomised = None
+    for _, randomised in cascade(model, seed=seed):
+        pass
+    return randomised
+
+
 def spearman_per_image(first: torch.Tensor, second: torch.Tensor) -> np.ndarray:
     """float64 (B,): Spearman correlation of each pair of (B, H, W) maps over all pixels
     (average ranks for ties, SciPy's ``rankdata``); NaN where either map is constant."""

@@ -338,8 +338,14 @@ def stage_seconds(config: profiles.Profile, counts: WorkCounts, costs: dict[str,
     others = sum(costs[a].cams + robustness.other_random_deletion_repetitions * costs[a].forward
                  for a in shared.architectures for _ in shared.training_seeds) - costs[primary].cams
     transfer = config.stage_settings("06_transfer")
+    extended = config.stage_settings("07_extended_localisation")
     faith = config.stage_settings("08_faithfulness")
-    road = counts.audit_pool * 2 * len(faith.road_fractions) * 6 * costs[primary].forward
+    road_per_image = 2 * len(faith.road_fractions) * 6 * costs[primary].forward
+    road = (counts.audit_pool + (counts.external if faith.subgroup_faithfulness else 0)) * road_per_image
+    # subgroup maps: every checkpoint in the models and its randomised copy, on every case
+    subgroup_nets = 2 * (len(shared.architectures) * len(shared.training_seeds)
+                         if faith.subgroup_checkpoints == "learned" else 1)
+    subgroup = subgroup_nets * (counts.audit_pool + counts.external) * costs[primary].cams
     return {
         "00_roles": (n_total * decode, "decode + hash every image once"),
         "01_training": (train_seconds + n_total * decode,
@@ -353,10 +359,18 @@ def stage_seconds(config: profiles.Profile, counts: WorkCounts, costs: dict[str,
         "06_transfer": (counts.external * (costs[primary].cams + transfer.random_deletion_repetitions
                                            * costs[primary].forward),
                         "external cases x (five CAMs + random deletions)"),
-        "07_extended_localisation": ((counts.audit_pool + counts.external) * costs[primary].cams,
-                                     "audit pool + external cases x one fused CAM pass"),
-        "08_faithfulness": (road + counts.audit_pool * faith.shape_repetitions * 5 * costs[primary].forward,
-                            "ROAD (2 orders x fractions x 6 maps) + shape-preserving deletions, primary"),
+        "07_extended_localisation": ((counts.audit_pool + counts.external) * costs[primary].cams
+                                     + extended.c_score_negatives * costs[primary].cams
+                                     * (len(shared.architectures) * len(shared.training_seeds)
+                                        if extended.matrix_checkpoints else 1),
+                                     "audit pool + external cases x one fused CAM pass, + the "
+                                     "negative-class C-Score's negatives per scored checkpoint"),
+        "08_faithfulness": (road + counts.audit_pool * faith.shape_repetitions * 5 * costs[primary].forward
+                            + subgroup,
+                            "ROAD (2 orders x fractions x 6 maps; audit pool, and the external cases "
+                            "with subgroup_faithfulness) + shape-preserving deletions, primary + "
+                            "subgroup CAM passes (each checkpoint in the models and its randomised copy; "
+                            "at most every matrix checkpoint)"),
     }
 
 

@@ -1,0 +1,91 @@
+"""Controls of a subgroup gap: is it the image's, the classifier's or the map's?
+
+A subgroup gap in map quality (``subgroups``) can come from the images (lesions that stand out
+less), from the classifier, or from the saliency method. Following the density-audit design,
+each contrast gets three controls, all crude (before any model) and all on the same images:
+
+  chance level          the pointing game's chance |D_r| / |B| in the subgroup minus the
+                        reference (pp): a pointing gap no larger than this is the lesions'
+                        size, not the maps
+  DoG conspicuity map   the energy-lift gap of the difference-of-Gaussians map of the image
+                        alone (no classifier); ``method minus DoG`` is a method's gap minus it:
+                        above 0 in magnitude, the gap is not explained by the image alone
+  randomised network    the gap of the same method on the classifier with every learned
+                        weight re-initialised (``kernels.randomisation.fully_randomised``);
+                        ``trained minus randomised`` is the trained gap minus it: a gap that
+                        needs the learned weights
+
+A difference of two crude gaps on the same images is the crude gap of the per-image
+difference (e.g. lift(method) - lift(DoG)), so every control is one Welch t interval and
+two-sided p on per-image values, subgroup against reference. With several checkpoints each
+image's values are averaged over them first (``subgroups.per_image_means``). Pointing values
+are in percentage points (a per-image difference of hits is -100, 0 or +100).
+
+Holm: the chance-level, method-minus-DoG and trained-minus-randomised rows join the secondary
+family (``subgroups.SECONDARY_FAMILY``); the DoG and randomised-network gaps themselves are
+descriptive references (family ``""``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from endoexplain_core.analysis import subgroups
+
+CHANCE, DOG, METHOD_MINUS_DOG = "chance level", "DoG conspicuity map", "method minus DoG"
+RANDOMISED, TRAINED_MINUS_RANDOMISED = "randomised network", "trained minus randomised"
+TESTED_CONTROLS = (CHANCE, METHOD_MINUS_DOG, TRAINED_MINUS_RANDOMISED)   # in the secondary family
+
+
+def _row(contrast: str, control: str, outcome: str, method: str, values: pd.DataFrame,
+         column: str, scale: float) -> dict:
+    sub = values.loc[values["subgroup"] == 1, column].dropna().to_numpy(float) * scale
+    ref = values.loc[values["subgroup"] == 0, column].dropna().to_numpy(float) * scale
+    return {"contrast": contrast, "control": control, "outcome": outcome,
+            "unit": subgroups.OUTCOME_UNITS[outcome], "method": method,
+            **subgroups.welch_gap(sub, ref), "n_subgroup": len(sub), "n_reference": len(ref),
+            "holm_family": subgroups.SECONDARY_FAMILY if control in TESTED_CONTROLS else ""}
+
+
+def control_gaps(contrast: str, frame: pd.DataFrame, randomised: pd.DataFrame | None = None
+                 ) -> pd.DataFrame:
+    """The control rows of one contrast.
+
+    ``frame``: the contrast's long case table (``subgroups.audit_contrasts``: one row per image,
+    checkpoint and CAM method with ``cluster``, ``subgroup``, ``energy_lift``,
+    ``pointing_hit``, ``pointing_chance`` and ``dog_lift``). ``randomised``: the same outcomes
+    of the randomised networks (``dataset``, ``sample_id``, ``checkpoint_id``, ``method``,
+    ``energy_lift``, ``pointing_hit``) or None (no randomised-network rows). Columns: contrast,
+    control, outcome, unit, method ("" for the chance level, "dog" for the DoG map), gap,
+    ci_low, ci_high, p, n_subgroup, n_reference, n_checkpoints, holm_family.
+    """
+    data = frame.assign(lift_minus_dog=frame["energy_lift"] - frame["dog_lift"])
+    columns = ["energy_lift", "pointing_hit", "pointing_chance", "dog_lift", "lift_minus_dog"]
+    if randomised is not None:
+        data = data.merge(randomised[["dataset", "sample_id", "checkpoint_id", "method",
+                                      "energy_lift", "pointing_hit"]],
+                          on=["dataset", "sample_id", "checkpoint_id", "method"], how="left",
+                          suffixes=("", "_randomised"), validate="one_to_one")
+        data["lift_minus_randomised"] = data["energy_lift"] - data["energy_lift_randomised"]
+        data["hit_minus_randomised"] = data["pointing_hit"] - data["pointing_hit_randomised"]
+        columns += ["energy_lift_randomised", "pointing_hit_randomised", "lift_minus_randomised",
+                    "hit_minus_randomised"]
+    per_image = subgroups.per_image_means(data, columns)
+    any_method = per_image.drop_duplicates("cluster")   # chance and DoG do not depend on the map
+    rows = [_row(contrast, CHANCE, "pointing_hit", "", any_method, "pointing_chance", 100.0),
+            _row(contrast, DOG, "energy_lift", "dog", any_method, "dog_lift", 1.0)]
+    for method, values in per_image.groupby("method", sort=False):
+        rows.append(_row(contrast, METHOD_MINUS_DOG, "energy_lift", method, values, "lift_minus_dog", 1.0))
+        if randomised is None:
+            continue
+        for outcome, own, difference, scale in (
+                ("energy_lift", "energy_lift_randomised", "lift_minus_randomised", 1.0),
+                ("pointing_hit", "pointing_hit_randomised", "hit_minus_randomised", 100.0)):
+            rows.append(_row(contrast, RANDOMISED, outcome, method, values, own, scale))
+            rows.append(_row(contrast, TRAINED_MINUS_RANDOMISED, outcome, method, values,
+                             difference, scale))
+    table = pd.DataFrame(rows)
+    table["n_checkpoints"] = int(frame["checkpoint_id"].nunique())
+    table["interval"] = "Welch t on per-image values"
+    return table
+

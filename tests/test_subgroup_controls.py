@@ -1,0 +1,134 @@
+"""Subgroup controls, Holm families and pooled checkpoints (analysis.subgroup_controls,
+subgroups, subgroup_audit): each checked against SciPy/statsmodels on small constructed data."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+from statsmodels.stats.multitest import multipletests
+
+from endoexplain_core.analysis import subgroup_audit, subgroup_controls, subgroups
+
+
+def case_frame(n: int = 40, checkpoints=("a",), seed: int = 0, effect: float = -0.6) -> pd.DataFrame:
+    """Long localisation outcomes: n images (half PolypGen C1, half C2), two methods, one row
+    per (image, checkpoint, method); C1 maps lose ``effect`` bits of lift, the DoG map 0.2."""
+    rng = np.random.default_rng(seed)
+    centre = np.where(np.arange(n) < n // 2, "C1", "C2")
+    subgroup = (centre == "C1").astype(float)
+    image = {"sample_id": [f"s{i:03d}" for i in range(n)], "centre": centre, "modality": "",
+             "dataset": "polypgen", "log_lesion_area": rng.normal(-3, 0.5, n),
+             "centrality": rng.random(n), "fov_area": 0.8 + 0.1 * rng.random(n),
+             "dog_lift": 1.0 - 0.2 * subgroup + 0.3 * rng.normal(size=n),
+             "pointing_chance": 0.05 + 0.02 * subgroup + 0.01 * rng.random(n)}
+    rows = []
+    for k, checkpoint in enumerate(checkpoints):
+        for method, offset in (("gradcam", 0.0), ("eigencam", -0.3)):
+            lift = 1.5 + offset + 0.2 * k + effect * subgroup + 0.4 * rng.normal(size=n)
+            rows.append(pd.DataFrame({**image, "checkpoint_id": checkpoint, "method": method,
+                                      "energy_lift": lift,
+                                      "pointing_hit": (rng.random(n) < 0.6 - 0.2 * subgroup).astype(float),
+                                      "z": rng.normal(2, 1, n), "margin": rng.random(n),
+                                      "correct": (rng.random(n) < 0.9).astype(float)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(subgroup=(frame["centre"] == "C1").astype(int),
+                        cluster="polypgen/" + frame["sample_id"])
+
+
+def test_method_minus_dog_is_welch_on_per_image_differences_and_the_difference_of_crude_gaps():
+    frame = labelled(case_frame())
+    controls = subgroup_controls.control_gaps("C1", frame).set_index(["control", "method"])
+    crude = subgroups.crude_gaps(frame, outcomes=("energy_lift",)).set_index("method")
+    dog = controls.loc[(subgroup_controls.DOG, "dog")]
+    for method in ("gradcam", "eigencam"):
+        row = controls.loc[(subgroup_controls.METHOD_MINUS_DOG, method)]
+        assert row["gap"] == pytest.approx(crude.loc[method, "crude_gap"] - dog["gap"])
+        part = frame[frame["method"] == method]
+        difference = part["energy_lift"] - part["dog_lift"]
+        expected = scipy_stats.ttest_ind(difference[part["subgroup"] == 1], difference[part["subgroup"] == 0],
+                                         equal_var=False)
+        assert row["p"] == pytest.approx(expected.pvalue)
+        assert row["ci_low"] == pytest.approx(expected.confidence_interval().low)
+        assert row["holm_family"] == subgroups.SECONDARY_FAMILY
+    chance = controls.loc[(subgroup_controls.CHANCE, "")]
+    per_image = frame.drop_duplicates("cluster")
+    assert chance["gap"] == pytest.approx(100 * (per_image.loc[per_image["subgroup"] == 1, "pointing_chance"].mean()
+                                                 - per_image.loc[per_image["subgroup"] == 0, "pointing_chance"].mean()))
+    assert chance["n_subgroup"] == 20 and dog["holm_family"] == ""
+
+
+def test_trained_minus_randomised_pairs_each_image_with_its_own_randomised_map():
+    frame = labelled(case_frame())
+    randomised = frame.assign(energy_lift=0.1, pointing_hit=0.0)   # a flat randomised network
+    controls = subgroup_controls.control_gaps("C1", frame, randomised).set_index(["control", "outcome", "method"])
+    trained = subgroups.crude_gaps(frame).set_index(["outcome", "method"])
+    for outcome in ("energy_lift", "pointing_hit"):
+        row = controls.loc[(subgroup_controls.TRAINED_MINUS_RANDOMISED, outcome, "gradcam")]
+        # the randomised network has no gap here, so the difference is the trained gap itself
+        assert row["gap"] == pytest.approx(trained.loc[(outcome, "gradcam"), "crude_gap"])
+        assert controls.loc[(subgroup_controls.RANDOMISED, outcome, "gradcam"), "gap"] == pytest.approx(0.0)
+    with pytest.raises(Exception):   # one randomised row per trained row, or the pairing is wrong
+        subgroup_controls.control_gaps("C1", frame, pd.concat([randomised, randomised]))
+
+
+def test_holm_runs_over_the_union_of_a_family_across_tables():
+    first = pd.DataFrame({"holm_family": ["primary", "secondary", "secondary", ""],
+                          "p": [0.01, 0.02, 0.04, 0.001]})
+    second = pd.DataFrame({"holm_family": ["secondary", "secondary", "primary"], "p": [0.03, np.nan, 0.02]})
+    first, second = subgroups.add_holm(first, second)
+    secondary = multipletests([0.02, 0.04, 0.03], method="holm")[1]
+    primary = multipletests([0.01, 0.02], method="holm")[1]
+    np.testing.assert_allclose(first["p_holm"].iloc[:3], [primary[0], secondary[0], secondary[1]])
+    np.testing.assert_allclose(second["p_holm"].iloc[[0, 2]], [secondary[2], primary[1]])
+    assert np.isnan(first["p_holm"].iloc[3]) and np.isnan(second["p_holm"].iloc[1])
+
+
+def test_families_follow_the_density_audit_design():
+    assert subgroups.holm_family("energy_lift", "M1", "shared") == "primary"
+    assert subgroups.holm_family("pointing_hit", "M1", "shared") == "secondary"
+    assert subgroups.holm_family("srg", "M1", "shared") == "secondary"
+    assert subgroups.holm_family("energy_lift", "M1", "method-specific").startswith("sensitivity")
+    assert subgroups.holm_family("energy_lift", "M0", "shared") == "sensitivity: energy_lift M0 shared"
+
+
+def test_pooled_checkpoints_add_a_checkpoint_term_and_recover_the_shared_gap():
+    frame = labelled(case_frame(n=120, checkpoints=("a", "b", "c"), seed=3))
+    contrast = subgroups.Contrast("C1", "C1", "other")
+    gaps = subgroups.contrast_gaps(frame, contrast, outcomes=("energy_lift",), models=("M0",),
+                                   sensitivity_model="")
+    assert (gaps["n_checkpoints"] == 3).all() and (gaps["n_images"] == 120).all()
+    for _, row in gaps.iterrows():
+        assert row["ci_low"] < -0.6 < row["ci_high"]
+    result, design = subgroups.fit_gee(frame, "energy_lift", [subgroups.CHECKPOINT_TERM])
+    assert any(name.startswith("C(checkpoint_id)") for name in design.column_names)
+    crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",))
+    assert (crude["crude_interval"] == "Welch t").all() and (crude["n_subgroup"] == 60).all()
+    single = subgroups.crude_gaps(frame[frame["checkpoint_id"] == "a"], outcomes=("pointing_hit",))
+    assert (single["crude_interval"] == "Newcombe hybrid score").all()
+
+
+def test_subgroup_table_adds_srg_lsr_and_controls_with_one_primary_family():
+    cases = case_frame(n=40, checkpoints=("a", "b"), seed=5)
+    rng = np.random.default_rng(2)
+    images = cases.drop_duplicates("sample_id")
+    srg = pd.concat([images[["dataset", "sample_id"]].assign(method=m, srg=rng.normal(0.2, 0.1, len(images)))
+                     for m in ("gradcam", "eigencam")], ignore_index=True)
+    lsr = images[["dataset", "sample_id"]].assign(lsr=rng.normal(0.1, 0.1, len(images)))
+    lsr.loc[lsr.index[0], "lsr"] = np.nan   # no comparison region: left out
+    gaps, crude, controls, skipped = subgroup_audit.subgroup_table(
+        cases, min_images=8, models=("M0", "M1"), randomised=cases.assign(energy_lift=0.0, pointing_hit=0.0),
+        faithfulness={"srg": srg, "lsr": lsr}, faithfulness_checkpoint="a")
+    assert set(gaps["outcome"]) == {"energy_lift", "pointing_hit", "srg", "lsr"}
+    primary = gaps[gaps["holm_family"] == "primary"]
+    assert set(primary["outcome"]) == {"energy_lift"} and set(primary["model"]) == {"M1"}
+    lsr_rows = gaps[gaps["outcome"] == "lsr"]
+    assert set(lsr_rows["method"]) == {subgroups.LSR_METHOD} and (lsr_rows["n_images"] == 39).all()
+    assert (gaps.loc[gaps["outcome"] == "srg", "n_checkpoints"] == 1).all()
+    tested = controls[controls["holm_family"] == "secondary"]
+    assert set(tested["control"]) == set(subgroup_controls.TESTED_CONTROLS)
+    assert tested["p_holm"].notna().all() and (tested["p_holm"] >= tested["p"] - 1e-12).all()
+    assert gaps.loc[gaps["outcome"].isin(["srg", "lsr"]), "tost_p"].isna().all()
+    assert {"srg", "lsr"} <= set(crude["outcome"]) and skipped.empty
