@@ -84,29 +84,50 @@ def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", 
     return fig
 
 
+C_SCORE_CLASSES = {"polyp": "polyp class (maps for class 1 on correctly classified polyps)",
+                   "negative": "negative class (maps for class 0 on correctly classified test negatives)"}
+
+
 def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_validated=()):
     """C-Score (confidence-weighted mean pairwise soft IoU over the gold list) as a checkpoints x
-    methods heatmap with the values printed; rows say n_gold; empty cells: fewer than 2 gold
-    images."""
-    wide = c_scores.pivot(index="checkpoint_id", columns="method", values="c_score")
-    wide = wide.reindex(columns=[m for m in methods if m in wide.columns])
-    gold = c_scores.drop_duplicates("checkpoint_id").set_index("checkpoint_id")["n_gold"]
-    width = min(style.DOUBLE_COLUMN_INCHES, 2.4 + 0.5 * wide.shape[1])
+    methods heatmap with the values printed, one panel per class in ``c_scores["class"]``
+    (polyp first; one panel without that column); rows say n_gold; empty cells: fewer than 2
+    gold images."""
+    if "class" not in c_scores.columns:
+        c_scores = c_scores.assign(**{"class": "polyp"})
+    classes = [c for c in C_SCORE_CLASSES if c in set(c_scores["class"])]
+    panels = {c: c_scores[c_scores["class"] == c] for c in classes}
+    columns = [m for m in methods if m in set(c_scores["method"])]
+    n_rows = {c: part["checkpoint_id"].nunique() for c, part in panels.items()}
+    width = min(style.DOUBLE_COLUMN_INCHES, 2.4 + 0.5 * len(columns))
     lines = len(textwrap.wrap(C_SCORE_NOTE, width=int(width * 20)))
-    fig, ax = plt.subplots(figsize=(width, 1.5 + 0.3 * wide.shape[0] + 0.11 * lines), layout="constrained")
-    image = ax.imshow(wide.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    for (row, column), value in np.ndenumerate(wide.to_numpy(dtype=float)):
-        if np.isfinite(value):
-            ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if value < 0.6 else "black")
-    ax.set_xticks(np.arange(wide.shape[1]))
-    ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in wide.columns],
-                       fontsize=6.5)
-    ax.set_yticks(np.arange(wide.shape[0]))
-    ax.set_yticklabels([f"{style.checkpoint_label(c)} (n = {int(gold[c])})" for c in wide.index],
-                       fontsize=6.5)
-    fig.colorbar(image, ax=ax, label="C-Score", shrink=0.9)
-    ax.set_title(title or "C-Score: consistency of each method across correctly classified images",
+    fig, axes = plt.subplots(len(classes), 1, squeeze=False, layout="constrained",
+                             figsize=(width, 0.9 + sum(0.55 + 0.3 * n for n in n_rows.values()) + 0.11 * lines),
+                             height_ratios=[0.55 + 0.3 * n_rows[c] for c in classes])
+    for index, (ax, class_name) in enumerate(zip(axes[:, 0], classes)):
+        part = panels[class_name]
+        wide = part.pivot(index="checkpoint_id", columns="method", values="c_score").reindex(columns=columns)
+        gold = part.drop_duplicates("checkpoint_id").set_index("checkpoint_id")["n_gold"]
+        mostly_constant = (part.assign(flag=part.get("n_constant", 0) >= 0.5 * part["n_gold"])
+                           .pivot(index="checkpoint_id", columns="method", values="flag")
+                           .reindex(index=wide.index, columns=columns).fillna(False).to_numpy(dtype=bool))
+        image = ax.imshow(wide.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for (row, column), value in np.ndenumerate(wide.to_numpy(dtype=float)):
+            if np.isfinite(value):
+                constant = mostly_constant[row, column]
+                ax.text(column, row, f"{value:.2f}" + ("\nconstant" if constant else ""), ha="center",
+                        va="center", fontsize=6 if constant else 7,
+                        color="white" if value < 0.6 else "black")
+        ax.set_xticks(np.arange(len(columns)))
+        ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in columns]
+                           if index == len(classes) - 1 else [], fontsize=6.5)
+        ax.set_yticks(np.arange(wide.shape[0]))
+        ax.set_yticklabels([f"{style.checkpoint_label(c)} (n = {int(gold[c])})" for c in wide.index],
+                           fontsize=6.5)
+        if len(classes) > 1:
+            style.panel_title(ax, "AB"[index], C_SCORE_CLASSES[class_name].capitalize(), fontsize=7.5)
+    fig.colorbar(image, ax=axes[:, 0].tolist(), label="C-Score", shrink=0.9, fraction=0.035, pad=0.01)
+    fig.suptitle(title or "C-Score: consistency of each method across correctly classified images",
                  fontsize=8)
     native = (c_scores.loc[c_scores["method"] == "random", "c_score_native"].dropna()
               if "c_score_native" in c_scores.columns else pd.Series(dtype=float))
@@ -114,7 +135,10 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
                    f"{native.min():.2f}" + (f"\u2013{native.max():.2f}" if native.max() - native.min() >= 0.005 else "")
                    + "." if len(native) else "")
     style.footnote(fig, C_SCORE_NOTE + native_note + " n: correctly classified (gold) images per "
-                   "checkpoint; 95% image-bootstrap intervals in table_s_extended_c_score.")
+                   "checkpoint; 95% image-bootstrap intervals in table_s_extended_c_score. "
+                   "\"constant\": at least half of the gold maps are constant (no positive "
+                   "evidence), which the C-Score counts as identical uniform maps: such a value "
+                   "says nothing about consistency.")
     return fig
 
 
