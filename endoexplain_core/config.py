@@ -341,7 +341,7 @@ class FaithfulnessSettings(StageSettings):
     subgroup_checkpoints: Literal["primary", "learned"] = Field(
         "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; a checkpoint term)")
     subgroup_faithfulness: bool = Field(
-        True, description="SRG and LSR of the primary on the subgroup cohorts too (ROAD on every external image)")
+        True, description="SRG and LSR of the primary on the external subgroup cohorts too (ROAD on every external image); false: only on the audit pool, where 08 computes them anyway")
     bootstrap_replicates: int = Field(2000, ge=100, description="replicates for SRG/LSR/curve CIs")
 
     @field_validator("road_fractions")
