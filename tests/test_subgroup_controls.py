@@ -132,3 +132,21 @@ def test_subgroup_table_adds_srg_lsr_and_controls_with_one_primary_family():
     assert tested["p_holm"].notna().all() and (tested["p_holm"] >= tested["p"] - 1e-12).all()
     assert gaps.loc[gaps["outcome"].isin(["srg", "lsr"]), "tost_p"].isna().all()
     assert {"srg", "lsr"} <= set(crude["outcome"]) and skipped.empty
+
+
+def test_a_checkpoint_that_never_hits_is_left_out_of_the_pooled_logistic_fit_not_the_whole_fit():
+    """A checkpoint with 0 hits in a contrast has an infinite intercept and no information on
+    the gap: it is named and left out, and the others' gap equals the fit without it."""
+    frame = labelled(case_frame(n=80, checkpoints=("a", "b", "c"), seed=11))
+    frame.loc[frame["checkpoint_id"] == "c", "pointing_hit"] = 0.0
+    contrast = subgroups.Contrast("C1", "C1", "other")
+    gaps = subgroups.contrast_gaps(frame, contrast, outcomes=("pointing_hit",), models=("M0",),
+                                   sensitivity_model="")
+    assert gaps["estimable"].all() and not gaps["separated"].any()
+    assert gaps["note"].str.contains("left out, outcome constant in this contrast: c \\(0/160 hits\\)").all()
+    without = subgroups.contrast_gaps(frame[frame["checkpoint_id"] != "c"], contrast,
+                                      outcomes=("pointing_hit",), models=("M0",), sensitivity_model="")
+    np.testing.assert_allclose(gaps["gap"], without["gap"])
+    kept, note = subgroups.drop_constant_checkpoints(frame, "pointing_hit", ["gradcam", "eigencam"],
+                                                     per_method=True)
+    assert set(kept["checkpoint_id"]) == {"a", "b"} and "gradcam/c (0/80 hits)" in note

@@ -332,6 +332,28 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
         return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
 
 
+def drop_constant_checkpoints(frame: pd.DataFrame, outcome: str, methods, *, per_method: bool
+                              ) -> tuple[pd.DataFrame, str]:
+    """Rows of a pooled logistic fit without the checkpoints whose outcome never varies.
+
+    A checkpoint whose maps never (or always) hit in a contrast has an infinite checkpoint
+    intercept; its rows carry no information on any other coefficient (their likelihood is
+    maximised by that intercept alone), so leaving them out gives the other estimates' limit,
+    where keeping them makes the whole fit separated. ``per_method`` (method-specific
+    checkpoint terms): a (method, checkpoint) cell is dropped when constant; else a checkpoint
+    when constant over all ``methods``. Returns (rows kept, a note naming what was left out)."""
+    rows = frame[frame["method"].isin(methods)]
+    keys = ["method", "checkpoint_id"] if per_method else ["checkpoint_id"]
+    levels = rows.groupby(keys, sort=True)[outcome].agg(["nunique", "sum", "size"])
+    constant = levels[levels["nunique"] <= 1]
+    if constant.empty:
+        return frame, ""
+    drop = frame.set_index(keys).index.isin(constant.index)
+    named = ", ".join(f"{'/'.join(map(str, key)) if per_method else key} ({int(r['sum'])}/{int(r['size'])} hits)"
+                      for key, r in constant.iterrows())
+    return frame[~drop], f"left out, outcome constant in this contrast: {named}"
+
+
 def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCOMES,
                   models=ALL_MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
@@ -360,8 +382,13 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
         varying_methods = [m for m in methods if varying.get(m, False)]
         constant = [m for m in methods if m not in varying_methods]
         for model, slopes, specific in fits:
-            gaps, separated, note = fit_estimable(frame, outcome, [*model_terms(model, contrast), *pooled],
+            data, dropped_note = frame, ""
+            if pooled and OUTCOMES[outcome] == "logistic":
+                data, dropped_note = drop_constant_checkpoints(frame, outcome, varying_methods,
+                                                               per_method=specific)
+            gaps, separated, note = fit_estimable(data, outcome, [*model_terms(model, contrast), *pooled],
                                                   varying_methods, method_specific_slopes=specific)
+            note = "; ".join(filter(None, [dropped_note, note]))
             gaps = gaps.assign(method_note="")
             if separated:
                 gaps = pd.concat([gaps, pd.DataFrame({
