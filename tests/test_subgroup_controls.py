@@ -150,3 +150,23 @@ def test_a_checkpoint_that_never_hits_is_left_out_of_the_pooled_logistic_fit_not
     kept, note = subgroups.drop_constant_checkpoints(frame, "pointing_hit", ["gradcam", "eigencam"],
                                                      per_method=True)
     assert set(kept["checkpoint_id"]) == {"a", "b"} and "gradcam/c (0/80 hits)" in note
+
+
+@pytest.mark.parametrize("hits, expected_thin", [(1, True), (2, True), (3, False)])
+def test_a_side_with_one_or_two_hit_images_is_too_thin_and_never_enters_holm_or_tost(hits, expected_thin):
+    """PolypGen C1 in the default run had Grad-CAM++ 1/48 hits (8 images x 6 checkpoints) and TOST
+    called the gap equivalent: one image decided it. Images count once however many checkpoints hit."""
+    frame = labelled(case_frame(n=40, checkpoints=("a", "b"), seed=2))
+    sub = frame["subgroup"] == 1
+    frame.loc[sub, "pointing_hit"] = 0.0
+    hit_images = frame.loc[sub, "sample_id"].unique()[:hits]
+    frame.loc[sub & frame["sample_id"].isin(hit_images), "pointing_hit"] = 1.0   # every checkpoint hits them
+    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+        frame, subgroups.Contrast("C1", "C1", "other"), outcomes=("pointing_hit",), models=("M0",),
+        sensitivity_model=""))
+    assert (gaps["too_thin"] == expected_thin).all()
+    if expected_thin:
+        assert gaps["gap"].isna().all() and gaps["p_holm"].isna().all() and not gaps["tost_equivalent"].any()
+        assert gaps["note"].str.contains(f"the subgroup has {hits} image\\(s\\) with a hit").all()
+    else:
+        assert gaps["estimable"].all()

@@ -139,8 +139,10 @@ def test_a_separated_subgroup_is_not_estimable_never_significant_or_equivalent(
     'significant' +10 pp gap (its SE came from the reference side alone); 5 of 5 against 96%
     was declared equivalent by TOST. Both are separated: no finite maximum-likelihood gap."""
     frame = _thin_contrast(subgroup_n, subgroup_n, reference_hits, reference_n)
+    # min_side_images=1 isolates the separation check (the per-side minimum would stop both first)
     gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
-        frame, subgroups.Contrast("thin", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
+        frame, subgroups.Contrast("thin", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1"),
+        min_side_images=1))
     separated = gaps[gaps["method"] == "gradcam"]
     assert len(separated) == 3                       # M0, M1 shared, M1 method-specific
     assert separated["separated"].all() and not separated["estimable"].any()
@@ -171,7 +173,7 @@ def test_every_method_separated_gives_not_estimable_rows_not_an_error():
     frame = _thin_contrast(3, 3, 50, 50, second_method=False)       # 3/3 vs 50/50: the outcome is constant
     frame.loc[frame.index[:2], "pointing_hit"] = 0.0                  # 1/3 vs 50/50: reference separated
     gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("thin", "a", "b"),
-                                   outcomes=("pointing_hit",), models=("M0",))
+                                   outcomes=("pointing_hit",), models=("M0",), min_side_images=1)
     assert not gaps["estimable"].any() and gaps["separated"].all() and gaps["p"].isna().all()
 
 
@@ -180,12 +182,17 @@ def test_a_pointing_interval_beyond_the_possible_range_is_named():
     to -25. Here 1/8 against 29/30 (M0): about -84 pp with an SE near 12 pp."""
     frame = _thin_contrast(1, 8, 29, 30, second_method=False)
     row = subgroups.contrast_gaps(frame, subgroups.Contrast("c1", "a", "b"), outcomes=("pointing_hit",),
-                                  models=("M0",), sensitivity_model="").iloc[0]
+                                  models=("M0",), sensitivity_model="", min_side_images=1).iloc[0]
     assert row["estimable"] and row["ci_low"] < -100
     assert "passes +-100 pp" in row["note"]
+    # with the default per-side minimum (3 images with and without a hit) it is not fitted at all
+    thin = subgroups.contrast_gaps(frame, subgroups.Contrast("c1", "a", "b"), outcomes=("pointing_hit",),
+                                   models=("M0",), sensitivity_model="").iloc[0]
+    assert thin["too_thin"] and not thin["estimable"] and not thin["separated"]
+    assert "the subgroup has 1 image(s) with a hit and 7 without" in thin["note"]
     inside = subgroups.contrast_gaps(_thin_contrast(2, 8, 22, 30, second_method=False),
                                      subgroups.Contrast("c", "a", "b"), outcomes=("pointing_hit",),
-                                     models=("M0",), sensitivity_model="").iloc[0]
+                                     models=("M0",), sensitivity_model="", min_side_images=1).iloc[0]
     assert inside["ci_low"] > -100 and "passes" not in inside["note"]
 
 

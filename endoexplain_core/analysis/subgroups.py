@@ -99,7 +99,11 @@ ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
 TOST_ALPHA = 0.05
 PRIMARY_FAMILY, SECONDARY_FAMILY = "primary", "secondary"
 CHECKPOINT_TERM = "C(checkpoint_id)"
-LSR_METHOD = "classifier"   # LSR's pseudo-method: the classifier's reliance, no map involved
+LSR_METHOD = "classifier"
+# A logistic gap needs at least this many images with a hit and without one on each side: below
+# it one or two images decide the estimate and its Wald interval, the separation check passes
+# (one hit is not separation) and TOST would rate a gap at a 2% base rate "equivalent".
+MIN_SIDE_IMAGES = 3   # LSR's pseudo-method: the classifier's reliance, no map involved
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
 WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
                           "approximation; read the crude gap's Newcombe interval")
@@ -332,6 +336,27 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
         return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
 
 
+def thin_methods(frame: pd.DataFrame, outcome: str, methods, minimum: int = MIN_SIDE_IMAGES
+                 ) -> dict[str, str]:
+    """Methods whose 0/1 outcome is too thin on one side of the contrast for a logistic gap:
+    fewer than ``minimum`` distinct images with a hit, or without one, in the subgroup or the
+    reference (an image counts once however many checkpoints hit it, since images are the
+    clusters). A side with none of either is left to the separation check, which names it
+    more precisely. Returns method -> its "not estimable (...)" note."""
+    thin = {}
+    for method in methods:
+        part = frame[frame["method"] == method]
+        for side, label in ((1, "subgroup"), (0, "reference")):
+            per_image = part[part["subgroup"] == side].groupby("cluster")[outcome]
+            with_hit, with_miss = int((per_image.max() > 0).sum()), int((per_image.min() < 1).sum())
+            if 0 < min(with_hit, with_miss) < minimum:   # 0 of either: separation, found by the LP
+                thin[method] = (f"not estimable ({hit_counts(frame, outcome, method)}; the {label} has "
+                                f"{with_hit} image(s) with a hit and {with_miss} without: fewer than "
+                                f"{minimum} of either)")
+                break
+    return thin
+
+
 def drop_constant_checkpoints(frame: pd.DataFrame, outcome: str, methods, *, per_method: bool
                               ) -> tuple[pd.DataFrame, str]:
     """Rows of a pooled logistic fit without the checkpoints whose outcome never varies.
@@ -355,14 +380,17 @@ def drop_constant_checkpoints(frame: pd.DataFrame, outcome: str, methods, *, per
 
 
 def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCOMES,
-                  models=ALL_MODELS, sensitivity_model: str = "M1") -> pd.DataFrame:
+                  models=ALL_MODELS, sensitivity_model: str = "M1",
+                  min_side_images: int = MIN_SIDE_IMAGES) -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
     slopes fit of ``sensitivity_model``. A logistic term with (quasi-)complete separation makes
     its method not estimable (``separated`` True, gap NaN, the hit counts in ``note``; module
     docstring); a fit that fails gives NaN rows with the error in ``note``; a method whose
-    outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN).
+    outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN),
+    nor is a logistic method with fewer than ``min_side_images`` images with (or without) a
+    hit on one side (``too_thin`` True; ``thin_methods``).
     Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
-    separated, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
+    separated, too_thin, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
     n_subgroup, n_reference, n_checkpoints."""
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
     pooled = ((CHECKPOINT_TERM,) if "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
@@ -381,6 +409,9 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
         varying = frame.groupby("method", sort=False)[outcome].nunique() > 1
         varying_methods = [m for m in methods if varying.get(m, False)]
         constant = [m for m in methods if m not in varying_methods]
+        thin = (thin_methods(frame, outcome, varying_methods, min_side_images)
+                if OUTCOMES[outcome] == "logistic" else {})
+        varying_methods = [m for m in varying_methods if m not in thin]
         for model, slopes, specific in fits:
             data, dropped_note = frame, ""
             if pooled and OUTCOMES[outcome] == "logistic":
@@ -396,6 +427,10 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
                     "method_note": [SEPARATION_NOTE.format(hits=hit_counts(frame, outcome, m))
                                     + f" along {term}" for m, term in separated.items()]})],
                     ignore_index=True)
+            if thin:
+                gaps = pd.concat([gaps, pd.DataFrame({"method": list(thin), "gap": np.nan, "se": np.nan,
+                                                      "method_note": list(thin.values())})],
+                                 ignore_index=True)
             if constant:
                 gaps = pd.concat([gaps, pd.DataFrame({"method": constant, "gap": np.nan, "se": np.nan,
                                                       "constant_outcome": True,
@@ -403,6 +438,7 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
                                  ignore_index=True)
             gaps["constant_outcome"] = gaps.get("constant_outcome", pd.Series(False, index=gaps.index)).fillna(False).astype(bool)
             gaps["separated"] = gaps["method"].isin(list(separated))
+            gaps["too_thin"] = gaps["method"].isin(list(thin))
             gaps = gaps.set_index("method").reindex(methods).reset_index()
             gaps[["gap", "se"]] = gaps[["gap", "se"]].astype(float)
             gaps["estimable"] = gaps["gap"].notna() & gaps["se"].notna()
