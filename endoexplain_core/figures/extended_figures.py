@@ -104,6 +104,7 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
     fig, axes = plt.subplots(len(classes), 1, squeeze=False, layout="constrained",
                              figsize=(width, 0.9 + sum(0.55 + 0.3 * n for n in n_rows.values()) + 0.11 * lines),
                              height_ratios=[0.55 + 0.3 * n_rows[c] for c in classes])
+    any_constant = False
     for index, (ax, class_name) in enumerate(zip(axes[:, 0], classes)):
         part = panels[class_name]
         wide = part.pivot(index="checkpoint_id", columns="method", values="c_score").reindex(columns=columns)
@@ -115,6 +116,7 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
         for (row, column), value in np.ndenumerate(wide.to_numpy(dtype=float)):
             if np.isfinite(value):
                 constant = mostly_constant[row, column]
+                any_constant |= bool(constant)
                 ax.text(column, row, f"{value:.2f}" + ("\nconstant" if constant else ""), ha="center",
                         va="center", fontsize=6 if constant else 7,
                         color="white" if value < 0.6 else "black")
@@ -134,11 +136,12 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
     native_note = (f" At the native input size (no pooling) the random heatmap scores "
                    f"{native.min():.2f}" + (f"\u2013{native.max():.2f}" if native.max() - native.min() >= 0.005 else "")
                    + "." if len(native) else "")
+    constant_note = (" \"constant\": at least half of the gold maps are constant (no positive "
+                     "evidence), which the C-Score counts as identical uniform maps: such a value "
+                     "says nothing about consistency." if any_constant else "")
     style.footnote(fig, C_SCORE_NOTE + native_note + " n: correctly classified (gold) images per "
-                   "checkpoint; 95% image-bootstrap intervals in table_s_extended_c_score. "
-                   "\"constant\": at least half of the gold maps are constant (no positive "
-                   "evidence), which the C-Score counts as identical uniform maps: such a value "
-                   "says nothing about consistency.")
+                   "checkpoint; 95% image-bootstrap intervals in table_s_extended_c_score."
+                   + constant_note)
     return fig
 
 

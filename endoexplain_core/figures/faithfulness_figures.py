@@ -195,8 +195,10 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
                       + f" ({unit})\nsubgroup \u2212 reference")
     axes[0][0].set_yticks(y)
     axes[0][0].set_yticklabels(labels, fontsize=6.5)
-    fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes); grey band: equivalence margin",
-                 fontsize=8)
+    pooled = int(part["n_checkpoints"].max()) if "n_checkpoints" in part and len(part) else 1
+    fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes"
+                 + (f"; maps of {pooled} checkpoints pooled" if pooled > 1 else "")
+                 + "); grey band: equivalence margin", fontsize=8)
     style.footnote(fig, "Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
                    + style.EIGEN_FOOTNOTE)
     return fig
