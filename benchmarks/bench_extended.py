@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import config
 from endoexplain_core.analysis import audit
 from endoexplain_core.analysis import extended_localisation as ext
@@ -90,8 +91,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     settings = ext.ExtendedSettings()
     if args.run_dir:
-        registry = audit.read_registry(args.run_dir)
-        primary_id = registry.loc[registry["is_primary"], "checkpoint_id"].iloc[0]
+        primary_id = RunLayout(args.run_dir).primary_id()
         data_root = config.resolve_data_root(args.data_root, args.run_dir)
         _, _, summary = ext.score_registered(args.run_dir, data_root, primary_id, image_size=args.image_size,
                                              settings=settings, batch_size=args.batch, device=args.device)

@@ -28,6 +28,8 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 
+from endoexplain_core.run_layout import RunLayout
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 PROFILES = ("smoke", "default", "paper")
@@ -645,4 +647,4 @@ def resolve_data_root(data_root: str | Path | None, run_dir: str | Path) -> Path
     """The folder cohorts are read from: ``data_root`` if given, else ``<run_dir>/data``."""
     if data_root:
         return Path(data_root).expanduser().resolve()
-    return Path(run_dir) / "data"
+    return RunLayout(run_dir).data

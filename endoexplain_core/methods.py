@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The mark of a CAM method the run's validity gate does not validate, and Eigen-CAM's note.
-from endoexplain_core.marks import EIGEN_FOOTNOTE, NOT_VALIDATED_MARK  # noqa: F401 (re-exported)
+from endoexplain_core.marks import NOT_VALIDATED_MARK
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit
 from endoexplain_core import files
 
@@ -59,7 +61,7 @@ def test_audit_rows_match_hand_computed_values(tmp_path):
     summary = run_audit(tmp_path, [crafted_case()])
     assert summary["n_audited"] == 1 and summary["n_empty_masks_excluded"] == 0
     table = audit.read_audit_table(tmp_path / "audit.parquet")
-    assert list(table["method"]) == list(audit.MAP_METHODS)
+    assert list(table["method"]) == list(MAP_METHODS)
     assert set(table["target"]) == {audit.TARGET} and set(table["calibration"]) == {"scaled"}
 
     red = normalised_red(crafted_case()[1]).ravel()
@@ -68,7 +70,7 @@ def test_audit_rows_match_hand_computed_values(tmp_path):
     np.testing.assert_allclose(table["raw_score"], 1 / (1 + np.exp(-z)), rtol=1e-5)
     np.testing.assert_allclose(table["scaled_score"], 1 / (1 + np.exp(-z / TEMPERATURE)), rtol=1e-5)
 
-    cams = table[table["method"].isin(audit.CAM_METHODS)]
+    cams = table[table["method"].isin(CAM_METHODS)]
     assert (cams["peak_row"] == 7).all() and (cams["peak_col"] == 7).all()
     assert not cams["peak_outside_mask"].any()
     # Top 13 pixels = indices 51..63, mask = 48..63: IoU 13 / 16.
@@ -83,7 +85,7 @@ def test_audit_rows_match_hand_computed_values(tmp_path):
     z_deleted = z - expected_drop
     np.testing.assert_allclose(cams["score_drop"], 1 / (1 + np.exp(-z / TEMPERATURE))
                                - 1 / (1 + np.exp(-z_deleted / TEMPERATURE)), rtol=1e-5)
-    baselines = table[table["method"].isin(audit.BASELINE_METHODS)]
+    baselines = table[table["method"].isin(BASELINE_METHODS)]
     assert baselines["logit_drop"].isna().all() and baselines["score_drop"].isna().all()
 
     random = pd.read_parquet(tmp_path / "random.parquet")
@@ -115,21 +117,11 @@ def test_bad_input_raises_and_keeps_the_previous_table(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.parquet", "random.parquet"]
 
 
-def test_checkpoint_temperature_names_the_file_and_checkpoint(tmp_path):
-    path = tmp_path / "temperatures.csv"
-    pd.DataFrame({"checkpoint_id": ["a_s1"], "temperature": [0.8]}).to_csv(path, index=False)
-    assert audit.checkpoint_temperature(path, "a_s1") == 0.8
-    with pytest.raises(KeyError, match="b_s2.*no fitted temperature"):
-        audit.checkpoint_temperature(path, "b_s2")
-    with pytest.raises(FileNotFoundError):
-        audit.checkpoint_temperature(tmp_path / "missing.csv", "a_s1")
-
-
 def valid_table():
     """Two images x seven methods, every required column filled."""
     rows = []
     for sample_id, score in (("s1", 0.95), ("s2", 0.40)):
-        for method in audit.MAP_METHODS:
+        for method in MAP_METHODS:
             rows.append({"dataset": "d", "sample_id": sample_id, "checkpoint_id": "c",
                          "method": method, "threshold": 0.2, "scaled_score": score})
     table = pd.DataFrame(rows)
@@ -220,7 +212,7 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     settings = dict(image_size=64, repetitions=2, batch_size=2)
     first = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert not first["reused"] and first["n_audited"] == 3
-    table = audit.read_audit_table(audit.audit_paths(run, "hyperkvasir", "resnet34_s1")["table"])
+    table = audit.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
     assert set(table["target_layer"]) == {"layer4.2"} and set(table["temperature"]) == {0.5}
     again = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert again["reused"]
@@ -232,7 +224,7 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     Image.fromarray(mask).save(data / "masks" / "m0.png")
     redone = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert not redone["reused"]
-    new_table = audit.read_audit_table(audit.audit_paths(run, "hyperkvasir", "resnet34_s1")["table"])
+    new_table = audit.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
     area = lambda t: t.loc[t["sample_id"] == "m0", "lesion_area_fraction"].iloc[0]
     assert area(new_table) > area(table)
     assert audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)["reused"]

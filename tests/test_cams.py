@@ -11,6 +11,7 @@ import torch
 from pytorch_grad_cam import GradCAM, GradCAMPlusPlus, HiResCAM, XGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
+from endoexplain_core import methods
 from endoexplain_core.kernels import cams
 
 from endoexplain_core.models import networks
@@ -44,8 +45,8 @@ def test_gradient_methods_match_pytorch_grad_cam(arch, which):
     layer_name = networks.TARGET_LAYERS[arch] if which == "default" else OTHER_LAYERS[arch]
     layer = model.get_submodule(layer_name)
     images = seeded_images(2, IMAGE_SIZE, seed=3)
-    ours = cams.compute_cams(model, layer_name, images, target_class=1, methods=cams.GRADIENT_METHODS)
-    for method in cams.GRADIENT_METHODS:
+    ours = cams.compute_cams(model, layer_name, images, target_class=1, methods=methods.GRADIENT_METHODS)
+    for method in methods.GRADIENT_METHODS:
         reference = _library_cam(method, model, layer, images, target_class=1)
         ours_np = ours[method].numpy()
         assert ours_np.shape == reference.shape

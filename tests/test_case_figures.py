@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 from endoexplain_core.figures import case_figures  # noqa: E402
 
 from endoexplain_core.analysis import audit
-from endoexplain_core.analysis.audit import CAM_METHODS  # noqa: E402
+from endoexplain_core.methods import CAM_METHODS  # noqa: E402
 
 
 def selection_table():

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
+from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
                                       extended_figures, faithfulness_figures, style,
                                       training_figures, transfer_figures, workflow_figure)
@@ -25,7 +26,7 @@ NOT_VALIDATED = ("xgradcam", "hirescam")   # as a run's gate would return them
 def _figures():
     style.apply()
     roles = {"train": 700, "val": 150, "test": 150, "spatial_audit": 150}
-    gate = pd.DataFrame({"method": [*style.CAM_METHODS, "random"],
+    gate = pd.DataFrame({"method": [*CAM_METHODS, "random"],
                          "passes": [True, True, False, False, True, False],
                          "verdict": ["passes", "passes", "inconclusive", "fails", "passes", "fails"]})
     steps = workflow_figure.workflow_steps(roles, 10, ["Synthetic ETIS-like", "Synthetic PolypGen-like",

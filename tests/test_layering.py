@@ -1,6 +1,6 @@
 """The package's layers import only downwards (docs/architecture.md, "Layers").
 
-foundation (config, methods, marks, artefacts) < kernels < data < models < analysis < figures < pipeline.
+foundation (config, methods, marks, artefacts, run_layout, ...) < kernels < data < models < analysis < figures < pipeline.
 A module may import its own layer and the layers below it; an upward import (e.g. an analysis
 module importing a figure) would tie the tested core to plotting and is refused here. No import
 circle either, inside a layer or across, counting imports inside functions too (a local import
@@ -15,7 +15,8 @@ import pytest
 CORE = Path(__file__).resolve().parent.parent / "endoexplain_core"
 # "entry": the command line (cli, __main__) sits on top and may import every layer.
 LAYERS = ["foundation", "kernels", "data", "models", "analysis", "figures", "pipeline", "entry"]
-FOUNDATION = {"config", "methods", "marks", "presentation", "artefacts", "numerics", "files", "progress", "__init__"}
+FOUNDATION = {"config", "methods", "marks", "presentation", "artefacts", "numerics", "files", "progress",
+              "run_layout", "__init__"}
 ENTRY = {"__main__", "cli"}
 
 

@@ -10,7 +10,8 @@ from statsmodels.stats.multitest import multipletests
 import statsmodels.api as sm
 
 from endoexplain_core.analysis import summaries
-from endoexplain_core.analysis.audit import CAM_METHODS, MAP_METHODS, REQUIRED_COLUMNS, validate_audit_table
+from endoexplain_core.analysis.audit import REQUIRED_COLUMNS, validate_audit_table
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
 
 def crafted_table(scores, failures, checkpoint_id="efficientnet_b0_s1", arch="efficientnet_b0",

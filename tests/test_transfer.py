@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.analysis import transfer  # noqa: E402
 from endoexplain_core.figures import transfer_figures  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_transfer_summary_against_hand_values():
     summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2,
                                         replicates=300, seed=7)
     etis = summary[summary["dataset"] == "etis"].set_index("method")
-    assert list(etis.index) == list(audit.MAP_METHODS)
+    assert list(etis.index) == list(MAP_METHODS)
     assert etis.loc["gradcam", "n_cases"] == 4 and etis.loc["gradcam", "n_eligible"] == 2
     assert etis.loc["gradcam", "mean_iou"] == pytest.approx((0.1 + 0.2 + 0.3 + 0.0) / 4)
     assert etis.loc["gradcampp", "mean_iou_high_score"] == pytest.approx((0.2 + 0.3) / 2)
@@ -136,7 +137,7 @@ def test_breakdown_by_centre():
     cases = pd.DataFrame({"sample_id": ["s0", "s1"], "centre": ["C1", "C2"], "modality": ["", ""]})
     by_centre = transfer.breakdown(table, cases, "centre", score_threshold=0.2, replicates=50)
     assert list(by_centre.columns) == list(transfer.BREAKDOWN_COLUMNS)
-    assert by_centre["method"].tolist()[:7] == list(audit.MAP_METHODS)   # protocol order
+    assert by_centre["method"].tolist()[:7] == list(MAP_METHODS)   # protocol order
     gradcam = by_centre[by_centre["method"] == "gradcam"].set_index("group")
     assert gradcam.loc["C1", "mean_iou"] == 0.5 and gradcam.loc["C2", "mean_iou"] == 0.25
     assert gradcam.loc["C2", "n_eligible"] == 1 and gradcam.loc["C1", "n_eligible"] == 0
@@ -158,7 +159,7 @@ def test_figure5_bars_and_centre_segments():
              (len(line.get_xdata()) == 2 and line.get_color() == "black")]
     assert sorted(line.get_ydata()[0] for line in ticks) == pytest.approx(
         sorted(summary.drop_duplicates("dataset")["chance_iou"]))
-    expected = summary[summary["method"].isin(audit.CAM_METHODS)]["mean_iou"]
+    expected = summary[summary["method"].isin(CAM_METHODS)]["mean_iou"]
     assert sorted(round(p.get_height(), 6) for p in cam_bars) == sorted(round(v, 6) for v in expected)
     # the centre baseline is its own hatched bar per cohort, at the cohort's centre-baseline mean
     centre_levels = sorted(p.get_height() for p in centre_bars)
@@ -168,20 +169,6 @@ def test_figure5_bars_and_centre_segments():
     caption = transfer_figures.figure5_caption(summary, score_threshold=0.90)
     assert "ETIS-LaribPolypDB: n = 4, 2 at scaled score ≥ 0.90, CAM mean IoU 0.150–0.250" in caption
     plt.close(fig)
-
-
-def test_primary_checkpoint_reads_registry_and_temperature(tmp_path):
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "calibration").mkdir()
-    pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s1129", "efficientnet_b0_s2089"],
-                  "path": ["checkpoints/a.pt", "checkpoints/b.pt"],
-                  "is_primary": [False, True]}).to_csv(tmp_path / "checkpoints" / "registry.csv",
-                                                       index=False)
-    pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s2089"], "temperature": [1.7]}).to_csv(
-        tmp_path / "calibration" / "temperatures.csv", index=False)
-    primary = transfer.primary_checkpoint(tmp_path)
-    assert primary["checkpoint_id"] == "efficientnet_b0_s2089" and primary["temperature"] == 1.7
-    assert primary["path"] == str(tmp_path / "checkpoints" / "b.pt")
 
 
 def test_no_negatives_statement_is_computed():

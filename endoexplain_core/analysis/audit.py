@@ -38,8 +38,9 @@ import torch
 from endoexplain_core.progress import progress_bar
 from endoexplain_core.analysis import map_diagnostics
 from endoexplain_core import files
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metrics, threshold
-from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS  # noqa: F401 (re-export)
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.models import networks, training
 from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
 from endoexplain_core.data.imageio import read_image_and_mask, same_frame
@@ -138,21 +139,6 @@ def input_digest(pool: pd.DataFrame, data_root: str | Path, negatives: pd.DataFr
         lines += [f"{row.sample_id}:{files.sha256_file(data_root / row.path)}:"
                   for row in negatives.itertuples(index=False)]
     return files.sha256_bytes("\n".join(lines).encode())
-
-
-def checkpoint_temperature(temperatures_path: str | Path, checkpoint_id: str) -> float:
-    """The fitted temperature of ``checkpoint_id`` from ``calibration/temperatures.csv``."""
-    temperatures_path = Path(temperatures_path)
-    if not temperatures_path.is_file():
-        raise FileNotFoundError(f"{temperatures_path} does not exist: run 02_calibration first")
-    table = pd.read_csv(temperatures_path, dtype={"checkpoint_id": str})
-    match = table.loc[table["checkpoint_id"] == checkpoint_id, "temperature"]
-    if match.empty:
-        raise KeyError(f"{temperatures_path}: checkpoint {checkpoint_id} has no fitted temperature")
-    value = float(match.iloc[0])
-    if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{temperatures_path}: temperature of {checkpoint_id} is {value}, not > 0")
-    return value
 
 
 def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size: int
@@ -430,40 +416,25 @@ def read_audit_table(path: str | Path) -> pd.DataFrame:
 
 # --- one registered checkpoint of a run ---------------------------------------------------------
 
-def read_registry(run_dir: str | Path) -> pd.DataFrame:
-    """``checkpoints/registry.csv`` of a run, checked to name exactly one primary checkpoint."""
-    path = Path(run_dir) / "checkpoints" / "registry.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: run 01_training first")
-    registry = pd.read_csv(path, dtype={"checkpoint_id": str, "path": str, "sha256": str})
-    primaries = registry.loc[registry["is_primary"].astype(str).str.lower() == "true", "checkpoint_id"]
-    if len(primaries) != 1:
-        raise ValueError(f"{path}: expected exactly one primary checkpoint, found {list(primaries)}")
-    registry["is_primary"] = registry["checkpoint_id"] == primaries.iloc[0]
-    return registry
-
-
 def load_registered_model(run_dir: str | Path, checkpoint_id: str, image_size: int,
                           device: str = "cpu") -> tuple[torch.nn.Module, dict]:
     """(model in eval mode, metadata with ``checkpoint_id``) of a registry checkpoint.
 
     The checkpoint must match the run's manifest digest and ``image_size``.
     """
-    run_dir = Path(run_dir)
-    registry = read_registry(run_dir).set_index("checkpoint_id")
-    if checkpoint_id not in registry.index:
-        raise KeyError(f"checkpoint {checkpoint_id} is not in {run_dir}/checkpoints/registry.csv")
-    model, metadata = training.load_model(run_dir / registry.loc[checkpoint_id, "path"],
-                                          run_manifest_digest(run_dir), image_size, resolve_device(device))
+    layout = RunLayout(run_dir)
+    model, metadata = training.load_model(layout.checkpoint_file(checkpoint_id), layout.manifest_digest(),
+                                          image_size, resolve_device(device))
     return model, {**metadata, "checkpoint_id": checkpoint_id}
 
 
-def run_manifest_digest(run_dir: str | Path) -> str:
-    """The manifest digest of a run (``manifest/manifest.sha256``) that its checkpoints carry."""
-    digest_path = Path(run_dir) / "manifest" / "manifest.sha256"
-    if not digest_path.is_file():
-        raise FileNotFoundError(f"{digest_path} does not exist: run 00_roles first")
-    return digest_path.read_text().split()[0]
+def load_calibrated_model(run_dir: str | Path, checkpoint_id: str, image_size: int,
+                          device: str = "cpu") -> tuple[torch.nn.Module, dict, float]:
+    """``load_registered_model`` plus the checkpoint's validation-fitted temperature:
+    (model, metadata, temperature), what every scored analysis of a registered checkpoint needs."""
+    temperature = RunLayout(run_dir).temperature(checkpoint_id)
+    model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
+    return model, metadata, temperature
 
 
 def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids, *,
@@ -474,15 +445,6 @@ def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids, *,
     return {sample_id: (image, mask) for sample_id, image, mask
             in manifest_cases(pool[pool["sample_id"].isin(wanted)], data_root,
                               decode_size=decode_size)}
-
-
-def audit_paths(run_dir: str | Path, dataset: str, checkpoint_id: str) -> dict[str, Path]:
-    """Where the audit of ``checkpoint_id`` on ``dataset`` lives (docs/architecture.md)."""
-    folder = Path(run_dir) / "audit" / dataset
-    return {"table": folder / f"{checkpoint_id}.parquet",
-            "random_deletion": folder / f"{checkpoint_id}_random_deletion.parquet",
-            "summary": folder / f"{checkpoint_id}_summary.json",
-            "negatives": folder / f"{checkpoint_id}_negatives.parquet"}
 
 
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
@@ -501,14 +463,11 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
     checkpoint file (SHA-256), pool and settings is read back instead of recomputed. Returns the
     audit summary (``audit_checkpoint``) with ``reused`` added; it is also written as JSON.
     """
-    run_dir = Path(run_dir)
-    registry = read_registry(run_dir).set_index("checkpoint_id")
-    if checkpoint_id not in registry.index:
-        raise KeyError(f"checkpoint {checkpoint_id} is not in {run_dir}/checkpoints/registry.csv")
-    entry = registry.loc[checkpoint_id]
-    manifest = load_manifest(run_dir / "manifest" / "manifest.csv")
+    layout = RunLayout(run_dir)
+    entry = layout.registry_entry(checkpoint_id)
+    manifest = load_manifest(layout.manifest)
     pool = masked_pool(manifest)
-    paths = audit_paths(run_dir, dataset, checkpoint_id)
+    paths = layout.audit_paths(dataset, checkpoint_id)
     negatives = map_diagnostics.held_out_negatives(manifest, prior_negatives)
     settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
                 "repetitions": int(repetitions), "image_size": int(image_size),
@@ -519,8 +478,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
         if previous.get("settings") == settings and paths["random_deletion"].is_file():
             read_audit_table(paths["table"])
             return {**previous, "reused": True}
-    temperature = checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
+    model, metadata, temperature = load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     priors = None
     if len(negatives):
         layer_name, layer = networks.resolve_target_layer(model, metadata["arch"],
@@ -562,7 +520,7 @@ def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: in
     ``pipeline.tasks.TaskRunner.map`` runs one ``audit_registered_checkpoint`` task per
     checkpoint (each writes its own files atomically; the rows are the same).
     """
-    registry = read_registry(run_dir)
+    registry = RunLayout(run_dir).read_registry()
     if checkpoint_ids is not None:
         unknown = sorted(set(checkpoint_ids) - set(registry["checkpoint_id"]))
         if unknown:
@@ -590,7 +548,7 @@ def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir
     """(validated audit rows, random-deletion rows) of several checkpoints, concatenated."""
     tables, deletions = [], []
     for checkpoint_id in checkpoint_ids:
-        paths = audit_paths(run_dir, dataset, checkpoint_id)
+        paths = RunLayout(run_dir).audit_paths(dataset, checkpoint_id)
         tables.append(read_audit_table(paths["table"]))
         deletions.append(pd.read_parquet(paths["random_deletion"]))
     return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)

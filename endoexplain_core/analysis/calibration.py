@@ -21,6 +21,7 @@ import pandas as pd
 from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import stats
 from endoexplain_core.files import write_csv_atomic, write_parquet_atomic
 
@@ -251,7 +252,7 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
 def write_outputs(run_dir: str | Path, temperatures: pd.DataFrame, scores: pd.DataFrame,
                   reliability_test: pd.DataFrame) -> list[Path]:
     """Write temperatures.csv, scores.parquet and reliability_test.csv under <run_dir>/calibration."""
-    folder = Path(run_dir) / "calibration"
-    return [write_csv_atomic(temperatures, folder / "temperatures.csv"),
-            write_parquet_atomic(scores, folder / "scores.parquet"),
-            write_csv_atomic(reliability_test, folder / "reliability_test.csv")]
+    layout = RunLayout(run_dir)
+    return [write_csv_atomic(temperatures, layout.temperatures),
+            write_parquet_atomic(scores, layout.scores),
+            write_csv_atomic(reliability_test, layout.calibration_dir / "reliability_test.csv")]

@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats as scipy_stats
 
-from endoexplain_core.analysis import audit, map_diagnostics, stats, transfer
-from endoexplain_core.data import cohorts
+from endoexplain_core.run_layout import RunLayout
+from endoexplain_core.analysis import audit, map_diagnostics, stats
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import baselines, cams, deletion, localisation
 from endoexplain_core.methods import (
@@ -315,16 +315,13 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
                      device: str = "cpu", cases: pd.DataFrame | None = None,
                      dataset: str = "hyperkvasir", case_iterator=None
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_registered_model``
-    and its fitted temperature). Default cases: the run's masked HyperKvasir pool; pass
+    """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_calibrated_model``). Default cases: the run's masked HyperKvasir pool; pass
     ``cases`` and ``case_iterator`` (e.g. ``cohorts.iter_cases``; called with ``decode_size``)
     for an external cohort."""
-    run_dir = Path(run_dir)
     if cases is None:
-        cases = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
+        cases = audit.masked_pool(load_manifest(RunLayout(run_dir).manifest))
         case_iterator = audit.manifest_cases
-    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     return score_checkpoint(model, metadata, temperature,
                             case_iterator(cases, data_root, decode_size=image_size),
                             dataset=dataset, image_size=image_size, settings=settings,
@@ -348,13 +345,10 @@ def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, chec
     """``negative_class_c_scores`` of a checkpoint of the run's registry (its fitted temperature)
     over the first ``max_images`` held-out test negatives by sample id (the audit's prior-map
     negatives are the first ``prior_negatives`` of the same list). An empty frame for 0."""
-    run_dir = Path(run_dir)
-    negatives = map_diagnostics.held_out_negatives(load_manifest(run_dir / "manifest" / "manifest.csv"),
-                                                   max_images)
+    negatives = map_diagnostics.held_out_negatives(load_manifest(RunLayout(run_dir).manifest), max_images)
     if negatives.empty:
         return pd.DataFrame()
-    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     return negative_class_c_scores(model, metadata, temperature,
                                    negative_batches(negatives, data_root, image_size, batch_size),
                                    dataset="hyperkvasir", settings=settings, device=device)
@@ -370,13 +364,13 @@ def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint
     A snapshot has no temperature of its own: the checkpoint's fitted T scales every epoch's
     scores. The gold list (z >= 0) does not depend on T; only the weights do.
     """
-    run_dir = Path(run_dir)
-    snapshots = training.epoch_snapshots(run_dir / "checkpoints", checkpoint_id)
+    layout = RunLayout(run_dir)
+    snapshots = training.epoch_snapshots(layout.checkpoints_dir, checkpoint_id)
     if not snapshots:
         return pd.DataFrame()
-    cases = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
-    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    digest = audit.run_manifest_digest(run_dir)
+    cases = audit.masked_pool(load_manifest(layout.manifest))
+    temperature = layout.temperature(checkpoint_id)
+    digest = layout.manifest_digest()
     rows = []
     for epoch, path in snapshots:
         model, metadata = training.load_model(path, digest, image_size, resolve_device(device))

@@ -27,10 +27,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, stats, summaries
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import cams
-from endoexplain_core.methods import method_label
+from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models import networks
 
 NEIGHBOUR_LAYERS = {"efficientnet_b0": "features.8", "resnet34": "layer4.1",
@@ -98,7 +99,7 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
     rows = []
     for layer, panel in panels.items():
         facts = diagnostics[layer]
-        for row in panel[panel["method"].isin(summaries.CAM_METHODS)].itertuples():
+        for row in panel[panel["method"].isin(CAM_METHODS)].itertuples():
             has_weights = row.method in cams.CHANNEL_WEIGHT_METHODS
             rows.append({
                 "layer": layer, "panel": row.panel, "method": row.method, "label": method_label(row.method), "n": row.n,
@@ -131,12 +132,12 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
     outcomes are compared)."""
     run_dir = Path(run_dir)
     checkpoint_id = str(primary["checkpoint_id"].iloc[0])
-    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
+    layout = RunLayout(run_dir)
+    model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     protocol = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     neighbour = networks.resolve_target_layer(model, metadata["arch"], NEIGHBOUR_LAYERS[metadata["arch"]])
-    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    pool = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
-    paths = audit.audit_paths(run_dir, f"hyperkvasir_layer_{neighbour[0]}", checkpoint_id)
+    pool = audit.masked_pool(load_manifest(layout.manifest))
+    paths = layout.audit_paths(f"hyperkvasir_layer_{neighbour[0]}", checkpoint_id)
     audit.audit_checkpoint(model, metadata, temperature,
                            audit.manifest_cases(pool, data_root, decode_size=image_size),
                            dataset="hyperkvasir", image_size=image_size, table_path=paths["table"],

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.data.cohorts import DATASET_LABELS
-from endoexplain_core.methods import CAM_METHODS, method_label
+from endoexplain_core.methods import CAM_METHODS
 
 PAPER_VALUES_FILE = "paper_reported_values.csv"
 PAPER_COLUMNS = ("key", "quantity", "paper_value", "source_section")
@@ -56,7 +57,8 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
     """This run's value of every paper quantity it produces (keys of the paper CSV)."""
     run_dir, figures_dir = Path(run_dir), Path(figures_dir)
     values: dict[str, object] = {}
-    manifest_path = run_dir / "manifest" / "manifest.csv"
+    layout = RunLayout(run_dir)
+    manifest_path = layout.manifest
     if manifest_path.is_file():
         manifest = pd.read_csv(manifest_path, dtype={"mask_path": str}, keep_default_na=False)
         values["manifest_rows"] = len(manifest)
@@ -65,10 +67,10 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
         for role in ("train", "val", "test"):
             values[f"standard_polyps_{role}"] = int(((manifest["role"] == role)
                                                      & (manifest["source"] == "polyps")).sum())
-    digest_path = run_dir / "manifest" / "manifest.sha256"
+    digest_path = layout.manifest_digest_file
     if digest_path.is_file():
         values["manifest_digest_prefix"] = digest_path.read_text().strip()[:12]
-    registry = _csv(run_dir / "checkpoints", "registry")
+    registry = pd.read_csv(layout.registry) if layout.registry.is_file() else None
     primary_id = None
     if registry is not None and registry["is_primary"].any():
         primary = registry.loc[registry["is_primary"].astype(bool)].iloc[0]

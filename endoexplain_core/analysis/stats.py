@@ -26,7 +26,6 @@ every interval and test; the separation check and the ridge/Newton fit belong to
 from __future__ import annotations
 
 import numpy as np
-from scipy import linalg as scipy_linalg
 from scipy import stats as scipy_stats
 from scipy.optimize import linprog
 

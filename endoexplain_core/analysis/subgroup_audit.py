@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups, validity_gate
 from endoexplain_core.analysis.subgroups import Contrast
 from endoexplain_core.data.datasets import load_manifest
@@ -30,12 +31,12 @@ def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     no subgroup effect worth pooling)."""
     if which not in ("primary", "learned"):
         raise ValueError(f"subgroup_checkpoints must be 'primary' or 'learned'; got {which!r}")
-    registry = audit.read_registry(run_dir)
-    primary_id = registry.loc[registry["is_primary"], "checkpoint_id"].iloc[0]
+    layout = RunLayout(run_dir)
+    registry = layout.read_registry()
+    primary_id = layout.primary_id()
     if which == "primary":
         return [primary_id]
-    learning = validity_gate.learning_table(
-        registry, load_manifest(Path(run_dir) / "manifest" / "manifest.csv"))
+    learning = validity_gate.learning_table(registry, load_manifest(layout.manifest))
     chosen = learning["learned"].astype(bool) & (learning["control"] == "none")
     return [primary_id, *[c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]]
 
@@ -52,9 +53,7 @@ def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict
     bar = progress_bar(total=2 * len(checkpoint_ids) * len(prepared_by_dataset),
                        desc="subgroup maps", unit="cohort")
     for checkpoint_id in checkpoint_ids:
-        model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
-        temperature = audit.checkpoint_temperature(Path(run_dir) / "calibration" / "temperatures.csv",
-                                                   checkpoint_id)
+        model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
         for parts, net in ((trained, model), (randomised, randomisation.fully_randomised(model, seed=seed))):
             for name, cases in prepared_by_dataset.items():
                 outcomes = faithfulness.localisation_outcomes(net, metadata, temperature, cases,
@@ -81,9 +80,7 @@ def cohort_faithfulness(run_dir: str | Path, checkpoint_id: str, prepared_by_dat
     covered = set(parts["srg"][0]["dataset"])
     missing = [name for name in prepared_by_dataset if name not in covered]
     if missing:
-        model, metadata = audit.load_registered_model(run_dir, checkpoint_id, image_size, device)
-        temperature = audit.checkpoint_temperature(Path(run_dir) / "calibration" / "temperatures.csv",
-                                                   checkpoint_id)
+        model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
         for name in missing:
             result = faithfulness.faithfulness_checkpoint(
                 model, metadata, temperature, prepared_by_dataset[name], dataset=name,

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
 from endoexplain_core.data.datasets import load_manifest
-from endoexplain_core.methods import method_label
+from endoexplain_core.methods import MAP_METHODS, method_label
 
 MANIFEST_NAME = "hyperkvasir"
 OVERLAP_REASON = "overlaps the HyperKvasir manifest by hash (not external data)"
@@ -116,24 +117,6 @@ def exclude_manifest_overlap(cases: pd.DataFrame, overlaps: pd.DataFrame,
 
 # --------------------------------------------------------------------------- frozen checkpoint
 
-def primary_checkpoint(run_dir: str | Path) -> dict:
-    """The registry row of the primary checkpoint (``is_primary``), with ``path`` made absolute
-    and its temperature from ``calibration/temperatures.csv``."""
-    run_dir = Path(run_dir)
-    registry_path = run_dir / "checkpoints" / "registry.csv"
-    if not registry_path.is_file():
-        raise FileNotFoundError(f"{registry_path} does not exist: run 01_training first")
-    registry = pd.read_csv(registry_path, dtype={"checkpoint_id": str})
-    primary = registry[registry["is_primary"].astype(str).str.lower() == "true"]
-    if len(primary) != 1:
-        raise ValueError(f"{registry_path}: expected exactly one is_primary row, found {len(primary)}")
-    row = primary.iloc[0].to_dict()
-    row["path"] = str(run_dir / row["path"])
-    row["temperature"] = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv",
-                                                      row["checkpoint_id"])
-    return row
-
-
 def audit_cohort_unit(model, metadata: dict, temperature: float, dataset: str,
                       cases: pd.DataFrame, data_root: str | Path, run_dir: str | Path, *,
                       image_size: int, top_fraction: float, repetitions: int, batch_size: int,
@@ -142,12 +125,11 @@ def audit_cohort_unit(model, metadata: dict, temperature: float, dataset: str,
     and write ``<run_dir>/audit/<dataset>/<checkpoint_id>[_random_deletion].parquet``
     atomically. Returns the audit summary."""
     checkpoint_id = str(metadata["checkpoint_id"])
-    folder = Path(run_dir) / "audit" / dataset
+    paths = RunLayout(run_dir).audit_paths(dataset, checkpoint_id)
     return audit.audit_checkpoint(
         model, metadata, temperature, cohorts.iter_cases(cases, data_root, decode_size=image_size),
         dataset=dataset,
-        image_size=image_size, table_path=folder / f"{checkpoint_id}.parquet",
-        random_deletion_path=folder / f"{checkpoint_id}_random_deletion.parquet",
+        image_size=image_size, table_path=paths["table"], random_deletion_path=paths["random_deletion"],
         top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size,
         device=device, total=len(cases))
 
@@ -231,7 +213,7 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float, top_f
         centre_iou = cohort.loc[cohort["method"] == "centre", "iou"].mean()
         lesions = cohort.drop_duplicates("sample_id")["lesion_area_fraction"].to_numpy()
         chance_iou = float(chance_top_fraction_iou(lesions, top_fraction).mean())
-        for method in [m for m in audit.MAP_METHODS if m in set(cohort["method"])]:
+        for method in [m for m in MAP_METHODS if m in set(cohort["method"])]:
             part = cohort[cohort["method"] == method].sort_values("sample_id")
             eligible = part[part["scaled_score"] >= score_threshold]
             mean, low, high = _mean_ci(part["iou"].to_numpy(), replicates, seed)
@@ -270,7 +252,7 @@ def breakdown(audit_table: pd.DataFrame, cases: pd.DataFrame, by: str, *, score_
     if labels.empty:
         return pd.DataFrame(columns=list(BREAKDOWN_COLUMNS))
     joined = audit_table.merge(labels, on="sample_id", how="inner", validate="many_to_one")
-    order = {m: i for i, m in enumerate(audit.MAP_METHODS)}
+    order = {m: i for i, m in enumerate(MAP_METHODS)}
     rows = []
     for (dataset, group, _, method), part in joined.assign(
             rank=joined["method"].map(order)).groupby(["dataset", "group", "rank", "method"]):
@@ -319,5 +301,5 @@ def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names, *,
         return {}
     read = {name: cohorts.read_cohort(name, data_root) for name in present}
     cases = {name: table for name, (table, _) in read.items()}
-    overlaps = hash_audit(cases, load_manifest(Path(run_dir) / "manifest" / "manifest.csv"))
+    overlaps = hash_audit(cases, load_manifest(RunLayout(run_dir).manifest))
     return {name: exclude_manifest_overlap(table, overlaps, read[name][1]) for name, table in cases.items()}

@@ -72,11 +72,13 @@ import pandas as pd
 import torch
 from torch import nn
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, stats, summaries
 from endoexplain_core import marks
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import load_manifest, to_normalised_tensor
-from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, NOT_VALIDATED_MARK, method_label
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
+from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.models import networks, training
 
 GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
@@ -466,7 +468,7 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                "replicates_used": len(usable), "margin": margin, "models_ok": bool(usable),
                "lesion_chance": lesion_chance, "cue_chance": cue_chance,
                "lesion_bar": bars["lesion"], "cue_bar": bars["cue"]}
-        passing, failing, open_reasons = [], [], []
+        failing, open_reasons = [], []
         checks = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
                   ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
         checks += [(c, target, column, f"{c} control {text}") for c in CONTROL_MODELS
@@ -728,12 +730,11 @@ def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     ``<run_dir>/audit/hyperkvasir_<check_size>px/``. Returns ``audit.audit_checkpoint``'s
     summary plus ``dataset``.
     """
-    run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
     dataset = f"hyperkvasir_{check_size}px"
-    model, metadata = audit.load_registered_model(run_dir, checkpoint_id, native_size, device)
-    temperature = audit.checkpoint_temperature(run_dir / "calibration" / "temperatures.csv", checkpoint_id)
-    pool = audit.masked_pool(load_manifest(run_dir / "manifest" / "manifest.csv"))
-    paths = audit.audit_paths(run_dir, dataset, checkpoint_id)
+    model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, native_size, device)
+    pool = audit.masked_pool(load_manifest(layout.manifest))
+    paths = layout.audit_paths(dataset, checkpoint_id)
     summary = audit.audit_checkpoint(
         model, metadata, temperature, audit.manifest_cases(pool, data_root, decode_size=check_size),
         dataset=dataset,

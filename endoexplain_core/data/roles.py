@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
+from endoexplain_core.run_layout import RunLayout
+from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, REJECTED_FILE  # noqa: F401 (re-export)
 from endoexplain_core.progress import progress_bar
 from endoexplain_core.config import resolve_data_root
 from endoexplain_core.data import imageio
@@ -43,10 +45,6 @@ SPLIT_ROLES = ("train", "val", "test")
 DEFAULT_SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
 MANIFEST_COLUMNS = ("sample_id", "path", "group", "source", "target", "role", "sha256", "ahash",
                     "group_id", "width", "height", "mask_path")
-MANIFEST_FILE = "manifest.csv"
-DIGEST_FILE = "manifest.sha256"
-# A manifest stage 00 refused, kept for reading only: no digest, so no stage accepts it.
-REJECTED_FILE = "manifest.rejected.csv"
 
 
 class RoleIntegrityError(RuntimeError):
@@ -405,7 +403,7 @@ def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
     every listed file exists and has its recorded SHA-256; every listed mask exists. Raises
     ``ManifestVerificationError`` with a summary otherwise.
     """
-    manifest_dir = Path(run_dir) / "manifest"
+    manifest_dir = RunLayout(run_dir).manifest_dir
     root = resolve_data_root(data_root, run_dir)
     csv_path, digest_path = manifest_dir / MANIFEST_FILE, manifest_dir / DIGEST_FILE
     if not csv_path.is_file() or not digest_path.is_file():

@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, METHOD_COLOURS, method_label
+from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.figures import style
 
@@ -100,7 +102,7 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
     """
     counts = sensitivity.groupby("threshold")["n_eligible"].max()
     thresholds = np.sort(counts.index[counts > 0].to_numpy())
-    order = [m for m in (*style.CAM_METHODS, *style.BASELINES) if m in set(sensitivity["method"])]
+    order = [m for m in (*CAM_METHODS, *BASELINE_METHODS) if m in set(sensitivity["method"])]
     spacing = float(np.min(np.diff(np.sort(counts.index)))) if len(counts) > 1 else 0.05
     spread = 0.6 * spacing
     offsets = np.linspace(-spread / 2, spread / 2, len(order)) if len(order) > 1 else [0.0]
@@ -113,10 +115,10 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
         # reference maps on top: a CAM at the random map's rate must not hide it
         ax.errorbar(part["threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
-                    color=style.METHOD_COLOURS.get(method, "black"),
-                    linestyle="--" if method in style.BASELINES else "-",
-                    label=style.method_label(method, not_validated), clip_on=False,
-                    zorder=4 if method in style.BASELINES else 2)
+                    color=METHOD_COLOURS.get(method, "black"),
+                    linestyle="--" if method in BASELINE_METHODS else "-",
+                    label=method_label(method, not_validated), clip_on=False,
+                    zorder=4 if method in BASELINE_METHODS else 2)
     if score_threshold is not None and len(thresholds):
         ax.axvline(score_threshold, color="0.6", linewidth=0.7, linestyle=":", zorder=1,
                    label=f"primary threshold ({score_threshold:.2f})")
@@ -152,7 +154,7 @@ def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.Dat
     draw_threshold_sensitivity(right, sensitivity, not_validated, score_threshold)
     for ax, letter, title in ((left, "A", "Reliability"), (right, "B", "Failure by threshold")):
         style.panel_title(ax, letter, title, pad=14)
-    style.footnote(fig, style.EIGEN_FOOTNOTE)
+    style.footnote(fig, EIGEN_FOOTNOTE)
     return fig
 
 

@@ -329,8 +329,6 @@ const IDENTICAL = {json.dumps(identical or {})};
 
 # --------------------------------------------------------------------------- one call
 
-BROWSER_DIR = "cases"
-
 
 def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, image_size: int,
                        top_fraction: float, score_threshold: float, batch_size: int = 16,
@@ -341,6 +339,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     (``audit/<cohort>``; ``cohort_names`` limits them). On the synthetic cohort (no
     ``data_root``) the cohorts are named "Synthetic ETIS-like" etc. Returns the page's path."""
     from endoexplain_core.analysis import transfer
+    from endoexplain_core.run_layout import RunLayout
     from endoexplain_core.config import is_synthetic_data, resolve_data_root
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import load_manifest
@@ -350,25 +349,25 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     synthetic = is_synthetic_data(data_root)
     device = audit.resolve_device(device)          # "auto" -> the device the audit used
     cohort_root = resolve_data_root(data_root, run_dir)
-    primary_id = str(transfer.primary_checkpoint(run_dir)["checkpoint_id"])
+    layout = RunLayout(run_dir)
+    primary_id = layout.primary_id()
     model, metadata = audit.load_registered_model(run_dir, primary_id, image_size, device)
     layer_name, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     names = [n for n in (cohort_names if cohort_names is not None else cohorts.DATASET_FOLDERS)
-             if audit.audit_paths(run_dir, n, primary_id)["table"].is_file()]
+             if layout.audit_paths(n, primary_id)["table"].is_file()]
     sources = {}
-    manifest_path = run_dir / "manifest" / "manifest.csv"
-    if audit.audit_paths(run_dir, "hyperkvasir", primary_id)["table"].is_file():
-        pool = audit.masked_pool(load_manifest(manifest_path))
+    if layout.audit_paths("hyperkvasir", primary_id)["table"].is_file():
+        pool = audit.masked_pool(load_manifest(layout.manifest))
         pool_label = "Synthetic HyperKvasir-like (audit pool)" if synthetic else "HyperKvasir (audit pool)"
         sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root, decode_size=image_size))
     external = transfer.external_cases(run_dir, cohort_root, names)
     for name, cases in external.items():
         sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root, decode_size=image_size))
 
-    out_dir = run_dir / BROWSER_DIR
+    out_dir = layout.case_browser_dir
     records, labels = [], {}
     for name, (label, cases) in sources.items():
-        paths = audit.audit_paths(run_dir, name, primary_id)
+        paths = layout.audit_paths(name, primary_id)
         table = audit.read_audit_table(paths["table"])
         strips = case_strips(model, layer, cases, table, image_size=image_size,
                              top_fraction=top_fraction, batch_size=batch_size,

@@ -27,13 +27,14 @@ import pandas as pd
 import torch
 
 from endoexplain_core.kernels import metrics, threshold
-from endoexplain_core.analysis.audit import CAM_METHODS, batch_maps, prepare_case
-from endoexplain_core.methods import MAP_METHODS
+from endoexplain_core.analysis.audit import batch_maps, prepare_case
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
+from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
-                                            DOUBLE_COLUMN_INCHES, EIGEN_FOOTNOTE, HEATMAP_CMAP,
-                                            METHOD_COLOURS, PEAK_COLOUR, RANDOM_REFERENCE,
-                                            checkpoint_label, footnote, method_label, panel_title, two_line_label)
+                                            DOUBLE_COLUMN_INCHES, HEATMAP_CMAP, PEAK_COLOUR,
+                                            RANDOM_REFERENCE, checkpoint_label, footnote, panel_title,
+                                            two_line_label)
 
 IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55

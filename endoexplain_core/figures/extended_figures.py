@@ -13,13 +13,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.methods import METHOD_COLOURS, method_label
 from endoexplain_core.figures import style
 
 ALPHA_FLOOR_BITS = float(np.log2(0.01 / 1.01))  # lambda_E of a map with no lesion saliency
 
 
 def _colour(method: str) -> str:
-    return style.METHOD_COLOURS.get(method, "black")
+    return METHOD_COLOURS.get(method, "black")
 
 
 def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str = "", not_validated=()):
@@ -36,7 +37,7 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
         baseline = method in ("random", "centre", "dog")
         ax.plot(part["threshold"], part["mean_iou"], color=_colour(method),
                 linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
-                label=f"{style.method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
+                label=f"{method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
     ax.set_xlabel("Binarisation threshold t (map \u2265 t)")
     ax.set_ylabel("Mean IoU with the lesion mask")
     ax.set_xlim(0, 1)
@@ -71,7 +72,7 @@ def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", 
         ax.axhline(dog_median, color="black", linewidth=0.8, linestyle="--",
                    label=f"DoG median = {dog_median:.2f} bits")
     ax.set_xticks(np.arange(1, len(methods) + 1))
-    ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in methods],
+    ax.set_xticklabels([style.two_line_label(method_label(m, not_validated)) for m in methods],
                        fontsize=6.5)
     ax.set_ylabel("Energy lift \u03bb$_E$ (bits)")
     ax.set_title(title or f"Energy lift per method (n = {max(len(d) for d in data)} images)")
@@ -121,7 +122,7 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
                         va="center", fontsize=6 if constant else 7,
                         color="white" if value < 0.6 else "black")
         ax.set_xticks(np.arange(len(columns)))
-        ax.set_xticklabels([style.two_line_label(style.method_label(m, not_validated)) for m in columns]
+        ax.set_xticklabels([style.two_line_label(method_label(m, not_validated)) for m in columns]
                            if index == len(classes) - 1 else [], fontsize=6.5)
         ax.set_yticks(np.arange(wide.shape[0]))
         ax.set_yticklabels([f"{style.checkpoint_label(c)} (n = {int(gold[c])})" for c in wide.index],
@@ -163,7 +164,7 @@ def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = "", not_validated=()
         for ax, column in zip(axes, ("mean_iou", "mean_energy")):
             ax.plot(part["fraction"] * 100, part[column], color=_colour(method),
                     linestyle="--" if baseline else "-", marker="o", markersize=2.5,
-                    label=style.method_label(method, not_validated))
+                    label=method_label(method, not_validated))
     for ax, letter, label in zip(axes, "AB", ("Mean IoU of the top-k set", "Share of top-k saliency in the lesion")):
         style.panel_title(ax, letter)
         ax.axvline(20, color="0.6", linewidth=0.6, linestyle=":")

@@ -17,13 +17,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.methods import METHOD_COLOURS, method_label
+from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.figures import style
 
 REFERENCE_COLOUR = style.RANDOM_REFERENCE["color"]   # the random heatmap, as in every figure
 
 
 def _colour(method: str) -> str:
-    return style.METHOD_COLOURS.get(method, "grey")
+    return METHOD_COLOURS.get(method, "grey")
 
 
 def coinciding_curves(curves: pd.DataFrame, tolerance: float = 1e-9) -> dict[str, list[str]]:
@@ -63,7 +65,7 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
             x = 100 * rows["fraction"].to_numpy()
             reference = method == "random"
             colour = REFERENCE_COLOUR if reference else _colour(method)
-            label = " = ".join(style.method_label(m, not_validated) for m in [method, *groups.get(method, [])])
+            label = " = ".join(method_label(m, not_validated) for m in [method, *groups.get(method, [])])
             ax.plot(x, rows["drop"], marker="o", markersize=3, color=colour,
                     linestyle="--" if reference else "-", label=label)
             ax.fill_between(x, rows["ci_low"], rows["ci_high"], color=colour, alpha=0.12, linewidth=0)
@@ -76,7 +78,7 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
     axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     note = " 'A = B': identical curves, drawn once." if groups else ""
-    style.footnote(fig, style.EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map). z/T: the "
+    style.footnote(fig, EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map). z/T: the "
                    "temperature-scaled logit difference; a drop is its decrease after imputation "
                    "(ROAD: removed pixels filled from their neighbours). A negative LeRF drop: "
                    "imputing the least relevant pixels raises the score." + note)
@@ -99,7 +101,7 @@ def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame, not_validated=()):
     random deletion (open), positive logit. ``not_validated``: methods marked with the validity
     gate's dagger."""
     fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.2, 2.8), layout="constrained")
-    labels = [style.method_label(m, not_validated) for m in srg["method"]]
+    labels = [method_label(m, not_validated) for m in srg["method"]]
     _forest(axes[0], labels, srg["srg"], srg["ci_low"], srg["ci_high"],
             [REFERENCE_COLOUR if m == "random" else _colour(m) for m in srg["method"]])
     axes[0].set_xlabel("SRG: drop(MoRF) \u2212 drop(LeRF), z/T")
@@ -116,11 +118,11 @@ def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame, not_validated=()):
                          markerfacecolor="white", color=colour)
     axes[1].axvline(0, color="grey", linewidth=0.7, linestyle=":")
     axes[1].set_yticks(y)
-    axes[1].set_yticklabels([style.method_label(m, not_validated) for m in shape["method"]])
+    axes[1].set_yticklabels([method_label(m, not_validated) for m in shape["method"]])
     axes[1].set_xlabel("CAM deletion \u2212 control deletion (logit)")
     style.panel_title(axes[1], "B", "Deletion beyond random controls")
     style.footnote(fig, "Filled: shape-preserving random control; open: pixel-wise random control. "
-                   "Bars: 95% image-bootstrap CIs. " + style.EIGEN_FOOTNOTE)
+                   "Bars: 95% image-bootstrap CIs. " + EIGEN_FOOTNOTE)
     return fig
 
 
@@ -140,7 +142,7 @@ def randomisation_figure(table: pd.DataFrame, not_validated=()):
         for method, rows in table.groupby("method", sort=False):
             rows = rows.sort_values("step")
             ax.plot(rows["step"], rows[column], marker="o", markersize=3, color=_colour(method),
-                    label=style.method_label(method, not_validated))
+                    label=method_label(method, not_validated))
         style.panel_title(ax, letter, title)
         ax.set_ylabel(f"{short} with the trained map", fontsize=7.5)
         ax.set_ylim(-1.05 if column == "spearman" else 0, 1.05)  # rank correlations can turn negative
@@ -148,7 +150,7 @@ def randomisation_figure(table: pd.DataFrame, not_validated=()):
         ax.set_xticks(steps["step"])
         ax.set_xticklabels(steps["block"], rotation=90, fontsize=6.5)
     images = f"{int(table['images'].max())} images. " if "images" in table.columns else ""
-    style.footnote(fig, images + style.EIGEN_FOOTNOTE + " Eigen-CAM does not use the classifier "
+    style.footnote(fig, images + EIGEN_FOOTNOTE + " Eigen-CAM does not use the classifier "
                    "head, so randomising the head alone leaves it unchanged. Blocks randomised cumulatively from the head (left) towards the stem (right); "
                   "\"trained\": no block randomised (the reference, 1 by construction). A map that "
                   "stays near 1 as the weights are randomised does not depend on what the model "
@@ -170,7 +172,7 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
     height = 1.0 + 0.18 * max(1, len(rows))
     fig, axes = plt.subplots(1, max(1, len(outcomes)), figsize=(style.DOUBLE_COLUMN_INCHES - 0.1, height), sharey=True,
                              layout="constrained", squeeze=False)
-    labels = [f"{c} \u2014 {style.method_label(m, not_validated)}" for c, m in zip(rows["contrast"], rows["method"])]
+    labels = [f"{c} \u2014 {method_label(m, not_validated)}" for c, m in zip(rows["contrast"], rows["method"])]
     y = np.arange(len(rows))[::-1]
     for index, (ax, outcome) in enumerate(zip(axes[0], outcomes)):
         if len(outcomes) > 1:
@@ -200,5 +202,5 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
                  + (f"; maps of {pooled} checkpoints pooled" if pooled > 1 else "")
                  + "); grey band: equivalence margin", fontsize=8)
     style.footnote(fig, "Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
-                   + style.EIGEN_FOOTNOTE)
+                   + EIGEN_FOOTNOTE)
     return fig

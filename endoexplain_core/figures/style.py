@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import matplotlib
 
-# Method names, labels and colours live in the registry (endoexplain_core.methods).
+# Method names, labels and colours live in the registry (endoexplain_core.methods), not here.
 from endoexplain_core.artefacts import wrap_to_width
 from endoexplain_core.data.cohorts import DATASET_LABELS
-from endoexplain_core.methods import (  # noqa: E402  (re-exported for figures)
-    BASELINE_METHODS as BASELINES, CAM_METHODS, EIGEN_FOOTNOTE, METHOD_COLOURS, METHOD_LABELS,
-    NOT_VALIDATED_MARK, method_label,
-)
+from endoexplain_core.methods import METHOD_COLOURS
 
 from endoexplain_core.presentation import ARCH_LABELS  # noqa: E402 (one home for display names)
 

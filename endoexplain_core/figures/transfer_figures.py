@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from endoexplain_core.methods import CAM_METHODS, METHOD_COLOURS, method_label
+from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.figures import style
 
 
@@ -18,7 +20,7 @@ def figure5_caption(summary: pd.DataFrame, *, score_threshold: float, synthetic:
     the centre-baseline and random-heatmap means and the chance level."""
     parts = []
     for dataset, part in summary.groupby("dataset", sort=False):
-        cams = part[part["method"].isin(style.CAM_METHODS)]["mean_iou"]
+        cams = part[part["method"].isin(CAM_METHODS)]["mean_iou"]
         random_iou = part.loc[part["method"] == "random", "mean_iou"]
         references = f"centre baseline {part['centre_baseline_iou'].iloc[0]:.3f}"
         if len(random_iou):
@@ -35,7 +37,7 @@ def figure5_caption(summary: pd.DataFrame, *, score_threshold: float, synthetic:
 
 def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fraction: float = 0.2,
                      synthetic: bool = False, not_validated=(),
-                     methods: tuple[str, ...] = style.CAM_METHODS):
+                     methods: tuple[str, ...] = CAM_METHODS):
     """Grouped bars: mean top-fraction IoU per CAM and cohort with 95% CIs, then the cohort's two
     references with their CIs: the centre baseline (hatched) and the random heatmap (dashed
     outline), with the chance level (the expected IoU of a uniformly random top area,
@@ -58,8 +60,8 @@ def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fract
             look = {"color": "white", "edgecolor": style.RANDOM_REFERENCE["color"],
                     "linestyle": style.RANDOM_REFERENCE["linestyle"], "linewidth": 1.0}
         else:
-            look = {"color": style.METHOD_COLOURS[method], "edgecolor": "none"}
-        ax.bar(x, part["mean_iou"], width=width * 0.92, label=style.method_label(method, not_validated),
+            look = {"color": METHOD_COLOURS[method], "edgecolor": "none"}
+        ax.bar(x, part["mean_iou"], width=width * 0.92, label=method_label(method, not_validated),
                yerr=errors, capsize=1.5, error_kw={"elinewidth": 0.7, "capthick": 0.7},
                **{"linewidth": 0.6, **look})
         if method == "random" and "chance_iou" in part.columns:
@@ -83,7 +85,7 @@ def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fract
     order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("Chance"))   # chance last
     ax.legend([handles[i] for i in order], [labels[i] for i in order], frameon=False, fontsize=7,
               ncol=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    style.footnote(fig, style.EIGEN_FOOTNOTE + " Hatched: centre baseline (model-free); dashed: random "
+    style.footnote(fig, EIGEN_FOOTNOTE + " Hatched: centre baseline (model-free); dashed: random "
                   "heatmap; black tick: chance, the expected IoU of a uniformly random top area "
                   "given each image's lesion size. Eligible: temperature-scaled score \u2265 "
                   f"{score_threshold:.2f}. No negatives in these cohorts.")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.figures import style
 
 COLUMNS = 3
@@ -51,7 +52,7 @@ def gate_summary(gate) -> tuple[str, str]:
     ("0 of 5 CAMs pass (5 inconclusive)", ...); ("not run", grey) when ``gate`` is None."""
     if gate is None:
         return "not run", STAGE_FACE
-    cams = gate[gate["method"].isin(style.CAM_METHODS)]
+    cams = gate[gate["method"].isin(CAM_METHODS)]
     passing = int(cams["passes"].sum())
     others = cams.loc[~cams["passes"].astype(bool), "verdict"].value_counts()
     detail = ", ".join(f"{n} {verdict}" for verdict, n in others.items())

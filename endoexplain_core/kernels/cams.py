@@ -33,9 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from endoexplain_core.methods import (  # noqa: F401 (GRADIENT_METHODS: re-export for callers)
-    CAM_METHODS, FUSED_CAM_METHODS, FUSED_GRADIENT_METHODS, GRADIENT_METHODS,
-)
+from endoexplain_core.methods import CAM_METHODS, FUSED_CAM_METHODS, FUSED_GRADIENT_METHODS
 
 _GRADCAMPP_EPS = 1e-6  # pytorch-grad-cam GradCAMPlusPlus
 _XGRADCAM_EPS = 1e-7  # pytorch-grad-cam XGradCAM

@@ -24,9 +24,7 @@ registry share the run's settings object; the checkpoint format lives in models/
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
-import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.utils.data import DataLoader
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.progress import progress_bar
 from endoexplain_core import files, numerics
 from endoexplain_core.data import datasets
@@ -641,7 +640,7 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
                           target_layer=networks.TARGET_LAYERS[arch],
                           pretrained=weights_path is not None)
     return train_checkpoint(model, spec, train_set, val_set, settings,
-                            Path(run_dir) / "checkpoints", device, show_progress,
+                            RunLayout(run_dir).checkpoints_dir, device, show_progress,
                             keep_epoch_snapshots=keep_epoch_snapshots, **(acceleration or {}))
 
 
@@ -764,7 +763,7 @@ def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str
             "target": manifest["target"].to_numpy(), "logit_neg": logits[:, 0],
             "logit_pos": logits[:, 1]}))
     table = pd.concat(frames, ignore_index=True)[LOGIT_COLUMNS]
-    files.write_parquet_atomic(table, run_dir / "logits" / "logits.parquet")
+    files.write_parquet_atomic(table, RunLayout(run_dir).logits)
     return table
 
 

@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import config as profiles
 from endoexplain_core import artefacts, files, numerics
 
@@ -66,8 +67,8 @@ class RunPaths:
     def __post_init__(self) -> None:
         self.run_dir = self.output_root / "runs" / self.profile
         self.figures_dir = self.output_root / "figures" / self.profile
-        self.notebooks_out = self.run_dir / "notebooks"
-        self.stamps = self.run_dir / "stamps"
+        self.notebooks_out = RunLayout(self.run_dir).notebooks_dir
+        self.stamps = RunLayout(self.run_dir).stamps_dir
 
 
 def discover_stages(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -321,7 +322,7 @@ def device_description() -> dict[str, Any]:
 
 
 def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
-    folder = run_dir / "checkpoints"
+    folder = RunLayout(run_dir).checkpoints_dir
     if not folder.is_dir():
         return {}
     # Resume states (<id>.resume.safetensors) are training state, not checkpoints of the study.
@@ -330,7 +331,7 @@ def _checkpoint_digests(run_dir: Path) -> dict[str, str]:
 
 
 def _manifest_digest(run_dir: Path) -> str | None:
-    path = run_dir / "manifest" / "manifest.sha256"
+    path = RunLayout(run_dir).manifest_digest_file
     return path.read_text().strip() if path.is_file() else None
 
 
@@ -452,7 +453,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if unknown:
         raise ValueError(f"--only names unknown stages {unknown}; stages are {names}")
 
-    _mark_running(paths.run_dir / "provenance.json")
+    _mark_running(RunLayout(paths.run_dir).provenance)
     upstream = data_fingerprint(data_root, reference_dir)
     # Later stages read the data through the manifest, not the reference it was checked
     # against: adopting a reference (the first paper run) must not rerun them next time. The
@@ -605,7 +606,7 @@ def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: 
         "wall_seconds": round(time.perf_counter() - started, 2),
         "status": status,
     }
-    files.write_json_atomic(paths.run_dir / "provenance.json", provenance)
+    files.write_json_atomic(RunLayout(paths.run_dir).provenance, provenance)
     _write_record(paths, provenance)
     return provenance
 

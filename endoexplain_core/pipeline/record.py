@@ -27,11 +27,12 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.validity_gate import DAGGER
 from endoexplain_core import artefacts, files, marks, presentation
 from endoexplain_core.figures import style
-from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.pipeline import summary
 
 INDEX_NAME = "README.md"
@@ -86,7 +87,7 @@ def cell_link(figures_dir: str | Path, name: str, run_dir: Path) -> str:
     record = json.loads(sidecar.read_text())
     if not record.get("cell_id") or not record.get("executed_notebook"):
         return ""
-    page = run_dir / "notebooks" / Path(record["executed_notebook"]).with_suffix(".html").name
+    page = RunLayout(run_dir).notebooks_dir / Path(record["executed_notebook"]).with_suffix(".html").name
     return (f' | <a href="{_href(page, run_dir)}#cell-id={quote(str(record["cell_id"]))}">cell</a>'
             f' | {_link(sidecar, run_dir, "provenance")}')
 
@@ -343,8 +344,8 @@ def gate_banner(figures_dir: Path) -> str:
                 "validated in this record.</p>")
     gate = pd.read_csv(path)
     cams = gate[gate["method"].isin(CAM_METHODS)]
-    passing = [style.method_label(m) for m, v in zip(cams["method"], cams["verdict"]) if v == "passes"]
-    others = ", ".join(f"{style.method_label(m)} {v}" for m, v in zip(cams["method"], cams["verdict"])
+    passing = [method_label(m) for m, v in zip(cams["method"], cams["verdict"]) if v == "passes"]
+    others = ", ".join(f"{method_label(m)} {v}" for m, v in zip(cams["method"], cams["verdict"])
                        if v != "passes")
     kind = "pass" if len(passing) == len(cams) else "warn"
     text = (f"Validity gate: {len(passing)} of {len(cams)} CAM methods pass"
@@ -399,7 +400,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
              f"<code>{escape(str(provenance.get('manifest_digest')))[:12]}</code>; data: "
              f"{escape(str(provenance.get('data_root', '')))}</li>",
              f"<li>CPU numerics: {escape(_cpu_numerics_text(provenance))}</li>",
-             *([f"<li>profile overrides (the run is not the profile file's): "
+             *(["<li>profile overrides (the run is not the profile file's): "
                 + "; ".join(f"<code>--set {escape(text)}</code>" for text in provenance["overrides"])
                 + "</li>"] if provenance.get("overrides") else []),
              f"<li><strong>{_link(run_dir / 'cases' / 'index.html', run_dir, 'Case browser')}</strong>: "
@@ -453,7 +454,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                       *head, *brief_html(figures_dir, run_dir),
                       *figure_gallery(figures_dir, run_dir, names), *headline, *table_list,
                       *stages, *checkpoint_part, "</body></html>", ""])
-    path = run_dir / "index.html"
+    path = RunLayout(run_dir).index_html
     files.write_text_atomic(path, page)
     return path
 
@@ -479,13 +480,13 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
     verdict colours the gate box), the primary's HyperKvasir audit summary (images audited),
     Table 4's panel A n and the transfer table ((cohort, cases, eligible) per external cohort).
     Missing optional parts (no gate, no transfer) are left out of the figure, never invented."""
-    from endoexplain_core.analysis import audit, transfer, validity_gate
+    from endoexplain_core.analysis import audit, validity_gate
     from endoexplain_core.data import roles as roles_module
     from endoexplain_core.figures import workflow_figure
 
-    run_dir, figures_dir = Path(run_dir), Path(figures_dir)
-    manifest = roles_module.read_manifest(run_dir / "manifest" / "manifest.csv")
-    registry = pd.read_csv(run_dir / "checkpoints" / "registry.csv")
+    layout, figures_dir = RunLayout(run_dir), Path(figures_dir)
+    manifest = roles_module.read_manifest(layout.manifest)
+    registry = layout.read_registry()
     role_counts = manifest["role"].value_counts().to_dict()
     external = []
     transfer_path = figures_dir / "table_transfer.csv"
@@ -496,8 +497,7 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
                      int(row.n_cases), int(row.n_eligible)) for row in per_cohort.itertuples()]
     steps = workflow_figure.workflow_steps(role_counts, len(registry), [name for name, _, _ in external],
                                            gate=validity_gate.read_gate_table(figures_dir))
-    primary_id = transfer.primary_checkpoint(run_dir)["checkpoint_id"]
-    audit_summary = json.loads(audit.audit_paths(run_dir, "hyperkvasir", primary_id)["summary"].read_text())
+    audit_summary = json.loads(layout.audit_paths("hyperkvasir", layout.primary_id())["summary"].read_text())
     table4 = pd.read_csv(figures_dir / "table4_spatial_audit.csv")
     panel_a = table4.loc[table4["panel"] == "A", "n"]
     flow = workflow_figure.exclusion_flow(role_counts, len(audit.masked_pool(manifest)),

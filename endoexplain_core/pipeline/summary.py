@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import files, numerics
 from endoexplain_core.analysis.summaries import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
@@ -269,7 +270,7 @@ def machine_lines(run_dir: str | Path) -> list[str]:
              f"{detected['best_isa']})",
              f"- torch {facts['torch_version']}, {facts['torch_threads']} threads, Python "
              f"{platform.python_version()}, {platform.machine()}"]
-    stamps = sorted((Path(run_dir) / "stamps").glob("*.json"))
+    stamps = sorted(RunLayout(run_dir).stamps_dir.glob("*.json"))
     if stamps:
         seconds = {p.stem: json.loads(p.read_text()).get("seconds") for p in stamps}
         total = sum(s for s in seconds.values() if s)
