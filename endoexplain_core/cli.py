@@ -450,6 +450,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     from endoexplain_core.analysis import audit, summaries
     from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
     from endoexplain_core.figures import case_figures, style
+    from endoexplain_core.numerics import resolve_device
 
     name = args.name or Path(args.weights).stem
     metadata = {"checkpoint_id": name, "arch": args.arch, "seed": -1, "control": "none",
@@ -463,7 +464,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
                                               decode_size=args.image_size)
             yield case.sample_id, image, mask
 
-    device = audit.resolve_device(args.device)
+    device = resolve_device(args.device)
     try:
         summary = audit.audit_checkpoint(
             model, metadata, temperature, read_cases(), dataset=args.dataset,

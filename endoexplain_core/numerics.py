@@ -26,7 +26,7 @@ force. Dropout and stochastic-depth masks are drawn vendor-independently by
 
 **CUDA.** GPU kernels may pick algorithms by speed (cuDNN benchmark mode), use TF32 matrix
 products and reduce in a non-deterministic order; the package turns them off
-(``configure_torch``, applied by ``models.training.resolve_device`` for every CUDA device).
+(``configure_torch``, applied by ``resolve_device`` for every CUDA device).
 
 ``cpu_numerics`` and ``torch_settings`` read what is in force, for the run's provenance.
 This module does not import torch at import time (the pin must precede torch's first use).
@@ -36,6 +36,10 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported only where it is used: the pin must precede it
+    import torch
 
 # environment variable -> value the package sets before torch's first use.
 CPU_PIN = {
@@ -152,3 +156,18 @@ def torch_settings() -> dict[str, bool | int | str | None]:
             "torch_threads": torch.get_num_threads(),
             "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
 
+
+def resolve_device(device: str) -> "torch.device":
+    """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device: the one device rule
+    of every stage. A CUDA device gets the package's numerical policy (``configure_torch``)
+    before any work runs on it."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the profile asks for device 'cuda' but no CUDA device is available")
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        configure_torch()  # deterministic cuDNN, no TF32
+    return resolved

@@ -44,7 +44,7 @@ from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.models import networks, training
 from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
 from endoexplain_core.data.imageio import read_image_and_mask, same_frame
-from endoexplain_core.models.training import resolve_device  # one device rule for every stage
+from endoexplain_core.numerics import resolve_device
 
 TARGET = "polyp_family positive logit"
 CALIBRATION_STATUS = "scaled"

@@ -54,7 +54,7 @@ from endoexplain_core.methods import (
 )
 from endoexplain_core.models import networks
 from endoexplain_core.models import training
-from endoexplain_core.models.training import resolve_device
+from endoexplain_core.numerics import resolve_device
 
 MODEL_METHODS = CAM_METHODS + EXTENDED_CAM_METHODS               # five CAMs + LayerCAM
 EXTENDED_METHODS = MODEL_METHODS + BASELINE_METHODS + EXTENDED_BASELINE_METHODS

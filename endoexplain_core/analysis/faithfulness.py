@@ -40,7 +40,7 @@ from endoexplain_core.kernels import (baselines, cams, deletion, imputation, loc
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.models import networks
 from endoexplain_core.progress import progress_bar
-from endoexplain_core.models.training import resolve_device  # the audit's device rule
+from endoexplain_core.numerics import resolve_device
 
 
 @dataclass(frozen=True)

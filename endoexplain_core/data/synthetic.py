@@ -483,6 +483,8 @@ class _TreeWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             raise FileExistsError(f"{path}: generator tried to write the same file twice")
+        # A plain write: the whole tree is built in ``<root>.partial`` and renamed into place
+        # (``generate_cohort``), so per-file atomic replacement would add nothing but cost.
         path.write_bytes(data)
         self.written.append(relative)
 

@@ -344,10 +344,11 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import load_manifest
     from endoexplain_core.models import networks
+    from endoexplain_core.numerics import resolve_device
 
     run_dir = Path(run_dir)
     synthetic = is_synthetic_data(data_root)
-    device = audit.resolve_device(device)          # "auto" -> the device the audit used
+    device = resolve_device(device)          # "auto" -> the device the audit used
     cohort_root = resolve_data_root(data_root, run_dir)
     layout = RunLayout(run_dir)
     primary_id = layout.primary_id()

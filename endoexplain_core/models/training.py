@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader
 
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.progress import progress_bar
-from endoexplain_core import files, numerics
+from endoexplain_core import files
+from endoexplain_core.numerics import resolve_device
 from endoexplain_core.data import datasets
 from endoexplain_core.models import checkpoint as checkpoint_files
 from endoexplain_core.models import networks
@@ -195,19 +196,6 @@ def zero_init_head(model: nn.Module) -> nn.Linear:
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
     return head
-
-
-def resolve_device(device: str) -> torch.device:
-    """``cpu`` | ``cuda`` | ``auto`` (CUDA when available) -> torch.device. A CUDA device gets
-    the package's numerical policy (``numerics.configure_torch``) before any work runs on it."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("the profile asks for device 'cuda' but no CUDA device is available")
-    resolved = torch.device(device)
-    if resolved.type == "cuda":
-        numerics.configure_torch()  # deterministic cuDNN, no TF32 (endoexplain_core.numerics)
-    return resolved
 
 
 # ----------------------------------------------------------------------------- files

@@ -240,7 +240,7 @@ def _stage_environment(stage: str, progress_log: Path):
     from endoexplain_core.progress import PROGRESS_LOG_ENV
 
     progress_log.parent.mkdir(parents=True, exist_ok=True)
-    progress_log.write_text("")
+    files.write_text_atomic(progress_log, "")
     updates = {artefacts.STAGE_ENV: stage, PROGRESS_LOG_ENV: str(progress_log)}
     previous = {key: os.environ.get(key) for key in updates}
     os.environ.update(updates)
@@ -312,7 +312,7 @@ def device_description() -> dict[str, Any]:
     description = {"platform": platform.platform(), "python": platform.python_version(),
                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                    "cuda_available": torch.cuda.is_available(),
-                   # the flags every stage's CUDA device runs under (models.training.resolve_device)
+                   # the flags every stage's CUDA device runs under (numerics.resolve_device)
                    "numerics_policy": dict(numerics.POLICY), "torch_settings": numerics.torch_settings(),
                    # the CPU pin every stage ran under and what this CPU offers (numerics)
                    "cpu_numerics": numerics.cpu_numerics()}

@@ -239,9 +239,10 @@ def measure_costs(architectures, image_size: int, device: str, *, batch: int = 8
     import torch
 
     from endoexplain_core.kernels import cams
-    from endoexplain_core.models import networks, training
+    from endoexplain_core.models import networks
+    from endoexplain_core.numerics import resolve_device
 
-    torch_device = training.resolve_device(device)
+    torch_device = resolve_device(device)
     images = torch.randn(batch, 3, image_size, image_size, device=torch_device)
     labels = torch.zeros(batch, dtype=torch.long, device=torch_device)
     costs = {}
