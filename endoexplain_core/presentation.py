@@ -34,6 +34,16 @@ def _format_integer(value) -> str:
     return "" if pd.isna(value) else f"{int(value):,}"
 
 
+def estimate_with_ci(estimate, low, high, digits: int = 3, *, missing: str = "") -> str:
+    """An estimate and its interval as a reader sees it: ``"0.471 (0.395 to 0.547)"``. "to",
+    never a dash, which would read as a minus sign beside negative bounds. ``missing`` is shown
+    for a NaN estimate (an outcome that does not apply); a NaN bound shows as an empty place."""
+    if pd.isna(estimate):
+        return missing
+    return (f"{_format_number(estimate, digits)} "
+            f"({_format_number(low, digits)} to {_format_number(high, digits)})")
+
+
 def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
     """(estimate, low, high) column triples: ``x, x_ci_low, x_ci_high`` anywhere, and bare
     ``ci_low, ci_high`` that directly follow their estimate column."""
@@ -72,8 +82,7 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
         shown["arch"] = shown["arch"].map(lambda a: ARCH_LABELS.get(a, a))
     columns = list(shown.columns)
     for estimate, low, high in _ci_columns(columns):
-        combined = [("" if pd.isna(e) else f"{_format_number(e, digits)} "
-                     f"({_format_number(lo, digits)} to {_format_number(hi, digits)})")
+        combined = [estimate_with_ci(e, lo, hi, digits)
                     for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
         shown[estimate] = combined
         shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})

@@ -9,6 +9,7 @@ from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 import statsmodels.api as sm
 
+from endoexplain_core import presentation
 from endoexplain_core.analysis import summaries
 from endoexplain_core.analysis.audit import REQUIRED_COLUMNS, validate_audit_table
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
@@ -184,7 +185,8 @@ def test_format_table4_prints_estimates_with_intervals_and_dashes():
     assert shown.loc[("A", "Grad-CAM"), "Peak failure"].startswith("0.333 (")
     assert shown.loc[("A", "Random deletion"), "Peak failure"] == "\u2013"
     assert shown.loc[("B", "Centre baseline"), "Logit drop"] == "\u2013"
-    assert summaries.estimate_with_ci(0.5, 0.25, 0.75, digits=2) == "0.50 (0.25 to 0.75)"
+    assert presentation.estimate_with_ci(0.5, 0.25, 0.75, digits=2) == "0.50 (0.25 to 0.75)"
+    assert presentation.estimate_with_ci(float("nan"), 0.1, 0.2, missing="\u2013") == "\u2013"
 
 
 def test_adjusted_model_table_always_returns_the_terms():

@@ -64,9 +64,9 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     lines = summary.verdict_lines(tmp_path, synthetic=True)
     assert lines[0].startswith("**Validity gate**: 3 of 5 CAM methods find planted truth")
     assert "(Grad-CAM, Grad-CAM++, Eigen-CAM*); 1 inconclusive, 1 fail." in lines[0] and "\u2020" in lines[0]
-    assert "test AUPRC 0.910 (0.850-0.950) (n = 50" in lines[1]
+    assert "test AUPRC 0.910 (0.850 to 0.950) (n = 50" in lines[1]
     assert summary._with_ci(1.0 - 2e-16, 1.0, 1.0) == "1.000 (the same in every bootstrap resample: no interval)"
-    assert summary._with_ci(0.95, 0.9, 1.0) == "0.950 (0.900-1.000)"
+    assert summary._with_ci(0.95, 0.9, 1.0) == "0.950 (0.900 to 1.000)"
     assert "On the 12 audit images" in lines[2] and "for 0.10-0.50 of maps, by method" in lines[2]
     assert "centre baseline 0.25, random map 1.00" in lines[2]
     assert "0.08-0.20; its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[3]

@@ -27,6 +27,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from endoexplain_core import presentation
 from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
 from endoexplain_core.methods import method_label
@@ -193,19 +194,12 @@ def temperature_statement(table: pd.DataFrame) -> str:
     return f"Scaled scores use the validation-fitted temperature T = {text} (inside its search bounds)."
 
 
-def estimate_with_ci(estimate: float, low: float, high: float, digits: int = 3) -> str:
-    """``"0.506 (0.430 to 0.581)"``; an en dash for outcomes that do not apply (NaN)."""
-    if np.isnan(estimate):
-        return "\u2013"
-    return f"{estimate:.{digits}f} ({low:.{digits}f} to {high:.{digits}f})"
-
-
 def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Table 4 as printed: panel, map label, n, and each outcome as "estimate (CI)"."""
     shown = pd.DataFrame({"Panel": table["panel"], "Map": table["label"], "n": table["n"]})
     for outcome, title in (("peak_failure", "Peak failure"), ("iou", "Top-20% IoU"),
                            ("energy_in_mask", "Energy in mask"), ("logit_drop", "Logit drop")):
-        shown[title] = [estimate_with_ci(e, lo, hi, digits) for e, lo, hi in
+        shown[title] = [presentation.estimate_with_ci(e, lo, hi, digits, missing="\u2013") for e, lo, hi in
                         zip(table[outcome], table[outcome + "_ci_low"], table[outcome + "_ci_high"])]
     if "temperature_at_bound" in table.columns and table["temperature_at_bound"].any():
         shown["Panel"] = shown["Panel"].astype(str) + " (T at bound)"

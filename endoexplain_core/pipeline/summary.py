@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core import files, numerics
+from endoexplain_core import files, numerics, presentation
 from endoexplain_core.analysis.summaries import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
 
@@ -38,12 +38,12 @@ def _number(value, digits: int = 3) -> str:
 
 
 def _with_ci(estimate, low, high, digits: int = 3) -> str:
-    if pd.isna(estimate):
-        return "n/a"
-    if pd.notna(low) and pd.notna(high) and abs(high - low) <= 1e-9 and abs(estimate - low) <= 1e-9:
-        # every resample gives the same value (e.g. a perfect ranking): no interval width to show
+    """``presentation.estimate_with_ci``, saying so when every resample gave the same value."""
+    if pd.notna(estimate) and pd.notna(low) and pd.notna(high) and abs(high - low) <= 1e-9 \
+            and abs(estimate - low) <= 1e-9:
+        # e.g. a perfect ranking: no interval width to show
         return f"{_number(estimate, digits)} (the same in every bootstrap resample: no interval)"
-    return f"{_number(estimate, digits)} ({_number(low, digits)}-{_number(high, digits)})"
+    return presentation.estimate_with_ci(estimate, low, high, digits, missing="n/a")
 
 
 def _table(frame: pd.DataFrame) -> list[str]:
