@@ -47,7 +47,7 @@ def synthetic_cases(count: int, size: int, seed: int = 0):
         yield f"bench{index:04d}", image, polyp
 
 
-def kernel_breakdown(images: torch.Tensor, masks: torch.Tensor, settings: ext.ExtendedSettings,
+def kernel_breakdown(images: torch.Tensor, masks: torch.Tensor, settings: config.LocalisationSettings,
                      repeats: int = 3) -> dict[str, float]:
     """Median seconds of each extended kernel on one batch of nine maps (a guide to the cost)."""
     maps = {m: torch.rand(masks.shape, generator=torch.Generator().manual_seed(i))
@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = ext.ExtendedSettings()
+    settings = config.LocalisationSettings()
     if args.run_dir:
         primary_id = RunLayout(args.run_dir).primary_id()
         data_root = config.resolve_data_root(args.data_root, args.run_dir)

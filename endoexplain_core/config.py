@@ -71,6 +71,32 @@ class Section(BaseModel):
                               allow_inf_nan=False)
 
 
+class LocalisationSettings(Section):
+    """The localisation scores' scales, one home for 07 and 08 (``shared.localisation``):
+    the pointing game's tolerance zone and smoothing, the DoG conspicuity map and the energy
+    lift, as fractions of the input size (``pixels``)."""
+
+    dog_sigma_small_fraction: float = Field(0.01, gt=0, lt=1, description="DoG small blur sigma, fraction of the input size")
+    dog_sigma_large_fraction: float = Field(0.08, gt=0, lt=1, description="DoG large blur sigma, fraction of the input size")
+    pointing_radius_fraction: float = Field(0.03, ge=0, lt=1, description="pointing tolerance radius r (zone D_r), fraction of the input size")
+    pointing_smooth_fraction: float = Field(0.01, ge=0, le=0.25, description="pointing smoothing sigma, fraction of the input size")
+    energy_alpha: float = Field(0.01, gt=0, lt=1, description="uniform share mixed in before the energy lift")
+
+    @model_validator(mode="after")
+    def _dog_scales_ordered(self):
+        if not self.dog_sigma_small_fraction < self.dog_sigma_large_fraction:
+            raise ValueError("dog_sigma_small_fraction must be below dog_sigma_large_fraction")
+        return self
+
+    def pixels(self, image_size: int) -> dict[str, float]:
+        """The scales in pixels at ``image_size``: ``dog_sigma_small_px``, ``dog_sigma_large_px``,
+        ``radius_px`` (the tolerance zone's radius), ``smooth_sigma_px``."""
+        return {"dog_sigma_small_px": self.dog_sigma_small_fraction * image_size,
+                "dog_sigma_large_px": self.dog_sigma_large_fraction * image_size,
+                "radius_px": self.pointing_radius_fraction * image_size,
+                "smooth_sigma_px": self.pointing_smooth_fraction * image_size}
+
+
 class SharedSettings(Section):
     seed: int = Field(20260721, description="master seed (bootstrap, synthetic cohort)")
     image_size: int = Field(128, ge=32, description="model input size in pixels")
@@ -90,6 +116,12 @@ class SharedSettings(Section):
         False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
     prior_negatives: int = Field(
         48, ge=0, description="held-out test negatives behind each method's prior map (04 and 05)")
+    decision_threshold: float = Field(
+        0.5, gt=0.0, lt=1.0, description="scaled-score decision boundary t (02's source-category "
+                                         "audit; 08's correctness and margin |z - t|/T)")
+    localisation: LocalisationSettings = Field(
+        default_factory=LocalisationSettings,
+        description="pointing, DoG and energy-lift scales of 07 and 08 (fractions of the input size)")
 
     @field_validator("scheduler")
     @classmethod
@@ -213,10 +245,8 @@ class TrainingStageSettings(StageSettings):
 
 
 class CalibrationSettings(StageSettings):
-    uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "decision_threshold")
     n_bins: int = Field(10, ge=2, description="equal-width score bins for ECE and reliability")
-    decision_threshold: float = Field(0.5, gt=0.0, lt=1.0,
-                                      description="decision boundary of the source-category audit")
     reliability_split: Literal["val", "test"] = Field(
         "test", description="split of the reliability diagram and the source-category audit")
 
@@ -297,13 +327,8 @@ class TransferSettings(StageSettings):
 
 class ExtendedLocalisationSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction")
+                                              "top_fraction", "localisation")
     audit_batch_size: int = Field(16, ge=1, description="images per CAM batch (memory)")
-    dog_sigma_small_fraction: float = Field(0.01, gt=0, lt=1, description="DoG small blur sigma, fraction of the input size")
-    dog_sigma_large_fraction: float = Field(0.08, gt=0, lt=1, description="DoG large blur sigma, fraction of the input size")
-    pointing_radius_fraction: float = Field(0.03, ge=0, lt=1, description="pointing tolerance radius, fraction of the input size")
-    pointing_smooth_fraction: float = Field(0.01, ge=0, le=0.25, description="pointing smoothing sigma, fraction of the input size")
-    energy_alpha: float = Field(0.01, gt=0, lt=1, description="uniform share mixed in before the energy lift")
     matrix_checkpoints: bool = Field(True, description="score every learned checkpoint of the matrix, not only the primary")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts the primary is scored on (if present)")
@@ -311,34 +336,20 @@ class ExtendedLocalisationSettings(StageSettings):
     c_score_negatives: int = Field(
         64, ge=0, description="held-out test negatives of the negative-class C-Score (0: polyp class only)")
 
-    @model_validator(mode="after")
-    def _dog_scales_ordered(self):
-        if not self.dog_sigma_small_fraction < self.dog_sigma_large_fraction:
-            raise ValueError("dog_sigma_small_fraction must be below dog_sigma_large_fraction")
-        return self
-
 
 class FaithfulnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction")
+                                              "top_fraction", "localisation", "decision_threshold")
     faithfulness_batch_size: int = Field(16, ge=1, description="images per CAM/ROAD batch (memory)")
     road_fractions: list[float] = Field([0.01, 0.02, 0.05, 0.10, 0.20], min_length=1,
                                         description="shares of the field of view removed (MoRF/LeRF)")
     imputation_noise_std: float = Field(0.01, ge=0.0, description="noise on imputed pixels")
-    tolerance_radius_fraction: float = Field(0.03, ge=0.0, lt=1.0,
-                                             description="D_r radius, fraction of the input size")
     lsr_regions: int = Field(5, ge=1, description="LSR comparison regions per image (up to)")
     shape_repetitions: int = Field(20, ge=1, description="shape-preserving random deletions")
     all_checkpoints: bool = Field(False, description="every learned checkpoint, not only the primary")
     randomisation_images: int = Field(32, ge=1, description="images of the cascading randomisation")
     subgroup_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="external cohorts of the subgroup analysis")
-    pointing_smooth_fraction: float = Field(0.01, ge=0.0, le=0.25,
-                                            description="smoothing before the pointing peak")
-    dog_sigma_small_fraction: float = Field(0.01, gt=0.0, lt=1.0, description="DoG small sigma")
-    dog_sigma_large_fraction: float = Field(0.08, gt=0.0, lt=1.0, description="DoG large sigma")
-    energy_alpha: float = Field(0.01, gt=0.0, description="uniform share in the energy lift")
-    decision_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="scaled-score threshold t")
     min_subgroup_images: int = Field(8, ge=2, description="images needed on each side of a contrast")
     subgroup_checkpoints: Literal["primary", "learned"] = Field(
         "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; a checkpoint term)")
@@ -408,6 +419,12 @@ def short_value(value: Any, limit: int = 40) -> str:
     return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
+# Stage keys that now have one shared home: a profile that still sets one is told where it went.
+MOVED_KEYS = {**{key: f"shared.localisation.{key}" for key in LocalisationSettings.model_fields},
+              "tolerance_radius_fraction": "shared.localisation.pointing_radius_fraction",
+              "decision_threshold": "shared.decision_threshold"}
+
+
 def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem: ``<file>: <key path>: <message>`` with a suggestion for typos."""
     lines = []
@@ -415,6 +432,10 @@ def _format_error(path: Path, prefix: str, error: ValidationError, model: type[B
         location = ".".join(str(part) for part in (prefix, *problem["loc"]))
         if problem["type"] == "extra_forbidden":
             key = problem["loc"][-1]
+            if prefix.startswith("stages.") and key in MOVED_KEYS:
+                lines.append(f"{path}: {location}: this key moved to {MOVED_KEYS[key]} (one "
+                             f"home for the stages that use it)")
+                continue
             lines.append(f"{path}: {location}: unknown key{_suggest(key, model.model_fields)}")
         else:
             message = problem["msg"].removeprefix("Value error, ")

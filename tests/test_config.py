@@ -209,6 +209,45 @@ def test_channels_last_has_one_home_read_by_training_and_the_gate():
     assert all("channels_last" not in model.model_fields for model in config.STAGE_SETTINGS.values())
 
 
+def test_localisation_scales_and_the_decision_threshold_have_one_shared_home():
+    """07 and 08 read one set of pointing, DoG and energy scales; 02 and 08 one decision
+    threshold. No stage section defines any of them again."""
+    users = {key: sorted(s for s, model in config.STAGE_SETTINGS.items() if key in model.uses_shared)
+             for key in ("localisation", "decision_threshold")}
+    assert users == {"localisation": ["07_extended_localisation", "08_faithfulness"],
+                     "decision_threshold": ["02_calibration", "08_faithfulness"]}
+    for model in config.STAGE_SETTINGS.values():
+        assert not set(model.model_fields) & set(config.MOVED_KEYS), model.__name__
+    scales = config.load_profile("smoke").shared.localisation
+    assert scales.pixels(100) == pytest.approx({"dog_sigma_small_px": 1.0, "dog_sigma_large_px": 8.0,
+                                                "radius_px": 3.0, "smooth_sigma_px": 1.0})
+
+
+def test_no_stage_key_repeats_another_stages_key_without_a_reason():
+    """A key name in two stage sections is one quantity with two homes, unless it is a
+    per-stage budget or choice: memory per batch, bootstrap replicates, random deletions of
+    that stage's own pool (gate pool, audit pool, external cohorts), the cohorts it scores."""
+    per_stage = {"audit_batch_size", "bootstrap_replicates", "random_deletion_repetitions",
+                 "external_cohorts"}
+    seen: dict[str, list[str]] = {}
+    for stage, model in config.STAGE_SETTINGS.items():
+        for key in model.model_fields:
+            seen.setdefault(key, []).append(stage)
+    repeated = {k: v for k, v in seen.items() if len(v) > 1 and k not in per_stage}
+    assert repeated == {}
+
+
+@pytest.mark.parametrize("stage, key, home", [
+    ("07_extended_localisation", "energy_alpha", "shared.localisation.energy_alpha"),
+    ("08_faithfulness", "tolerance_radius_fraction", "shared.localisation.pointing_radius_fraction"),
+    ("02_calibration", "decision_threshold", "shared.decision_threshold"),
+])
+def test_a_key_that_moved_to_shared_is_named_with_its_new_home(tmp_path, stage, key, home):
+    path = write_profile(tmp_path, lambda raw: raw["stages"][stage].update({key: 0.5}))
+    with pytest.raises(config.ProfileError, match=f"stages.{stage}.{key}: this key moved to {home}"):
+        config.load_profile(path)
+
+
 SMOKE_TEXT = (config.CONFIG_DIR / "smoke.yaml").read_text()
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import ndimage
 
-from endoexplain_core import kernels
+from endoexplain_core import config, kernels
 from endoexplain_core.kernels import localisation as loc
 
 H = W = 40
@@ -362,7 +362,7 @@ def scored():
     model = nondegenerate_model("resnet34", seed=7, image_size=64)
     metadata = {"checkpoint_id": "resnet34_s7", "arch": "resnet34", "seed": 7}
     return ext.score_checkpoint(model, metadata, 1.0, _cases(7), dataset="toy", image_size=64,
-                                settings=ext.ExtendedSettings(), batch_size=4)
+                                settings=config.LocalisationSettings(), batch_size=4)
 
 
 def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
@@ -546,7 +546,7 @@ def test_negative_class_gold_list_weights_and_c_score_by_hand(monkeypatch):
     batches = [(ids[:2], images[:2]), (ids[2:], images[2:])]          # the gold list spans batches
     metadata = {"checkpoint_id": "hand", "arch": "resnet34", "seed": 1}
     rows = ext.negative_class_c_scores(torch.nn.Identity(), metadata, 2.0, batches, dataset="toy",
-                                       settings=ext.ExtendedSettings()).set_index("method")
+                                       settings=config.LocalisationSettings()).set_index("method")
     assert seen == [2, 2]
     assert list(rows.index) == list(ext.EXTENDED_METHODS) and set(rows["class"]) == {"negative"}
     assert (rows["n_gold"] == 3).all() and (rows["n_audited"] == 4).all()
@@ -571,13 +571,13 @@ def test_negative_rows_carry_the_polyp_rows_columns_and_class(scored):
     ids, images = _normalised(_cases(6, seed=1))
     batches = [(ids[:4], images[:4]), (ids[4:], images[4:])]
     negative = ext.negative_class_c_scores(model, metadata, 1.0, batches, dataset="toy",
-                                           settings=ext.ExtendedSettings())
+                                           settings=config.LocalisationSettings())
     assert list(negative.columns) == list(polyp.columns)
     assert set(negative["class"]) == {"negative"} and list(negative["method"]) == list(ext.EXTENDED_METHODS)
     assert (negative["n_audited"] == 6).all() and negative["n_gold"].between(0, 6).all()
     # the logits' sign alone decides each image's class: every image is in one of the two gold lists
     positive = ext.score_checkpoint(model, metadata, 1.0, _cases(6, seed=1), dataset="toy", image_size=64,
-                                    settings=ext.ExtendedSettings())[1]
+                                    settings=config.LocalisationSettings())[1]
     assert positive["n_gold"].iloc[0] + negative["n_gold"].iloc[0] == 6
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats as scipy_stats
 
+from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, map_diagnostics, stats
 from endoexplain_core.data.datasets import load_manifest
@@ -80,29 +81,10 @@ def topk_column(kind: str, fraction: float) -> str:
     return f"topk_{kind}_{round(fraction * 100):02d}"
 
 
-@dataclass(frozen=True)
-class ExtendedSettings:
-    """Protocol parameters of the extended scores, as fractions of the input size."""
-
-    dog_sigma_small_fraction: float = 0.01
-    dog_sigma_large_fraction: float = 0.08
-    pointing_radius_fraction: float = 0.03
-    pointing_smooth_fraction: float = 0.01
-    energy_alpha: float = localisation.ENERGY_LIFT_ALPHA
-    top_fraction: float = 0.20
-
-    def pixels(self, image_size: int) -> dict[str, float]:
-        """The scales in pixels at ``image_size``."""
-        return {"dog_sigma_small_px": self.dog_sigma_small_fraction * image_size,
-                "dog_sigma_large_px": self.dog_sigma_large_fraction * image_size,
-                "radius_px": self.pointing_radius_fraction * image_size,
-                "smooth_sigma_px": self.pointing_smooth_fraction * image_size}
-
-
 # --- maps and scores of one batch -------------------------------------------------------------
 
 def score_maps(maps: dict[str, torch.Tensor], masks: torch.Tensor, fov: torch.Tensor,
-               settings: ExtendedSettings) -> dict[str, dict[str, np.ndarray]]:
+               settings: LocalisationSettings) -> dict[str, dict[str, np.ndarray]]:
     """method -> column -> (B,) NumPy values: the per-image extended scores of each map.
 
     ``fov`` is joined with the masks here (the lesion always lies in B).
@@ -197,7 +179,7 @@ def _checkpoint_columns(metadata: dict, dataset: str) -> dict:
 
 
 def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable, *,
-                     dataset: str, image_size: int, settings: ExtendedSettings,
+                     dataset: str, image_size: int, settings: LocalisationSettings,
                      batch_size: int = 16, device: str = "cpu",
                      total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Extended scores of one checkpoint on one masked cohort.
@@ -253,7 +235,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
 
 def negative_class_c_scores(model: torch.nn.Module, metadata: dict, temperature: float,
                             batches: Iterable[tuple[list[str], torch.Tensor]], *, dataset: str,
-                            settings: ExtendedSettings, device: str = "cpu") -> pd.DataFrame:
+                            settings: LocalisationSettings, device: str = "cpu") -> pd.DataFrame:
     """C-Score rows of the negative class (``class`` "negative") of one checkpoint.
 
     ``batches``: (sample ids, normalised float32 (B, 3, S, S) images) of non-polyp frames, e.g.
@@ -293,7 +275,7 @@ def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray) -> dic
     return {"c_score": value, "c_score_ci_low": interval["ci_low"], "c_score_ci_high": interval["ci_high"]}
 
 
-def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: ExtendedSettings
+def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: LocalisationSettings
                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """(method -> (B, S, S) map, field of view (B, S, S) bool before joining the masks) of the
     model-free maps of a batch of normalised images (B, 3, S, S): the random heatmap and centre
@@ -311,7 +293,7 @@ def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: Extend
 
 
 def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                     image_size: int, settings: ExtendedSettings, batch_size: int = 16,
+                     image_size: int, settings: LocalisationSettings, batch_size: int = 16,
                      device: str = "cpu", cases: pd.DataFrame | None = None,
                      dataset: str = "hyperkvasir", case_iterator=None
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -340,7 +322,7 @@ def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size:
 
 
 def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                                max_images: int, image_size: int, settings: ExtendedSettings,
+                                max_images: int, image_size: int, settings: LocalisationSettings,
                                 batch_size: int = 16, device: str = "cpu") -> pd.DataFrame:
     """``negative_class_c_scores`` of a checkpoint of the run's registry (its fitted temperature)
     over the first ``max_images`` held-out test negatives by sample id (the audit's prior-map
@@ -355,7 +337,7 @@ def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, chec
 
 
 def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                          image_size: int, settings: ExtendedSettings, batch_size: int = 16,
+                          image_size: int, settings: LocalisationSettings, batch_size: int = 16,
                           device: str = "cpu") -> pd.DataFrame:
     """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id``
     (``training.epoch_snapshots``) on the run's masked pool, with ``epoch`` and that epoch's

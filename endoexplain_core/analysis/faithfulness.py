@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.analysis import audit, stats
 from endoexplain_core.kernels import (baselines, cams, deletion, imputation, localisation, metrics,
                                       randomisation, reliance, road, threshold)
@@ -348,32 +349,21 @@ def randomisation_table(similarity: pd.DataFrame) -> pd.DataFrame:
 
 # --- case-level outcomes for the subgroup analysis -------------------------------------------
 
-@dataclass(frozen=True)
-class LocalisationSettings:
-    """Parameters of the localisation outcomes (profile keys of the same names)."""
-
-    tolerance_radius_px: float = 4.0
-    pointing_smooth_sigma_px: float = 1.0
-    dog_sigma_small_px: float = 1.0
-    dog_sigma_large_px: float = 8.0
-    energy_lift_alpha: float = localisation.ENERGY_LIFT_ALPHA
-    decision_threshold: float = 0.5
-
-
 def localisation_outcomes(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
-                          settings: LocalisationSettings, batch_size: int, device: str = "cpu",
-                          methods=CAM_METHODS) -> pd.DataFrame:
+                          settings: LocalisationSettings, decision_threshold: float, batch_size: int,
+                          device: str = "cpu", methods=CAM_METHODS) -> pd.DataFrame:
     """Per (sample_id, method): ``energy_lift`` (bits), ``pointing_hit`` (0/1),
     ``pointing_chance``, and the image's covariates: ``log_lesion_area`` (natural log of the
     lesion's share of the field of view), ``centrality`` (lesion centroid distance from the
     frame centre / half-diagonal, ``metrics.lesion_centre_distance``), ``fov_area`` (field of
     view share of the frame), ``z``, ``margin`` = |z - t| / T with t = T logit(decision
     threshold), ``correct`` (z > t, every case being a polyp) and ``dog_lift`` (energy lift of
-    the DoG conspicuity map)."""
+    the DoG conspicuity map). ``settings``: the profile's ``shared.localisation`` scales."""
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
     _, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
-    p = settings.decision_threshold
+    scales = settings.pixels(prepared.images.shape[-1])
+    p = decision_threshold
     threshold_z = temperature * math.log(p / (1 - p))
     parts = []
     for start in range(0, len(prepared.sample_ids), batch_size):
@@ -384,8 +374,8 @@ def localisation_outcomes(model, metadata: dict, temperature: float, prepared: P
         z = deletion.logit_difference(logits.double()).cpu().numpy()
         fov = localisation.field_of_view(images, masks)
         lesion_share = ((masks & fov).flatten(1).sum(1) / fov.flatten(1).sum(1)).double().cpu().numpy()
-        dog = localisation.dog_conspicuity(images, settings.dog_sigma_small_px,
-                                           settings.dog_sigma_large_px, fov)
+        dog = localisation.dog_conspicuity(images, scales["dog_sigma_small_px"],
+                                           scales["dog_sigma_large_px"], fov)
         image_columns = {
             "sample_id": np.asarray(ids, dtype=object),
             "log_lesion_area": np.log(lesion_share),
@@ -394,15 +384,15 @@ def localisation_outcomes(model, metadata: dict, temperature: float, prepared: P
             "z": z, "margin": np.abs(z - threshold_z) / temperature,
             "correct": (z > threshold_z).astype(float),
             "dog_lift": localisation.energy_lift_bits(dog, masks, fov,
-                                                      settings.energy_lift_alpha).double().cpu().numpy()}
+                                                      settings.energy_alpha).double().cpu().numpy()}
         for method in methods:
             hits, chance = localisation.pointing_hits(maps[method], masks, fov,
-                                                      radius_px=settings.tolerance_radius_px,
-                                                      smooth_sigma_px=settings.pointing_smooth_sigma_px)
+                                                      radius_px=scales["radius_px"],
+                                                      smooth_sigma_px=scales["smooth_sigma_px"])
             parts.append(pd.DataFrame({
                 **image_columns, "method": method,
                 "energy_lift": localisation.energy_lift_bits(maps[method], masks, fov,
-                                                             settings.energy_lift_alpha).double().cpu().numpy(),
+                                                             settings.energy_alpha).double().cpu().numpy(),
                 "pointing_hit": hits.double().cpu().numpy(),
                 "pointing_chance": chance.double().cpu().numpy()}))
     return pd.concat(parts, ignore_index=True).assign(checkpoint_id=str(metadata["checkpoint_id"]))

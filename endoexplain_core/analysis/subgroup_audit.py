@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups, validity_gate
 from endoexplain_core.analysis.subgroups import Contrast
@@ -42,8 +43,8 @@ def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
 
 
 def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict, labels_by_dataset: dict,
-                  *, settings: faithfulness.LocalisationSettings, image_size: int, batch_size: int,
-                  device: str, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  *, settings: LocalisationSettings, decision_threshold: float, image_size: int,
+                  batch_size: int, device: str, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Localisation outcomes (``faithfulness.localisation_outcomes``) of every checkpoint on
     every prepared cohort, and the same on each checkpoint's fully randomised copy
     (``randomisation.fully_randomised``, seeded by ``seed``; same temperature, target layer and
@@ -56,9 +57,9 @@ def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict
         model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
         for parts, net in ((trained, model), (randomised, randomisation.fully_randomised(model, seed=seed))):
             for name, cases in prepared_by_dataset.items():
-                outcomes = faithfulness.localisation_outcomes(net, metadata, temperature, cases,
-                                                              settings=settings, batch_size=batch_size,
-                                                              device=device)
+                outcomes = faithfulness.localisation_outcomes(
+                    net, metadata, temperature, cases, settings=settings,
+                    decision_threshold=decision_threshold, batch_size=batch_size, device=device)
                 parts.append(outcomes.merge(labels_by_dataset[name], on="sample_id", how="left")
                              .assign(dataset=name))
                 bar.update(1)
