@@ -10,8 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from endoexplain_core import config
 from endoexplain_core.kernels import road
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
+
+ROAD_FRACTIONS = tuple(config.FaithfulnessSettings().road_fractions)  # the profile default
 
 
 def reliability_table() -> pd.DataFrame:
@@ -119,7 +122,7 @@ def road_curves() -> pd.DataFrame:
                           "fraction": f, "drop": slope * f * (1 if o == "morf" else 0.3),
                           "ci_low": 0.8 * slope * f * (1 if o == "morf" else 0.3) - 0.01,
                           "ci_high": 1.2 * slope * f * (1 if o == "morf" else 0.3) + 0.01}
-                         for m, slope in slopes.items() for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+                         for m, slope in slopes.items() for o in road.ORDERS for f in ROAD_FRACTIONS])
 
 
 def srg_table() -> pd.DataFrame:

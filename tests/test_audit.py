@@ -54,7 +54,7 @@ def run_audit(tmp_path, cases, temperature=TEMPERATURE, **kwargs):
     return audit.audit_checkpoint(
         model, metadata, temperature, cases, dataset="unit", image_size=SIZE,
         table_path=tmp_path / "audit.parquet", random_deletion_path=tmp_path / "random.parquet",
-        repetitions=4, batch_size=2, target_layer=("probe", model.probe), **kwargs)
+        top_fraction=0.2, repetitions=4, batch_size=2, target_layer=("probe", model.probe), **kwargs)
 
 
 def test_audit_rows_match_hand_computed_values(tmp_path):
@@ -154,7 +154,7 @@ def test_audit_is_deterministic_and_independent_of_batch_size(tmp_path):
     audit.audit_checkpoint(model, {"checkpoint_id": "crafted_s1", "arch": "crafted", "seed": 1},
                            TEMPERATURE, cases, dataset="unit", image_size=SIZE,
                            table_path=second / "audit.parquet",
-                           random_deletion_path=second / "random.parquet", repetitions=4,
+                           random_deletion_path=second / "random.parquet", top_fraction=0.2, repetitions=4,
                            batch_size=3, target_layer=("probe", model.probe))
     pd.testing.assert_frame_equal(pd.read_parquet(first / "audit.parquet"),
                                   pd.read_parquet(second / "audit.parquet"), rtol=1e-6)
@@ -209,7 +209,7 @@ def make_run(tmp_path, size=64, n_images=3):
 
 def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     run, data = make_run(tmp_path)
-    settings = dict(image_size=64, repetitions=2, batch_size=2)
+    settings = dict(image_size=64, top_fraction=0.2, repetitions=2, batch_size=2, prior_negatives=48)
     first = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert not first["reused"] and first["n_audited"] == 3
     table = audit.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
@@ -228,17 +228,15 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     area = lambda t: t.loc[t["sample_id"] == "m0", "lesion_area_fraction"].iloc[0]
     assert area(new_table) > area(table)
     assert audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)["reused"]
-    changed = audit.audit_registered_checkpoint(run, data, "resnet34_s1", image_size=64,
-                                                repetitions=3, batch_size=2)
+    changed = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **{**settings, "repetitions": 3})
     assert not changed["reused"]
     with pytest.raises(KeyError, match="not in"):
         audit.audit_registered_checkpoint(run, data, "resnet34_s9", **settings)
-    summary = audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2)
+    settings = {**settings, "repetitions": 3}
+    summary = audit.audit_registry(run, data, **settings)
     assert summary["reused"].all() and summary["is_primary"].all()
-    chosen = audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2,
-                                  checkpoint_ids=["resnet34_s1"])
+    chosen = audit.audit_registry(run, data, **settings, checkpoint_ids=["resnet34_s1"])
     assert list(chosen["checkpoint_id"]) == ["resnet34_s1"]
-    assert audit.audit_registry(run, data, image_size=64, repetitions=3, batch_size=2,
-                                checkpoint_ids=[]).empty
+    assert audit.audit_registry(run, data, **settings, checkpoint_ids=[]).empty
     with pytest.raises(ValueError, match="resnet34_s9"):
-        audit.audit_registry(run, data, image_size=64, checkpoint_ids=["resnet34_s9"])
+        audit.audit_registry(run, data, **settings, checkpoint_ids=["resnet34_s9"])

@@ -87,7 +87,8 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
     audit.audit_checkpoint(model, {"checkpoint_id": "tiny", "arch": "tiny", "seed": 0}, 1.0,
                            [(k, *v) for k, v in cases.items()], dataset="unit", image_size=16,
                            table_path=tmp_path / "a.parquet", random_deletion_path=tmp_path / "r.parquet",
-                           repetitions=2, batch_size=2, target_layer=("features", model.features))
+                           top_fraction=0.2, repetitions=2, batch_size=2,
+                           target_layer=("features", model.features))
     table = audit.read_audit_table(tmp_path / "a.parquet")
     selection = {"discordant": "x1", "consensus": "x2"}
     fig, checks = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2)

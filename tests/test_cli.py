@@ -84,7 +84,8 @@ def test_case_table_is_the_notebook_audit_of_the_same_cases(demo, tmp_path):
                            0.005, ((c.sample_id, *read_image_and_mask(c.image_path, c.mask_path))
                                   for c in cases),
                            dataset="own", image_size=64, table_path=reference,
-                           random_deletion_path=tmp_path / "deletion.parquet", repetitions=3)
+                           random_deletion_path=tmp_path / "deletion.parquet", top_fraction=0.2,
+                           repetitions=3)
     ours = pd.read_parquet(demo["out"] / "case_table.parquet")
     theirs = pd.read_parquet(reference)
     pd.testing.assert_frame_equal(ours, theirs)

@@ -90,9 +90,9 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match=r"\(M, B, H, W\)"):
         deletion.deletion_logits(RegionSumModel(), images, torch.ones(2, 4, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="pixel counts"):
-        deletion.random_deletion_masks([1, 2], [3, 17], 4, 4)
+        deletion.random_deletion_masks([1, 2], [3, 17], 4, 4, repetitions=2)
     with pytest.raises(ValueError, match="sample keys"):
-        deletion.random_deletion_masks([1, 2], [3], 4, 4)
+        deletion.random_deletion_masks([1, 2], [3], 4, 4, repetitions=2)
 
 
 # --- counter-based random masks: independent pure-Python reference, device parity ------------

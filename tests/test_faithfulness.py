@@ -9,9 +9,12 @@ import torch
 import torchvision
 from torch import nn
 
+from endoexplain_core import config
 from endoexplain_core.analysis import faithfulness
 from endoexplain_core.kernels import imputation, placement, randomisation, reliance, road
 from endoexplain_core.kernels.cams import compute_cams
+
+ROAD_FRACTIONS = tuple(config.FaithfulnessSettings().road_fractions)  # the profile default
 
 
 # --- imputation -------------------------------------------------------------------------------
@@ -111,9 +114,9 @@ def test_imputation_noise_is_seeded_per_image_not_per_batch():
     removed = torch.rand(3, 12, 12) < 0.3
     # A tight solve, so the batch's joint stopping rule cannot differ from the single image's.
     together, _ = imputation.noisy_linear_imputation(images.double(), removed, noise_keys=[5, 6, 7],
-                                                     tolerance=1e-12)
+                                                     noise_std=0.01, tolerance=1e-12)
     alone, _ = imputation.noisy_linear_imputation(images[1:2].double(), removed[1:2], noise_keys=[6],
-                                                  tolerance=1e-12)
+                                                  noise_std=0.01, tolerance=1e-12)
     torch.testing.assert_close(together[1:2], alone)
 
 
@@ -166,12 +169,12 @@ def test_removal_masks_are_nested_exact_and_inside_the_field_of_view():
     maps = torch.rand(2, 20, 20)
     fov = torch.zeros(2, 20, 20, dtype=torch.bool)
     fov[:, 2:18, 3:19] = True
-    masks = road.road_removal_masks(maps, fov, "morf")
-    counts = road.removal_counts(fov)
+    masks = road.road_removal_masks(maps, fov, "morf", ROAD_FRACTIONS)
+    counts = road.removal_counts(fov, ROAD_FRACTIONS)
     assert torch.equal(masks.flatten(2).sum(2), counts)
     assert not (masks & ~fov).any()
     assert (masks[:-1] <= masks[1:]).all()
-    lerf = road.road_removal_masks(maps, fov, "lerf")
+    lerf = road.road_removal_masks(maps, fov, "lerf", ROAD_FRACTIONS)
     top = maps[0][masks[0, 0]].min()
     assert top >= maps[0][fov[0]].quantile(0.98)
     assert maps[0][lerf[0, 0]].max() <= maps[0][fov[0]].quantile(0.02)
@@ -184,7 +187,8 @@ def test_srg_positive_for_the_models_own_pixels_and_about_zero_for_a_random_map(
     keys = list(range(12))
     maps = {"truth": dots.expand(12, -1, -1) + 1e-3 * torch.rand(12, 24, 24),
             "random": torch.rand(12, 24, 24, generator=torch.Generator().manual_seed(9))}
-    drops = road.road_drops(model, images, maps, fov, keys, temperature=2.0)
+    drops = road.road_drops(model, images, maps, fov, keys, temperature=2.0, fractions=ROAD_FRACTIONS,
+                            noise_std=0.01)
     srg = {m: road.symmetric_relevance_gain(d["morf"], d["lerf"]) for m, d in drops.items()}
     assert (srg["truth"] > 0.5).all()
     # MoRF at 1% removes round(5.76) = 6 dots of grey level 2 -> z/T drops by 6 * 2 / T = 6.
@@ -198,7 +202,7 @@ def test_road_timings_count_the_forwards():
     timings = {}
     road.road_drops(PixelLinear(dots), images, {"m": torch.rand(4, 16, 16)},
                     torch.ones(4, 16, 16, dtype=torch.bool), [1, 2, 3, 4], temperature=1.0,
-                    timings=timings)
+                    fractions=ROAD_FRACTIONS, noise_std=0.01, timings=timings)
     assert timings["forwards"] == 4 * 10  # 5 fractions x 2 orders per image and map
     assert timings["imputation_s"] > 0 and timings["forward_s"] > 0
 
@@ -273,9 +277,9 @@ def test_lsr_positive_for_a_lesion_reader_and_zero_for_a_corner_reader():
     corner_reader = RegionReader(corner)
     keys = [1, 2, 3, 4]
     lesion_lsr = reliance.lesion_specific_reliance(lesion_reader, images, zones, fov, keys,
-                                                   temperature=1.0)
+                                                   temperature=1.0, n_regions=5, noise_std=0.01)
     corner_lsr = reliance.lesion_specific_reliance(corner_reader, images, zones, fov, keys,
-                                                   temperature=1.0)
+                                                   temperature=1.0, n_regions=5, noise_std=0.01)
     assert (lesion_lsr["n_regions"] == 5).all()
     assert (lesion_lsr["lsr"] > 50).all()  # about 50 lesion pixels lose 1.5 each
     torch.testing.assert_close(corner_lsr["lsr"], torch.zeros(4, dtype=torch.float64), atol=1e-9, rtol=0)
@@ -354,7 +358,7 @@ def test_faithfulness_figures_render_from_fixed_tables():
     methods = ["gradcam", "eigencam", "random"]
     curves = pd.DataFrame([{"checkpoint_id": "c", "method": m, "order": o, "fraction": f,
                             "drop": f * (3 if o == "morf" else 1), "ci_low": 0.0, "ci_high": f * 4}
-                           for m in methods for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+                           for m in methods for o in road.ORDERS for f in ROAD_FRACTIONS])
     srg = pd.DataFrame({"method": methods, "srg": [0.5, 0.2, 0.0], "ci_low": [0.3, 0.0, -0.1],
                         "ci_high": [0.7, 0.4, 0.1]})
     shape = pd.DataFrame({"method": ["gradcam", "eigencam"], "cam_minus_shifted": [0.4, 0.1],
@@ -383,7 +387,7 @@ def test_road_figure_draws_coinciding_curves_once_and_names_them():
     slopes = {"gradcam": 3.0, "xgradcam": 3.0, "eigencam": 2.0, "random": 1.0}
     curves = pd.DataFrame([{"checkpoint_id": "c", "method": m, "order": o, "fraction": f,
                             "drop": slope * f, "ci_low": 0.0, "ci_high": 4 * f}
-                           for m, slope in slopes.items() for o in road.ORDERS for f in road.ROAD_FRACTIONS])
+                           for m, slope in slopes.items() for o in road.ORDERS for f in ROAD_FRACTIONS])
     assert figures.coinciding_curves(curves) == {"gradcam": ["xgradcam"]}
     nudged = curves.copy()
     nudged.loc[nudged["method"] == "xgradcam", "drop"] += 1e-6

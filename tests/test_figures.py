@@ -44,8 +44,8 @@ def _figures():
         "figure2_no_eligible": calibration_figures.figure2_calibration_threshold(
             inputs.reliability_table(), inputs.threshold_table().assign(n_eligible=0, failure_rate=float("nan"))),
         "figure_s2": calibration_figures.plot_reliability_with_counts(inputs.reliability_table()),
-        "figure3": case_figures.draw_figure3(inputs.figure3_rows(), not_validated=NOT_VALIDATED),
-        "figure3_nothing": case_figures.draw_figure3([]),
+        "figure3": case_figures.draw_figure3(inputs.figure3_rows(), top_fraction=0.2, not_validated=NOT_VALIDATED),
+        "figure3_nothing": case_figures.draw_figure3([], top_fraction=0.2),
         "figure4": case_figures.figure4(inputs.robustness_table(), n_images=150, not_validated=NOT_VALIDATED),
         "figure4_no_eligible": case_figures.figure4(
             inputs.robustness_table().assign(failure_own=float("nan"), failure_fixed=float("nan"), n_own=0),

@@ -25,9 +25,12 @@ import torch
 from pytorch_grad_cam.metrics.road import NoisyLinearImputer
 from scipy.sparse.linalg import MatrixRankWarning
 
+from endoexplain_core import config
 from endoexplain_core.kernels import (baselines, cams, deletion, imputation, localisation, map_priors,
                                       metrics, placement, randomisation, road, threshold)
 from tests.kernel_reference import MASK_KINDS, Draw, check_against_reference
+
+ROAD_FRACTIONS = tuple(config.FaithfulnessSettings().road_fractions)  # the profile default
 
 
 def priority(n_pixels: int) -> np.ndarray:
@@ -227,7 +230,7 @@ def maps_masks_fov(draw: Draw, low: int = 1, high: int = 12):
     return maps, masks, fov
 
 
-def ref_energy_lift_bits(maps, masks, fov, alpha=localisation.ENERGY_LIFT_ALPHA):
+def ref_energy_lift_bits(maps, masks, fov, alpha=0.01):
     out = []
     for single_map, mask, view in zip(maps.astype(np.float64), masks, fov):
         saliency, lesion = np.maximum(single_map, 0) * view, mask & view
@@ -245,7 +248,8 @@ def ref_energy_lift_bits(maps, masks, fov, alpha=localisation.ENERGY_LIFT_ALPHA)
 
 
 def test_energy_lift_bits_matches_its_formula():
-    check_against_reference(localisation.energy_lift_bits, ref_energy_lift_bits, maps_masks_fov,
+    check_against_reference(lambda maps, masks, fov: localisation.energy_lift_bits(maps, masks, fov, 0.01),
+                            ref_energy_lift_bits, maps_masks_fov,
                             atol=1e-5, rtol=1e-5)
 
 
@@ -444,7 +448,7 @@ def ref_road_removal_masks(maps, fov, order, fractions):
 def test_road_removal_masks_rank_field_of_view_pixels_by_value_then_priority(order):
     def inputs(draw):
         maps, masks, fov = maps_masks_fov(draw, low=2)
-        fractions = (*road.ROAD_FRACTIONS, float(draw.rng.uniform(0.01, 1.0)), 1.0)
+        fractions = (*ROAD_FRACTIONS, float(draw.rng.uniform(0.01, 1.0)), 1.0)
         return maps, fov, order, fractions
 
     check_against_reference(road.road_removal_masks, ref_road_removal_masks, inputs)

@@ -14,6 +14,7 @@ from endoexplain_core import config, kernels
 from endoexplain_core.kernels import localisation as loc
 
 H = W = 40
+ALPHA = 0.01  # the profile's shared.localisation.energy_alpha
 
 
 def disc(radius: float, centre=(20, 20), size=(H, W)) -> torch.Tensor:
@@ -98,10 +99,10 @@ def test_tolerance_zone_matches_scipy_distance_transform():
 def test_uniform_map_has_zero_lift_at_any_lesion_size(radius):
     mask = disc(radius)[None]
     fov = disc(18)[None]
-    assert loc.energy_lift_bits(torch.full((1, H, W), 0.3), mask, fov).item() == pytest.approx(0, abs=1e-6)
+    assert loc.energy_lift_bits(torch.full((1, H, W), 0.3), mask, fov, ALPHA).item() == pytest.approx(0, abs=1e-6)
     # all-zero map: no saliency in B -> uniform (0 bits), flagged
     zero = torch.zeros(1, H, W)
-    assert loc.energy_lift_bits(zero, mask, fov).item() == 0
+    assert loc.energy_lift_bits(zero, mask, fov, ALPHA).item() == 0
     assert loc.saliency_free(zero, fov).item()
 
 
@@ -111,18 +112,18 @@ def test_map_equal_to_mask_reaches_the_geometry_ceiling(radius):
     fov = disc(18)[None]
     pi = mask.sum().item() / fov.sum().item()
     ceiling = math.log2(1 + 1 / (0.01 * pi))
-    assert loc.energy_lift_bits(mask.float(), mask, fov).item() == pytest.approx(ceiling, rel=1e-6)
+    assert loc.energy_lift_bits(mask.float(), mask, fov, ALPHA).item() == pytest.approx(ceiling, rel=1e-6)
     # any other map scores lower
     generator = torch.Generator().manual_seed(radius)
     other = mask.float() * 0.9 + 0.1 * torch.rand(1, H, W, generator=generator)
-    assert loc.energy_lift_bits(other, mask, fov).item() < ceiling
+    assert loc.energy_lift_bits(other, mask, fov, ALPHA).item() < ceiling
 
 
 def test_all_saliency_outside_a_small_lesion_sits_at_the_alpha_floor():
     mask = torch.zeros(1, H, W, dtype=torch.bool)
     mask[0, 20, 20] = True
     fov = full_fov()
-    value = loc.energy_lift_bits((~mask).float(), mask, fov).item()
+    value = loc.energy_lift_bits((~mask).float(), mask, fov, ALPHA).item()
     assert value == pytest.approx(-6.7, abs=0.05)
     pi = 1 / (H * W)
     assert value == pytest.approx(math.log2(0.01 * (1 - pi) / (1 + 0.01 - 0.01 * pi)), rel=1e-6)
@@ -141,8 +142,8 @@ def test_energy_lift_hand_case_and_fov_restriction():
     e_in, pi, alpha = 0.5, 4 / 16, 0.01
     mixed = (e_in + alpha * pi) / (1 + alpha)
     expected = math.log2((mixed / 4) / ((1 - mixed) / 12))
-    assert loc.energy_lift_bits(maps, mask, fov).item() == pytest.approx(expected, rel=1e-6)
-    assert math.isnan(loc.energy_lift_bits(maps, fov, fov).item())  # lesion = B: no background
+    assert loc.energy_lift_bits(maps, mask, fov, ALPHA).item() == pytest.approx(expected, rel=1e-6)
+    assert math.isnan(loc.energy_lift_bits(maps, fov, fov, ALPHA).item())  # lesion = B: no background
 
 
 # --- pointing game --------------------------------------------------------------------------------

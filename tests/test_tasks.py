@@ -177,7 +177,7 @@ def _audit(cases, folder: Path) -> dict:
     return audit.audit_checkpoint(
         model, {"checkpoint_id": "crafted_s1", "arch": "crafted", "seed": 1}, 2.0, cases,
         dataset="unit", image_size=SIZE, table_path=folder / "audit.parquet",
-        random_deletion_path=folder / "random.parquet", repetitions=3, batch_size=2,
+        random_deletion_path=folder / "random.parquet", top_fraction=0.2, repetitions=3, batch_size=2,
         target_layer=("probe", model.probe))
 
 

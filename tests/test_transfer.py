@@ -146,7 +146,7 @@ def test_breakdown_by_centre():
 
 def test_figure5_bars_and_centre_segments():
     summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2, replicates=50)
-    fig = transfer_figures.figure5_transfer(summary, score_threshold=0.90)
+    fig = transfer_figures.figure5_transfer(summary, score_threshold=0.90, top_fraction=0.2)
     ax = fig.axes[0]
     bars = [p for p in ax.patches if p.get_height() > 0 or p.get_width() > 0]
     random_bars = [p for p in bars if p.get_linestyle() == "--"]

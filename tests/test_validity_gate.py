@@ -260,7 +260,8 @@ def test_prior_maps_average_negatives_and_find_the_corner_prior():
 
     model = CornerModel()
     images = torch.randn(3, 3, 32, 32)
-    priors, rows = map_diagnostics.prior_maps(model, model.features, images, ["a", "b", "c"], grid=(4, 4))
+    priors, rows = map_diagnostics.prior_maps(model, model.features, images, ["a", "b", "c"], grid=(4, 4),
+                                                 top_fraction=0.2)
     gradcam = rows[rows["method"] == "gradcam"]
     assert gradcam["peak_corner_cell"].all() and gradcam["peak_border_ring"].all()
     assert priors["gradcam"].shape == (32, 32)
@@ -367,7 +368,7 @@ def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
 def test_constant_maps_never_make_two_methods_agree():
     maps = {m: torch.zeros(2, 8, 8) for m in CAM_METHODS}
     maps["eigencam"] = torch.rand(2, 8, 8)
-    identity = map_diagnostics.practical_identity(map_diagnostics.map_agreement(maps, ["a", "b"]))
+    identity = map_diagnostics.practical_identity(map_diagnostics.map_agreement(maps, ["a", "b"], 0.2))
     assert not identity["identical_in_practice"].any()
     assert identity.set_index(["first", "second"]).loc[("gradcam", "hirescam"), "n_constant_pairs"] == 2
 

@@ -282,8 +282,8 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
 
 def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable,
                      *, dataset: str, image_size: int, table_path: str | Path,
-                     random_deletion_path: str | Path, top_fraction: float = 0.20,
-                     repetitions: int = 20, batch_size: int = 16, device: str = "cpu",
+                     random_deletion_path: str | Path, top_fraction: float,
+                     repetitions: int, batch_size: int = 16, device: str = "cpu",
                      target_layer: tuple[str, torch.nn.Module] | None = None,
                      total: int | None = None,
                      priors: dict[str, torch.Tensor] | None = None) -> dict:
@@ -448,10 +448,10 @@ def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids, *,
 
 
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                                image_size: int, top_fraction: float = 0.20, repetitions: int = 20,
+                                image_size: int, top_fraction: float, repetitions: int,
                                 batch_size: int = 16, device: str = "cpu",
                                 dataset: str = "hyperkvasir", reuse: bool = True,
-                                prior_negatives: int = 48) -> dict:
+                                prior_negatives: int) -> dict:
     """Audit a checkpoint of the run's registry on the run's masked HyperKvasir pool.
 
     ``prior_negatives``: how many held-out test negatives (sorted by sample id) define each
@@ -487,7 +487,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
         grid = map_diagnostics.feature_grid(model, layer, image_size, torch_device)
         images = map_diagnostics.negative_images(negatives, data_root, image_size).to(torch_device)
         priors, negative_rows = map_diagnostics.prior_maps(
-            model, layer, images, negatives["sample_id"], grid=grid, fraction=top_fraction,
+            model, layer, images, negatives["sample_id"], grid=grid, top_fraction=top_fraction,
             batch_size=batch_size)
         files.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
                                       paths["negatives"])
@@ -505,10 +505,10 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
 
 
 def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: int,
-                   top_fraction: float = 0.20, repetitions: int = 20,
+                   top_fraction: float, repetitions: int,
                    other_repetitions: int | None = None, batch_size: int = 16,
                    device: str = "cpu", dataset: str = "hyperkvasir",
-                   prior_negatives: int = 48, task_map=None,
+                   prior_negatives: int, task_map=None,
                    checkpoint_ids=None) -> pd.DataFrame:
     """Audit every checkpoint of the registry, or those in ``checkpoint_ids`` (registry order),
     reusing audits already written; one row each.

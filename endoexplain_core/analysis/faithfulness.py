@@ -36,7 +36,7 @@ import torch
 
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.analysis import audit, stats
-from endoexplain_core.kernels import (baselines, cams, deletion, imputation, localisation, metrics,
+from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
                                       randomisation, reliance, road, threshold)
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.models import networks
@@ -46,15 +46,17 @@ from endoexplain_core.numerics import resolve_device
 
 @dataclass(frozen=True)
 class FaithfulnessSettings:
-    """Protocol parameters of the faithfulness controls (profile keys of the same names)."""
+    """Protocol parameters of the faithfulness controls: the 08 profile keys of the same names,
+    the shared ``top_fraction`` and the tolerance zone's radius in pixels (``shared.localisation``
+    at the input size). No defaults: every value comes from the profile."""
 
-    road_fractions: tuple[float, ...] = road.ROAD_FRACTIONS
+    road_fractions: tuple[float, ...]
+    imputation_noise_std: float
+    tolerance_radius_px: float
+    lsr_regions: int
+    shape_repetitions: int
+    top_fraction: float
     road_methods: tuple[str, ...] = (*CAM_METHODS, "random")
-    imputation_noise_std: float = imputation.DEFAULT_NOISE_STD
-    tolerance_radius_px: float = 4.0
-    lsr_regions: int = reliance.DEFAULT_COMPARISON_REGIONS
-    shape_repetitions: int = reliance.DEFAULT_SHAPE_REPETITIONS
-    top_fraction: float = 0.20
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.road_methods if m not in (*CAM_METHODS, "random", "centre")]

@@ -76,7 +76,7 @@ def negative_images(rows: pd.DataFrame, data_root: str | Path, image_size: int) 
 
 
 def prior_maps(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
-               sample_ids, *, grid: tuple[int, int], fraction: float = 0.20,
+               sample_ids, *, grid: tuple[int, int], top_fraction: float,
                batch_size: int = 16) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
     """Prior map per CAM method over negatives, and where each negative's map peaks.
 
@@ -107,7 +107,7 @@ def prior_maps(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Ten
             "peak_row": peak_row.numpy(), "peak_col": peak_col.numpy(),
             "peak_border_ring": map_priors.border_ring(peak_row, peak_col, size, grid).numpy(),
             "peak_corner_cell": map_priors.corner_cell(peak_row, peak_col, size, grid).numpy(),
-            "prior_top_iou": map_priors.top_set_iou(maps, prior, fraction).numpy()}))
+            "prior_top_iou": map_priors.top_set_iou(maps, prior, top_fraction).numpy()}))
     return priors, pd.concat(rows, ignore_index=True)
 
 
@@ -148,7 +148,7 @@ def prior_table(cases: pd.DataFrame, negatives: pd.DataFrame, grid: tuple[int, i
     return pd.DataFrame(rows)
 
 
-def map_agreement(maps: dict[str, torch.Tensor], sample_ids, fraction: float = 0.20,
+def map_agreement(maps: dict[str, torch.Tensor], sample_ids, top_fraction: float,
                   methods=CAM_METHODS) -> pd.DataFrame:
     """Per image and method pair: Pearson correlation, top-set IoU and same peak pixel.
 
@@ -163,7 +163,7 @@ def map_agreement(maps: dict[str, torch.Tensor], sample_ids, fraction: float = 0
     for first, second in combinations(methods, 2):
         same_peak = (peaks[first][0] == peaks[second][0]) & (peaks[first][1] == peaks[second][1])
         undefined = constant[first] | constant[second]  # no peak / top set: no agreement either
-        top_iou = map_priors.top_set_iou(maps[first], maps[second], fraction).cpu().numpy()
+        top_iou = map_priors.top_set_iou(maps[first], maps[second], top_fraction).cpu().numpy()
         frames.append(pd.DataFrame({
             "sample_id": sample_ids, "first": first, "second": second,
             "pearson": map_priors.pearson_per_map(maps[first], maps[second]).cpu().numpy(),
@@ -211,7 +211,7 @@ def identity_statement(identity: pd.DataFrame) -> str:
 
 
 def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
-                               sample_ids, *, fraction: float = 0.20, batch_size: int = 16,
+                               sample_ids, *, top_fraction: float, batch_size: int = 16,
                                identical_groups=()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Practical identity and the Grad-CAM++ epsilon share of one checkpoint on ``images``.
 
@@ -229,7 +229,7 @@ def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, i
         activation, gradient = cams.activation_and_gradient(model, layer, batch, target_class=1)
         shares.append(map_priors.gradcampp_epsilon_share(activation, gradient).cpu())
     maps = {m: torch.cat(v) for m, v in collected.items()}
-    identity = practical_identity(map_agreement(maps, sample_ids, fraction), identical_groups)
+    identity = practical_identity(map_agreement(maps, sample_ids, top_fraction), identical_groups)
     epsilon = pd.DataFrame({"sample_id": sample_ids,
                             "gradcampp_epsilon_share": torch.cat(shares).numpy()})
     return identity, epsilon

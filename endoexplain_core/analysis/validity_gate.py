@@ -346,7 +346,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
 
 def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir: str | Path, *,
                       arch: str, layer_name: str, settings: GateSettings, seed: int,
-                      top_fraction: float = 0.20, batch_size: int = 16) -> pd.DataFrame:
+                      top_fraction: float, batch_size: int = 16) -> pd.DataFrame:
     """Audit every gate model of replicate ``seed`` on its pool; return case rows with the cue
     columns added.
 
@@ -721,7 +721,7 @@ def other_checkpoints_to_audit(learning: pd.DataFrame, primary_id: str, audit_un
 # --- resolution sensitivity ---------------------------------------------------------------------
 
 def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                     native_size: int, check_size: int, top_fraction: float = 0.20,
+                     native_size: int, check_size: int, top_fraction: float,
                      repetitions: int = 1, batch_size: int = 16, device: str = "cpu") -> dict:
     """Audit a registered checkpoint (trained at ``native_size``) at another input size.
 

@@ -214,8 +214,8 @@ def _panel_note(info: dict) -> str:
     return f"IoU {info['iou']:.2f}\nout{far}"
 
 
-def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), top_fraction: float = 0.20,
-                 not_validated=()):
+def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *,
+                 top_fraction: float, not_validated=()):
     """Draw Figure 3 from prepared rows (no model needed; tested from fixed arrays).
 
     ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in

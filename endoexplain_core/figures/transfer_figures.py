@@ -35,7 +35,7 @@ def figure5_caption(summary: pd.DataFrame, *, score_threshold: float, synthetic:
             + "; ".join(parts) + ".")
 
 
-def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fraction: float = 0.2,
+def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fraction: float,
                      synthetic: bool = False, not_validated=(),
                      methods: tuple[str, ...] = CAM_METHODS):
     """Grouped bars: mean top-fraction IoU per CAM and cohort with 95% CIs, then the cohort's two

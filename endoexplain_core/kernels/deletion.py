@@ -17,8 +17,6 @@ import hashlib
 import torch
 from torch import nn
 
-RANDOM_REPETITIONS = 20
-
 
 def sample_key(sample_id: str) -> int:
     """Stable non-negative 63-bit integer of a sample id (first 8 bytes of its SHA-256)."""
@@ -163,7 +161,7 @@ def random_deletion_sort_keys(stream_key: torch.Tensor, n_total: int) -> torch.T
 
 
 def random_deletion_masks(sample_keys, n_pixels, height: int, width: int,
-                          repetitions: int = RANDOM_REPETITIONS, device=None) -> torch.Tensor:
+                          repetitions: int, device=None) -> torch.Tensor:
     """bool (R, B, H, W): for each repetition r and sample b exactly ``n_pixels[b]`` pixels.
 
     Counter-based: the random value of pixel i in repetition r of sample b is a fixed integer

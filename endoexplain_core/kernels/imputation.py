@@ -51,7 +51,6 @@ import torch
 
 EDGE_WEIGHT = 1.0 / 6.0
 DIAGONAL_WEIGHT = 1.0 / 12.0
-DEFAULT_NOISE_STD = 0.01        # small next to a normalised pixel's spread (about 1)
 # Relative residual ||b - A x|| / ||b|| per image and channel (CG's stopping rule). At 1e-4 the
 # largest pixel error was 3e-4 in normalised units on 128-px lesion zones and 2.4e-3 on 160-px
 # CAM removals, below the added noise (0.01); the direct solve is exact to rounding.
@@ -156,7 +155,7 @@ def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
     solver : "auto" (``direct`` for CPU tensors, ``cg`` otherwise), "direct" or "cg".
     tolerance : largest relative residual ||b - A x|| / ||b|| allowed per (image, channel)
         system: CG stops there (float32 reaches about 1e-6; the default 1e-4 keeps pixel errors
-        below ``DEFAULT_NOISE_STD``); the direct solve reaches about 1e-15 and is checked.
+        below the profile's noise, 0.01); the direct solve reaches about 1e-15 and is checked.
     max_iterations : ``cg`` only.
     Returns (filled images, same dtype and device; ``SolveInfo``). Raises ``ImputationError``
     when CG does not converge in ``max_iterations`` or a direct solve misses ``tolerance``.
@@ -302,7 +301,7 @@ def imputation_noise(noise_keys, removed: torch.Tensor, channels: int, dtype=tor
 
 
 def noisy_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *, noise_keys,
-                            noise_std: float = DEFAULT_NOISE_STD, solver: str = "auto",
+                            noise_std: float, solver: str = "auto",
                             tolerance: float = DEFAULT_TOLERANCE,
                             max_iterations: int = DEFAULT_MAX_ITERATIONS
                             ) -> tuple[torch.Tensor, SolveInfo]:

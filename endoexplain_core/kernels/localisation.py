@@ -53,7 +53,6 @@ from endoexplain_core.kernels.threshold import _rank_order, kept_pixel_count
 # 0.05, 0.10, ..., 0.95: the threshold grid of the area under the IoU curve.
 DEFAULT_IOU_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 FOV_RELATIVE_THRESHOLD = 0.02  # a pixel is "lit" above 2% of its image's intensity range
-ENERGY_LIFT_ALPHA = 0.01       # share of a uniform map mixed in before the log ratio
 TOP_K_FRACTIONS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # 5%, 10%, ..., 50%
 
 
@@ -191,7 +190,7 @@ def saliency_free(maps: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
 
 
 def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
-                     alpha: float = ENERGY_LIFT_ALPHA) -> torch.Tensor:
+                     alpha: float) -> torch.Tensor:
     """float32 (B,): energy lift lambda_E in bits (module docstring), computed in float64.
 
     S = max(map, 0) inside B; M = mask inside B. Maps with no saliency inside B score 0 bits

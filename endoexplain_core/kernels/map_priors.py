@@ -62,16 +62,16 @@ def border_ring_share(grid: tuple[int, int]) -> float:
     return 1.0 - inner / (height * width)
 
 
-def top_set_iou(first: torch.Tensor, second: torch.Tensor, fraction: float = 0.20) -> torch.Tensor:
-    """float32 (B,): IoU of the top-``fraction`` pixel sets of two map batches (B, S, S).
+def top_set_iou(first: torch.Tensor, second: torch.Tensor, top_fraction: float) -> torch.Tensor:
+    """float32 (B,): IoU of the top-``top_fraction`` pixel sets of two map batches (B, S, S).
 
     ``second`` may be a single map (S, S), e.g. a prior map, compared with every map of
     ``first``. Top sets follow ``threshold.top_fraction_mask`` (exact count, fixed tie-break).
     """
     if second.dim() == 2:
         second = second.expand_as(first)
-    keep_first = top_fraction_mask(first, fraction)
-    keep_second = top_fraction_mask(second.contiguous(), fraction)
+    keep_first = top_fraction_mask(first, top_fraction)
+    keep_second = top_fraction_mask(second.contiguous(), top_fraction)
     intersection = (keep_first & keep_second).sum(dim=(1, 2)).float()
     union = (keep_first | keep_second).sum(dim=(1, 2)).float()
     return intersection / union

@@ -164,21 +164,21 @@ def lesion_centre_distance(masks: torch.Tensor) -> torch.Tensor:
     return (torch.hypot(row - height / 2, col - width / 2) / half_diagonal).float()
 
 
-def spatial_metrics(maps: torch.Tensor, masks: torch.Tensor, fraction: float = 0.20,
+def spatial_metrics(maps: torch.Tensor, masks: torch.Tensor, top_fraction: float,
                     keep: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """All per-(image, map) spatial quantities of the audit, keys ``SPATIAL_METRIC_KEYS``.
 
-    ``keep`` (bool (B, H, W)) may be passed when the top-``fraction`` mask is already
+    ``keep`` (bool (B, H, W)) may be passed when the top-``top_fraction`` mask is already
     computed; otherwise it is computed with ``threshold.top_fraction_mask``. Tie diagnostics
     come from ``threshold.tie_diagnostics`` (``constant`` is returned as ``constant_map``).
     """
     masks = _as_masks(masks)
     _check_maps(maps, masks)
     if keep is None:
-        keep = top_fraction_mask(maps, fraction)
+        keep = top_fraction_mask(maps, top_fraction)
     rows, cols = peak_location(maps)
     iou = top_fraction_iou(keep, masks)
-    ties = tie_diagnostics(maps, fraction)
+    ties = tie_diagnostics(maps, top_fraction)
     return {
         "peak_row": rows,
         "peak_col": cols,

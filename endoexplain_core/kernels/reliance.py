@@ -26,10 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from endoexplain_core.kernels import deletion, imputation, placement, road
+from endoexplain_core.kernels import deletion, placement, road
 
-DEFAULT_COMPARISON_REGIONS = 5
-DEFAULT_SHAPE_REPETITIONS = 20
 
 
 def lsr_noise_key(sample_key: int, slot: int) -> int:
@@ -39,8 +37,7 @@ def lsr_noise_key(sample_key: int, slot: int) -> int:
 
 def lesion_specific_reliance(model: nn.Module, images: torch.Tensor, zones: torch.Tensor,
                              fov: torch.Tensor, sample_keys, *, temperature: float,
-                             n_regions: int = DEFAULT_COMPARISON_REGIONS,
-                             noise_std: float = imputation.DEFAULT_NOISE_STD,
+                             n_regions: int, noise_std: float,
                              chunk_size: int | None = None,
                              reference_z: torch.Tensor | None = None,
                              timings: dict | None = None) -> dict[str, torch.Tensor]:
@@ -82,7 +79,7 @@ def lesion_specific_reliance(model: nn.Module, images: torch.Tensor, zones: torc
 
 def shape_preserving_deletion(model: nn.Module, images: torch.Tensor, top_regions: torch.Tensor,
                               fov: torch.Tensor, sample_keys, *, method: str,
-                              repetitions: int = DEFAULT_SHAPE_REPETITIONS,
+                              repetitions: int,
                               reference_logits: torch.Tensor | None = None,
                               chunk_size: int | None = None) -> dict[str, torch.Tensor]:
     """Deletion of one CAM's top region and of its seeded translations (module docstring).

@@ -34,7 +34,6 @@ from torch import nn
 from endoexplain_core.kernels import deletion, imputation
 from endoexplain_core.kernels.threshold import tie_break_priority
 
-ROAD_FRACTIONS = (0.01, 0.02, 0.05, 0.10, 0.20)
 ORDERS = ("morf", "lerf")
 
 
@@ -48,7 +47,7 @@ def _check_maps_fov(maps: torch.Tensor, fov: torch.Tensor) -> None:
         raise ValueError("maps contain NaN values")
 
 
-def removal_counts(fov: torch.Tensor, fractions=ROAD_FRACTIONS) -> torch.Tensor:
+def removal_counts(fov: torch.Tensor, fractions) -> torch.Tensor:
     """int64 (F, B): ``round(f * |B|)`` field-of-view pixels removed at each fraction f."""
     if not all(0 < f <= 1 for f in fractions):
         raise ValueError(f"fractions must lie in (0, 1]; got {list(fractions)}")
@@ -72,7 +71,7 @@ def removal_order(maps: torch.Tensor, fov: torch.Tensor, order: str) -> torch.Te
 
 
 def road_removal_masks(maps: torch.Tensor, fov: torch.Tensor, order: str,
-                       fractions=ROAD_FRACTIONS) -> torch.Tensor:
+                       fractions) -> torch.Tensor:
     """bool (F, B, H, W): the pixels removed at each fraction for ``order``; nested (the 2%
     set contains the 1% set) and inside the field of view."""
     ranked = removal_order(maps, fov, order)
@@ -134,7 +133,7 @@ def impute_and_score(model: nn.Module, images: torch.Tensor, removed: torch.Tens
 
 def road_drops(model: nn.Module, images: torch.Tensor, maps: dict[str, torch.Tensor],
                fov: torch.Tensor, sample_keys, *, temperature: float,
-               fractions=ROAD_FRACTIONS, noise_std: float = imputation.DEFAULT_NOISE_STD,
+               fractions, noise_std: float,
                chunk_size: int | None = None, reference_z: torch.Tensor | None = None,
                timings: dict | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """ROAD drops of every map: ``{method: {"morf": (F, B), "lerf": (F, B)}}`` float64, in z/T.

@@ -25,16 +25,16 @@ def _check_maps(maps: torch.Tensor, name: str = "maps") -> None:
                          f"{torch.isnan(maps).flatten(1).any(1).nonzero().flatten().tolist()})")
 
 
-def kept_pixel_count(fraction: float, height: int, width: int) -> int:
-    """Number of pixels the rule keeps: ``round(fraction * height * width)``.
+def kept_pixel_count(top_fraction: float, height: int, width: int) -> int:
+    """Number of pixels the rule keeps: ``round(top_fraction * height * width)``.
 
-    Raises ValueError when fraction is outside (0, 1] or the count would be zero.
+    Raises ValueError when top_fraction is outside (0, 1] or the count would be zero.
     """
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1]; got {fraction}")
-    count = round(fraction * height * width)
+    if not 0 < top_fraction <= 1:
+        raise ValueError(f"top_fraction must be in (0, 1]; got {top_fraction}")
+    count = round(top_fraction * height * width)
     if count == 0:
-        raise ValueError(f"fraction {fraction} of a {height}x{width} map keeps no pixel")
+        raise ValueError(f"top_fraction {top_fraction} of a {height}x{width} map keeps no pixel")
     return count
 
 
@@ -55,22 +55,22 @@ def _rank_order(maps: torch.Tensor) -> torch.Tensor:
     return by_priority[order]
 
 
-def top_fraction_mask(maps: torch.Tensor, fraction: float = 0.20) -> torch.Tensor:
-    """Keep the top ``round(fraction * H * W)`` pixels of every map.
+def top_fraction_mask(maps: torch.Tensor, top_fraction: float) -> torch.Tensor:
+    """Keep the top ``round(top_fraction * H * W)`` pixels of every map.
 
-    maps : float (B, H, W), any range, no NaN. fraction : in (0, 1].
+    maps : float (B, H, W), any range, no NaN. top_fraction : in (0, 1].
     Returns bool (B, H, W) on the maps' device with exactly that many True per map.
     """
     _check_maps(maps)
     batch, height, width = maps.shape
-    count = kept_pixel_count(fraction, height, width)
+    count = kept_pixel_count(top_fraction, height, width)
     kept_indices = _rank_order(maps)[:, :count]
     keep = torch.zeros(batch, height * width, dtype=torch.bool, device=maps.device)
     keep.scatter_(1, kept_indices, True)
     return keep.reshape(batch, height, width)
 
 
-def tie_diagnostics(maps: torch.Tensor, fraction: float = 0.20) -> dict[str, torch.Tensor]:
+def tie_diagnostics(maps: torch.Tensor, top_fraction: float) -> dict[str, torch.Tensor]:
     """How much the top-area rule depended on tie-breaking, per map.
 
     Returns a dict of (B,) tensors on the maps' device:
@@ -82,7 +82,7 @@ def tie_diagnostics(maps: torch.Tensor, fraction: float = 0.20) -> dict[str, tor
     """
     _check_maps(maps)
     batch, height, width = maps.shape
-    count = kept_pixel_count(fraction, height, width)
+    count = kept_pixel_count(top_fraction, height, width)
     flat = maps.reshape(batch, height * width)
     maximum = flat.amax(dim=1, keepdim=True)
     boundary_value = torch.topk(flat, count, dim=1).values[:, -1:]
