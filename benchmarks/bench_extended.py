@@ -60,7 +60,7 @@ def kernel_breakdown(images: torch.Tensor, masks: torch.Tensor, settings: config
                                                                 scales["dog_sigma_large_px"], fov=fov),
         "iou_curve x9": lambda: [localisation.iou_curve(v, masks) for v in maps.values()],
         "top_k_sweep x9": lambda: [localisation.top_k_sweep(v, masks) for v in maps.values()],
-        "energy_lift x9": lambda: [localisation.energy_lift_bits(v, masks, fov) for v in maps.values()],
+        "energy_lift x9": lambda: [localisation.energy_lift_bits(v, masks, fov, settings.energy_alpha) for v in maps.values()],
         "pointing x9": lambda: [localisation.pointing_hits(v, masks, fov, radius_px=scales["radius_px"],
                                                            smooth_sigma_px=scales["smooth_sigma_px"])
                                 for v in maps.values()],

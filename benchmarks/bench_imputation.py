@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from endoexplain_core import config
 from endoexplain_core.kernels import imputation, localisation, reliance, road
 from endoexplain_core.models import networks
 
@@ -68,25 +69,28 @@ def bench(arch: str, args, device: torch.device) -> None:
     fov = localisation.field_of_view(images, masks)
     maps = _smooth_maps(args.maps, args.batch, args.image_size, device)
     keys = list(range(args.batch))
-    road.road_drops(model, images[:2], {"warm": maps["random"][:2]}, fov[:2], keys[:2], temperature=1.0)
+    protocol = config.FaithfulnessSettings()  # the profile defaults: ROAD fractions, noise, LSR regions
+    fractions, noise = tuple(protocol.road_fractions), protocol.imputation_noise_std
+    road.road_drops(model, images[:2], {"warm": maps["random"][:2]}, fov[:2], keys[:2], temperature=1.0,
+                    fractions=fractions, noise_std=noise)
     timings: dict = {}
     total, _ = _seconds(lambda: road.road_drops(model, images, maps, fov, keys, temperature=1.0,
-                                                timings=timings))
+                                                fractions=fractions, noise_std=noise, timings=timings))
     print(f"{arch:16s} ROAD  {args.batch} images x {args.maps} maps x 10 removals "
           f"({imputation.default_solver(device)} solver): "
           f"imputation {timings['imputation_s']:.2f} s, forwards {timings['forward_s']:.2f} s "
           f"({timings['forwards']} images), total {total:.2f} s; "
           f"imputation/forwards = {timings['imputation_s'] / timings['forward_s']:.3f}")
-    removed = torch.cat([road.road_removal_masks(maps["smooth0"], fov, order) for order in road.ORDERS]).flatten(0, 1)
+    removed = torch.cat([road.road_removal_masks(maps["smooth0"], fov, order, fractions) for order in road.ORDERS]).flatten(0, 1)
     expanded = images[None].expand(removed.shape[0] // args.batch, *images.shape).flatten(0, 1)
     direct_s, _ = _seconds(lambda: imputation.solve_linear_imputation(expanded, removed, solver="direct"))
     cg_s, (_, cg_info) = _seconds(lambda: imputation.solve_linear_imputation(expanded, removed, solver="cg"))
     print(f"{arch:16s} one smooth map's 10 x {args.batch} removals: direct {direct_s:.2f} s, "
           f"cg {cg_s:.2f} s ({cg_info.iterations} iterations); cg/direct = {cg_s / direct_s:.2f}")
-    zones = localisation.tolerance_zone(masks, fov, 0.03 * args.image_size)
+    zones = localisation.tolerance_zone(masks, fov, config.LocalisationSettings().pixels(args.image_size)["radius_px"])
     lsr_timings: dict = {}
     reliance.lesion_specific_reliance(model, images, zones, fov, keys, temperature=1.0,
-                                      timings=lsr_timings)
+                                      n_regions=protocol.lsr_regions, noise_std=noise, timings=lsr_timings)
     print(f"{arch:16s} LSR   zone + up to 5 regions per image: imputation "
           f"{lsr_timings['imputation_s']:.2f} s, forwards {lsr_timings['forward_s']:.2f} s; "
           f"imputation/forwards = {lsr_timings['imputation_s'] / lsr_timings['forward_s']:.3f}")
