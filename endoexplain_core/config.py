@@ -654,6 +654,24 @@ def stage_parameters(profile: Profile, stage: str) -> dict[str, Any]:
     return parameters
 
 
+def stage_section(stage: str, parameters: dict[str, Any]) -> StageSettings:
+    """A stage's own profile section, typed and validated again from a notebook's parameters
+    (e.g. ``stage_section("03_validity_gate", globals())``): the object the analysis code
+    takes, instead of the keys one by one. Every key of the section must be in
+    ``parameters`` (a missing one is an error, never the schema default); other names are
+    ignored."""
+    model = STAGE_SETTINGS[stage]
+    missing = [key for key in model.model_fields if key not in parameters]
+    if missing:
+        raise ProfileError(f"stage {stage}: parameters lack {', '.join(missing)}")
+    values = {key: parameters[key] for key in model.model_fields}
+    try:
+        return model(**values)
+    except ValidationError as error:
+        raise ProfileError(_format_error(Path(f"<{stage} parameters>"), f"stages.{stage}", error,
+                                         model)) from None
+
+
 SYNTHETIC_MARKER = "synthetic_cohort.json"   # written by the synthetic generator at its root
 
 

@@ -248,6 +248,17 @@ def test_a_key_that_moved_to_shared_is_named_with_its_new_home(tmp_path, stage, 
         config.load_profile(path)
 
 
+def test_stage_section_rebuilds_a_notebooks_typed_section_and_refuses_gaps():
+    profile = config.load_profile("smoke")
+    parameters = config.stage_parameters(profile, "03_validity_gate")
+    section = config.stage_section("03_validity_gate", {**parameters, "unrelated": 1})
+    assert section == profile.stages["03_validity_gate"]
+    with pytest.raises(config.ProfileError, match="03_validity_gate: parameters lack margin"):
+        config.stage_section("03_validity_gate", {k: v for k, v in parameters.items() if k != "margin"})
+    with pytest.raises(config.ProfileError, match="stages.03_validity_gate.margin"):
+        config.stage_section("03_validity_gate", {**parameters, "margin": 2.0})
+
+
 SMOKE_TEXT = (config.CONFIG_DIR / "smoke.yaml").read_text()
 
 

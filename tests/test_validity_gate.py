@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from endoexplain_core import config
 from endoexplain_core.analysis import map_diagnostics, stats, summaries, validity_gate
 from endoexplain_core.kernels import map_priors
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
@@ -342,10 +343,12 @@ def test_gate_smoke_run_fails_for_models_that_cannot_learn(tmp_path):
     """The whole gate on a tiny budget: 2 steps cannot train EfficientNet-B0, so nothing passes.
     The shuffled control is trained once (replicate 1) and reused, judged and audited in
     replicate 2 on that replicate's own frames."""
-    settings = validity_gate.GateSettings(image_size=64, train_images=8, val_images=8, pool_images=4,
-                                          steps=2, batch_size=4, random_deletion_repetitions=1,
-                                          seeds=(1, 2), channels_last=True,
-                                          shuffled_control_per_replicate=False)
+    # A pool of 4 is below the profile's minimum (8): built without validation, for speed.
+    section = config.ValidityGateSettings.model_construct(
+        train_images=8, val_images=8, pool_images=4, steps=2, batch_size=4,
+        random_deletion_repetitions=1, replicate_seeds=[1, 2], shuffled_control_per_replicate=False)
+    settings = validity_gate.GateSettings.from_profile(section, image_size=64, channels_last=True)
+    assert settings.seeds == (1, 2) and settings.steps == 2 and settings.min_accuracy == section.min_accuracy
     result = validity_gate.run_gate(tmp_path, arch="efficientnet_b0", settings=settings,
                                     batch_size=4, top_fraction=0.20)
     assert result["layer"] == "features.8.0"

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from endoexplain_core import config
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.analysis import audit, stats
 from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
@@ -57,6 +58,17 @@ class FaithfulnessSettings:
     shape_repetitions: int
     top_fraction: float
     road_methods: tuple[str, ...] = (*CAM_METHODS, "random")
+
+    @classmethod
+    def from_profile(cls, section: config.FaithfulnessSettings, *, localisation: LocalisationSettings,
+                     image_size: int, top_fraction: float) -> "FaithfulnessSettings":
+        """The controls of a profile: its ``stages.08_faithfulness`` section, the shared
+        ``localisation`` scales (the tolerance zone at ``image_size``) and ``top_fraction``."""
+        return cls(road_fractions=tuple(section.road_fractions),
+                   imputation_noise_std=section.imputation_noise_std,
+                   tolerance_radius_px=localisation.pixels(image_size)["radius_px"],
+                   lsr_regions=section.lsr_regions, shape_repetitions=section.shape_repetitions,
+                   top_fraction=top_fraction)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.road_methods if m not in (*CAM_METHODS, "random", "centre")]

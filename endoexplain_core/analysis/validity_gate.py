@@ -74,7 +74,7 @@ from torch import nn
 
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, stats, summaries
-from endoexplain_core import marks
+from endoexplain_core import config, marks
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import load_manifest, to_normalised_tensor
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
@@ -112,25 +112,44 @@ class GateSettings:
     training fewer per replicate is about a seventh of the gate's CPU time).
     """
 
-    image_size: int = 128
-    train_images: int = 256
-    val_images: int = 64
-    pool_images: int = 48
-    steps: int = 60
-    batch_size: int = 16
-    learning_rate: float = 0.004
-    warmup_steps: int = 6
+    # From the profile (``stages.03_validity_gate`` and the shared image size and memory
+    # format): no defaults here, ``from_profile`` fills them.
+    image_size: int
+    train_images: int
+    val_images: int
+    pool_images: int
+    steps: int
+    batch_size: int
+    learning_rate: float
+    warmup_steps: int
+    margin: float
+    min_accuracy: float
+    max_control_accuracy: float
+    seeds: tuple[int, ...]
+    random_deletion_repetitions: int
+    channels_last: bool
+    shuffled_control_per_replicate: bool
+    # The study's fixed recipe, not profile keys.
     weight_decay: float = 0.05
     label_smoothing: float = 0.03
-    margin: float = 0.25
-    min_accuracy: float = 0.90
-    max_control_accuracy: float = 0.75
-    seeds: tuple[int, ...] = (20260721,)
-    level: float = 0.95
-    random_deletion_repetitions: int = 2
+    level: float = stats.CONFIDENCE_LEVEL
     batchnorm_recalibration_images: int = 128
-    channels_last: bool = False
-    shuffled_control_per_replicate: bool = True
+
+    @classmethod
+    def from_profile(cls, section: config.ValidityGateSettings, *, image_size: int,
+                     channels_last: bool) -> "GateSettings":
+        """The gate of a profile: its ``stages.03_validity_gate`` section plus the shared
+        ``image_size`` and ``channels_last``."""
+        return cls(image_size=image_size, train_images=section.train_images,
+                   val_images=section.val_images, pool_images=section.pool_images,
+                   steps=section.steps, batch_size=section.batch_size,
+                   learning_rate=section.learning_rate, warmup_steps=section.warmup_steps,
+                   margin=section.margin, min_accuracy=section.min_accuracy,
+                   max_control_accuracy=section.max_control_accuracy,
+                   seeds=tuple(section.replicate_seeds),
+                   random_deletion_repetitions=section.random_deletion_repetitions,
+                   channels_last=channels_last,
+                   shuffled_control_per_replicate=section.shuffled_control_per_replicate)
 
 
 # --- planted frames ---------------------------------------------------------------------------
