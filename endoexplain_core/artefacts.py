@@ -239,3 +239,32 @@ def written_listing(paths, run_dir: str | Path, figures_dir: str | Path) -> str:
     root = Path(os.path.commonpath([Path(run_dir).resolve(), Path(figures_dir).resolve()]))
     relative = sorted({Path(os.path.relpath(Path(p).resolve(), root)).as_posix() for p in paths})
     return f"{len(relative)} files written (relative to the output root):\n" + "\n".join(relative)
+
+
+class Written:
+    """The files one stage writes, recorded as it writes them: tables and figures go through
+    ``table`` and ``figure`` (``save_table`` / ``save_figure`` into ``figures_dir``, a
+    synthetic run's tables marked as such), other files are recorded with ``add``;
+    ``listing()`` is the stage's closing list (``written_listing``)."""
+
+    def __init__(self, run_dir: str | Path, figures_dir: str | Path, *, synthetic: bool):
+        self.run_dir, self.figures_dir, self.synthetic = Path(run_dir), Path(figures_dir), synthetic
+        self.paths: list[Path] = []
+
+    def table(self, table: pd.DataFrame, name: str, **options) -> list[Path]:
+        """``save_table(table, name, figures_dir, synthetic=..., **options)``, recorded."""
+        return self.add(*save_table(table, name, self.figures_dir, synthetic=self.synthetic, **options))
+
+    def figure(self, fig, name: str, **options) -> list[Path]:
+        """``save_figure(fig, name, figures_dir, **options)``, recorded."""
+        return self.add(*save_figure(fig, name, self.figures_dir, **options))
+
+    def add(self, *paths: str | Path) -> list[Path]:
+        """Record files written elsewhere (run-folder tables, checkpoints); returns them."""
+        added = [Path(p) for p in paths]
+        self.paths += added
+        return added
+
+    def listing(self) -> str:
+        """The recorded files, sorted and relative to the output root (``written_listing``)."""
+        return written_listing(self.paths, self.run_dir, self.figures_dir)

@@ -57,3 +57,25 @@ def test_a_callers_file_argument_yields_to_the_stage_log(tmp_path, monkeypatch, 
     with progress.progress_bar(total=1, desc="tasks", file=sys.stdout) as bar:
         bar.update(1)
     assert "tasks: 100%" in log.read_text() and capsys.readouterr().out == ""
+
+
+def test_the_written_recorder_saves_through_artefacts_and_lists_every_file(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
+    written = artefacts.Written(run_dir, figures_dir, synthetic=True)
+    tables = written.table(pd.DataFrame({"n": [1.0, 2.0]}), "table_x")
+    assert [p.name for p in tables] == ["table_x.csv", "table_x.md", "table_x.tex"]
+    assert "synthetic" in (figures_dir / "table_x.md").read_text().lower()  # the run's synthetic note
+    fig, _ = plt.subplots()
+    written.figure(fig, "figure_x", footer="a footer")
+    plt.close(fig)
+    assert (figures_dir / "figure_x.png").is_file() and (figures_dir / "figure_x.pdf").is_file()
+    written.add(run_dir / "audit" / "a.parquet", str(run_dir / "audit" / "a.parquet"))
+    listing = written.listing()
+    assert listing.splitlines()[0] == "6 files written (relative to the output root):"
+    assert "runs/smoke/audit/a.parquet" in listing and "figures/smoke/figure_x.pdf" in listing
+    assert str(tmp_path) not in listing
