@@ -20,6 +20,9 @@ the audit; cases whose mask is empty after resizing are excluded and counted):
 Field of view, tolerance zone, energy lift, pointing and DoG conspicuity come from
 ``kernels.localisation``. Every seed derives from the sample id (``deletion.sample_key``), so
 results do not depend on batch size or order.
+
+Size: over 400 lines on purpose: ROAD, LSR, shape-preserving deletion, randomisation and the
+subgroup outcomes run on the same prepared cases and maps of one checkpoint, batch by batch.
 """
 
 from __future__ import annotations

@@ -64,6 +64,9 @@ Newcombe hybrid score interval for a difference of two proportions (Welch for en
 A contrast needs ``min_images`` images on each side (the profile's ``min_subgroup_images``, 8
 by default; docs/architecture.md, "Subgroups", gives the coverage simulation behind it,
 ``scripts/subgroup_coverage.py``).
+
+Size: over 400 lines on purpose: the GEE fits, crude gaps, Holm families and equivalence tests
+share one contrast table and its thin-side rules.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ before anything is drawn, among high-score images (scaled score >= threshold), C
 The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint;
 the IoU of each rendered map with the rendered mask must equal the table's within
 ``IOU_TOLERANCE`` or rendering raises.
+
+Size: over 400 lines on purpose: case selection, map recomputation and the rendering check of
+Figure 3 share one row format; Figure 4 shares its panel helpers.
 """
 
 from __future__ import annotations

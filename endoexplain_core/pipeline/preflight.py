@@ -27,6 +27,9 @@ Each data check uses the reader the run itself uses (``data.hyperkvasir``, ``dat
 so a problem the preflight does not see is one the run would not see either. A dataset's
 reader stops at its first unreadable file: that dataset reports one problem; every other
 check still runs.
+
+Size: over 400 lines on purpose: the data, weights, device, disk and time checks report into
+one list of findings with one exit rule.
 """
 
 from __future__ import annotations
