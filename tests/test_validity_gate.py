@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from endoexplain_core.models.learning import learning_status, other_checkpoints_to_audit
 from endoexplain_core import config
 from endoexplain_core.analysis import map_diagnostics, stats, summaries, validity_gate
 from endoexplain_core.kernels import map_priors
@@ -200,10 +201,10 @@ def test_mark_table_adds_daggers_and_verdicts():
 
 
 def test_learning_rule_is_halfway_from_prevalence_to_one():
-    learned = validity_gate.learning_status([0.25, 0.62, 0.63, 1.0], prevalence=0.25)
+    learned = learning_status([0.25, 0.62, 0.63, 1.0], prevalence=0.25)
     assert learned.tolist() == [False, False, True, True]   # threshold 0.625
     with pytest.raises(ValueError):
-        validity_gate.learning_status([0.5], prevalence=0.0)
+        learning_status([0.5], prevalence=0.0)
 
 
 # --- map priors -------------------------------------------------------------------------------
@@ -388,5 +389,5 @@ def test_05_audits_learned_checkpoints_and_controls_besides_the_primary():
     learning = pd.DataFrame({"checkpoint_id": ["e1", "e2", "c1", "shuffled"],
                              "learned": [True, True, False, False],
                              "control": ["none", "none", "none", "shuffled_labels"]})
-    assert validity_gate.other_checkpoints_to_audit(learning, "e1", False) == ["e2", "shuffled"]
-    assert validity_gate.other_checkpoints_to_audit(learning, "e1", True) == ["e2", "c1", "shuffled"]
+    assert other_checkpoints_to_audit(learning, "e1", False) == ["e2", "shuffled"]
+    assert other_checkpoints_to_audit(learning, "e1", True) == ["e2", "c1", "shuffled"]

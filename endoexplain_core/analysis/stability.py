@@ -152,7 +152,7 @@ def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning
     """``stability_table`` from a run's artefacts.
 
     ``tables``: audit rows of every checkpoint (``audit.read_audits``); ``registry``: the
-    checkpoint registry; ``learning``: ``validity_gate.learning_table``; ``logits``: the logits
+    checkpoint registry; ``learning``: ``learning.learning_table``; ``logits``: the logits
     table of 01 (validation rows are used); ``gate_stability``: 03's replicate table (None
     when the gate did not run). The perturbed seeds are the other learned, non-control
     checkpoints of the primary's architecture. Table 5 is refitted for its signs only (point

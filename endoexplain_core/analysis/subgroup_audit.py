@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from endoexplain_core.models.learning import learning_table
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups, validity_gate
+from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups
 from endoexplain_core.analysis.subgroups import Contrast
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import randomisation
@@ -28,7 +29,7 @@ FAITHFULNESS_MODELS = ("M0", "M1")   # SRG/LSR: crude as the model sees it, and 
 def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     """Checkpoints whose maps enter the subgroup models, the primary first: ``"primary"``, or
     ``"learned"``: also every other checkpoint of the registry that learned (the rule of
-    ``validity_gate.learning_status``) and is no control (a shuffled-label model's maps carry
+    ``learning.learning_status``) and is no control (a shuffled-label model's maps carry
     no subgroup effect worth pooling)."""
     if which not in ("primary", "learned"):
         raise ValueError(f"subgroup_checkpoints must be 'primary' or 'learned'; got {which!r}")
@@ -37,7 +38,7 @@ def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     primary_id = layout.primary_id()
     if which == "primary":
         return [primary_id]
-    learning = validity_gate.learning_table(registry, load_manifest(layout.manifest))
+    learning = learning_table(registry, load_manifest(layout.manifest))
     chosen = learning["learned"].astype(bool) & (learning["control"] == "none")
     return [primary_id, *[c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]]
 

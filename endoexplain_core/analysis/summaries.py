@@ -797,15 +797,3 @@ def table5_firth(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL) -> 
                              "ci_low": np.exp(bounds[:, 0]), "ci_high": np.exp(bounds[:, 1]),
                              "separated_in_mle": [t in separated for t in terms],
                              "interval": "profile penalised likelihood (rows independent)"})
-
-
-def identical_methods_by_arch(architectures) -> dict[str, list[tuple[str, ...]]]:
-    """arch -> groups of CAMs identical by construction at its default target layer.
-
-    Decided from the architecture (``networks.identical_methods`` on an untrained model of
-    each architecture), not from data, so it holds for every checkpoint of that architecture.
-    """
-    from endoexplain_core.models import networks
-
-    return {arch: networks.identical_methods(networks.build_model(arch), networks.TARGET_LAYERS[arch])
-            for arch in architectures}

@@ -55,8 +55,6 @@ priors that overlap the lesion distribution pass, a larger one would demand more
 be inside the lesion and on the cue of the same frame more often than chance, and a map that
 only highlights salient blobs cannot separate the lesion model from the shortcut model.
 
-The module also holds the rule for checkpoints that did not learn (``learning_status``).
-
 Size: over 400 lines on purpose: planted frames, the four gate models and the verdict are one
 experiment whose parts must use the same pool and masks.
 """
@@ -72,11 +70,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, stats, summaries
+from endoexplain_core.analysis import audit, stats
 from endoexplain_core import config, marks
 from endoexplain_core.data import synthetic
-from endoexplain_core.data.datasets import load_manifest, to_normalised_tensor
+from endoexplain_core.data.datasets import to_normalised_tensor
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.models import networks, training
@@ -692,96 +689,6 @@ def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column:
 
 
 # --- checkpoints that did not learn -------------------------------------------------------------
-
-LEARNING_RULE = ("a checkpoint learned when its validation AUPRC is at least halfway from the "
-                 "validation prevalence (an uninformative score) to 1: AUPRC >= prevalence + "
-                 "0.5 x (1 - prevalence)")
-
-
-def learning_status(val_auprc, prevalence: float) -> pd.Series:
-    """bool per checkpoint: validation AUPRC >= prevalence + 0.5 * (1 - prevalence).
-
-    The AUPRC of a score that carries no information equals the positive prevalence; halfway
-    to a perfect 1 is far outside the spread of an uninformative score on the validation split
-    (the shuffled-label control lands near the prevalence) and still well below what a trained
-    detector reaches. ``prevalence`` in (0, 1).
-    """
-    if not 0 < prevalence < 1:
-        raise ValueError(f"validation prevalence must be in (0, 1); got {prevalence}")
-    values = pd.Series(val_auprc, dtype=float)
-    return values >= prevalence + 0.5 * (1.0 - prevalence)
-
-
-def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame:
-    """Registry rows with ``val_prevalence``, ``learning_threshold`` and ``learned`` added.
-
-    ``registry``: checkpoints/registry.csv (checkpoint_id, arch, seed, control, val_auprc);
-    ``manifest``: the run's manifest (prevalence from its ``val`` rows).
-    """
-    val = manifest[manifest["role"] == "val"]
-    if val.empty:
-        raise ValueError("the manifest has no validation rows: cannot judge learning")
-    prevalence = float(val["target"].mean())
-    table = registry[["checkpoint_id", "arch", "seed", "control", "val_auprc"]].copy()
-    table["val_prevalence"] = prevalence
-    table["learning_threshold"] = prevalence + 0.5 * (1.0 - prevalence)
-    table["learned"] = learning_status(table["val_auprc"].to_numpy(), prevalence).to_numpy()
-    return table
-
-
-def other_checkpoints_to_audit(learning: pd.DataFrame, primary_id: str, audit_unlearned: bool) -> list[str]:
-    """Checkpoint ids (registry order) that 05 audits besides the primary (whose audit is
-    04's): every one with ``audit_unlearned``, else those that learned and the controls, which
-    are audited whatever they scored. ``learning``: ``learning_table``."""
-    chosen = audit_unlearned | learning["learned"].astype(bool) | (learning["control"] != "none")
-    return [c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]
-
-
-# --- resolution sensitivity ---------------------------------------------------------------------
-
-def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                     native_size: int, check_size: int, top_fraction: float,
-                     repetitions: int = 1, batch_size: int = 16, device: str = "cpu") -> dict:
-    """Audit a registered checkpoint (trained at ``native_size``) at another input size.
-
-    The same weights and temperature see every masked pool image resized to ``check_size``;
-    the target layer's grid grows with the input (e.g. 4x4 -> 8x8 at 2x). Tables go to
-    ``<run_dir>/audit/hyperkvasir_<check_size>px/``. Returns ``audit.audit_checkpoint``'s
-    summary plus ``dataset``.
-    """
-    layout = RunLayout(run_dir)
-    dataset = f"hyperkvasir_{check_size}px"
-    model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, native_size, device)
-    pool = audit.masked_pool(load_manifest(layout.manifest))
-    paths = layout.audit_paths(dataset, checkpoint_id)
-    summary = audit.audit_checkpoint(
-        model, metadata, temperature, audit.manifest_cases(pool, data_root, decode_size=check_size),
-        dataset=dataset,
-        image_size=check_size, table_path=paths["table"], random_deletion_path=paths["random_deletion"],
-        top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size, device=device,
-        total=len(pool))
-    return {**summary, "dataset": dataset}
-
-
-def resolution_table(tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]], sample_ids, *,
-                     replicates: int = stats.SPATIAL_REPLICATES,
-                     seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
-    """Table 4 panel A of one checkpoint at several input sizes, on one fixed image set.
-
-    ``tables``: input size -> (audit rows, random-deletion rows); ``sample_ids``: the images
-    (e.g. the native-size high-score set, so only the input size changes). Rows: size, grid,
-    then ``summaries.panel_summary`` columns.
-    """
-    frames = []
-    for size, (table, random_deletion) in sorted(tables.items()):
-        ids = [s for s in sample_ids if s in set(table["sample_id"])]
-        frame = summaries.panel_summary(table, random_deletion, ids, replicates, seed)
-        grid = f"{int(table['feature_grid_height'].iloc[0])}x{int(table['feature_grid_width'].iloc[0])}"
-        frame.insert(0, "grid", grid)
-        frame.insert(0, "input_size", size)
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
-
 
 def mark_display_labels(table: pd.DataFrame, gate: pd.DataFrame | None) -> pd.DataFrame:
     """Copy of a formatted table with ``DAGGER`` after every cell that is exactly the display

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from scipy import ndimage
 
 from endoexplain_core.kernels.cams import minmax_per_map
-from endoexplain_core.kernels.metrics import _as_masks, _check_maps
-from endoexplain_core.kernels.threshold import _rank_order, kept_pixel_count
+from endoexplain_core.kernels.metrics import as_masks, check_maps
+from endoexplain_core.kernels.threshold import rank_order, kept_pixel_count
 
 # 0.05, 0.10, ..., 0.95: the threshold grid of the area under the IoU curve.
 DEFAULT_IOU_THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -80,8 +80,8 @@ def _grey(images: torch.Tensor) -> torch.Tensor:
 def iou_curve(maps: torch.Tensor, masks: torch.Tensor, thresholds=DEFAULT_IOU_THRESHOLDS) -> torch.Tensor:
     """float32 (B, T): IoU of ``maps >= t`` with the lesion, for each threshold t (ascending or
     not; columns follow ``thresholds``). An all-zero map keeps no pixel at t > 0 (IoU 0)."""
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     levels = torch.as_tensor(tuple(thresholds), dtype=maps.dtype, device=maps.device)
     if levels.dim() != 1 or levels.numel() == 0:
         raise ValueError(f"thresholds must be a non-empty 1-D sequence; got {thresholds!r}")
@@ -148,7 +148,7 @@ def field_of_view(images: torch.Tensor, masks: torch.Tensor | None = None,
         frames.append(filled)
     fov = torch.from_numpy(np.stack(frames)).to(grey.device)
     if masks is not None:
-        masks = _as_masks(masks)
+        masks = as_masks(masks)
         if masks.shape != fov.shape:
             raise ValueError(f"masks {tuple(masks.shape)} and images {tuple(fov.shape)} differ in size")
         fov = fov | masks
@@ -167,7 +167,7 @@ def tolerance_zone(masks: torch.Tensor, fov: torch.Tensor, radius_px: float) -> 
     """bool (B, H, W): D_r, the lesion dilated by a Euclidean disc of ``radius_px`` pixels
     (pixel centres at distance <= r from a lesion pixel centre), kept inside the field of
     view. ``radius_px = 0`` gives D_0 = the lesion inside B. Runs on the masks' device."""
-    masks = _as_masks(masks)
+    masks = as_masks(masks)
     fov = _check_fov(fov, masks)
     if radius_px < 0 or not math.isfinite(radius_px):
         raise ValueError(f"radius_px must be a finite number >= 0; got {radius_px}")
@@ -184,7 +184,7 @@ def tolerance_zone(masks: torch.Tensor, fov: torch.Tensor, radius_px: float) -> 
 
 def saliency_free(maps: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
     """bool (B,): the map has no positive value inside the field of view (scored as uniform)."""
-    _check_maps(maps)
+    check_maps(maps)
     fov = _check_fov(fov, maps)
     return ~((maps.clamp(min=0) * fov) > 0).flatten(1).any(dim=1)
 
@@ -196,8 +196,8 @@ def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
     S = max(map, 0) inside B; M = mask inside B. Maps with no saliency inside B score 0 bits
     (uniform; see ``saliency_free``); a lesion covering all of B scores NaN (no background).
     """
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     fov = _check_fov(fov, masks)
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0 (it keeps lambda_E finite); got {alpha}")
@@ -261,8 +261,8 @@ def pointing_hits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor, *,
     drawn uniformly in B. A map constant inside B has an arbitrary peak (the first pixel of B);
     ``saliency_free`` and the audit's constant-map flag identify those.
     """
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     fov = _check_fov(fov, masks)
     zone = tolerance_zone(masks, fov, radius_px)
     return peak_in_zone(maps, zone, fov, smooth_sigma_px=smooth_sigma_px), pointing_chance(zone, fov)
@@ -335,19 +335,19 @@ def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIO
     The pixels are ranked once; every top-k set is a prefix of that ranking, so its lesion
     count and saliency sums are read off running sums (no mask is built per k).
     """
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     return _sweep_from_ranking(_Ranking(maps, masks), fractions)
 
 
 class _Ranking:
-    """One ranking of every map's pixels (``threshold._rank_order``: value, then tie-break
+    """One ranking of every map's pixels (``threshold.rank_order``: value, then tie-break
     priority) with running sums over it: every top-k set and every ``map >= t`` set is a
     prefix, so its lesion count and saliency sums are read off without building a mask."""
 
     def __init__(self, maps: torch.Tensor, masks: torch.Tensor):
         self.shape = maps.shape
-        order = _rank_order(maps)
+        order = rank_order(maps)
         self.values = maps.flatten(1).gather(1, order)                          # (B, N) descending
         weights = self.values.double().clamp(min=0)
         in_lesion = masks.flatten(1).gather(1, order)
@@ -381,8 +381,8 @@ def curve_and_sweep(maps: torch.Tensor, masks: torch.Tensor, thresholds=DEFAULT_
     """(``iou_curve(maps, masks, thresholds)``, ``top_k_sweep(maps, masks, fractions)``) from
     one ranking of the pixels: ``map >= t`` keeps the prefix of pixels with value >= t, so the
     curve's counts come from the same running sums as the sweep (equal values, one sort)."""
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     ranking = _Ranking(maps, masks)
     levels = torch.as_tensor(tuple(thresholds), dtype=maps.dtype, device=maps.device)
     if levels.dim() != 1 or levels.numel() == 0:
@@ -420,7 +420,7 @@ def c_score(maps: torch.Tensor, weights: torch.Tensor, resolution: int = 64,
     L1 distances computed ``block_size`` rows at a time, so memory stays O(block_size * N)
     for N in the thousands. Needs N >= 2 and a positive weight on at least two maps.
     """
-    _check_maps(maps)
+    check_maps(maps)
     weights = torch.as_tensor(weights, dtype=torch.float64, device=maps.device).flatten()
     count = maps.shape[0]
     if count < 2 or weights.numel() != count:
@@ -464,7 +464,7 @@ def pairwise_soft_iou(maps: torch.Tensor, resolution: int | None = 64, block_siz
     the native size); the diagonal is 1. ``c_score`` is its weighted mean over the pairs i < j;
     the matrix is what a bootstrap over images needs (``analysis.stats.weighted_pair_mean_ci``).
     Memory O(N^2)."""
-    _check_maps(maps)
+    check_maps(maps)
     if (maps < 0).any():
         raise ValueError("pairwise_soft_iou needs non-negative maps")
     matrix = torch.empty((maps.shape[0], maps.shape[0]), dtype=torch.float64, device=maps.device)

@@ -23,7 +23,7 @@ SPATIAL_METRIC_KEYS = (
 )
 
 
-def _as_masks(masks: torch.Tensor, name: str = "masks") -> torch.Tensor:
+def as_masks(masks: torch.Tensor, name: str = "masks") -> torch.Tensor:
     """Validate (B, H, W) binary masks and return them as bool."""
     if not isinstance(masks, torch.Tensor) or masks.dim() != 3:
         shape = tuple(masks.shape) if isinstance(masks, torch.Tensor) else type(masks).__name__
@@ -38,7 +38,8 @@ def _as_masks(masks: torch.Tensor, name: str = "masks") -> torch.Tensor:
     return masks
 
 
-def _check_maps(maps: torch.Tensor, like: torch.Tensor | None = None) -> None:
+def check_maps(maps: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    """Refuse anything but float (B, H, W) maps, shaped as ``like`` when given."""
     if not isinstance(maps, torch.Tensor) or maps.dim() != 3 or not maps.is_floating_point():
         shape = tuple(maps.shape) if isinstance(maps, torch.Tensor) else type(maps).__name__
         raise ValueError(f"maps must be a float tensor (B, H, W); got {shape}")
@@ -64,7 +65,7 @@ def _weighted_centre(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def peak_location(maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, cols) int64 (B,) of each map's first maximum in row-major order."""
-    _check_maps(maps)
+    check_maps(maps)
     batch, height, width = maps.shape
     flat = maps.reshape(batch, -1)
     index = torch.arange(height * width, device=maps.device).expand(batch, -1)
@@ -78,8 +79,8 @@ def peak_lesion_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tenso
     the nearest lesion pixel, 0 when the peak is inside. NaN for a constant map (no peak) and
     for an empty mask. How far a miss is: one pixel past the contour and across the frame both
     count as "outside"."""
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     rows, cols = peak_location(maps)
     batch, height, width = masks.shape
     grid_rows = torch.arange(height, device=masks.device, dtype=torch.float64).view(1, height, 1)
@@ -93,8 +94,8 @@ def peak_lesion_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tenso
 
 def peak_outside_mask(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """bool (B,): the map's first row-major maximum lies outside the lesion."""
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     rows, cols = peak_location(maps)
     batch = torch.arange(maps.shape[0], device=maps.device)
     return ~masks[batch, rows, cols]
@@ -102,8 +103,8 @@ def peak_outside_mask(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
 
 def top_fraction_iou(keep: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """float32 (B,): intersection over union of the kept pixels (bool (B, H, W)) and the lesion."""
-    masks = _as_masks(masks)
-    keep = _as_masks(keep, "keep")
+    masks = as_masks(masks)
+    keep = as_masks(keep, "keep")
     if keep.shape != masks.shape:
         raise ValueError(f"keep {tuple(keep.shape)} and masks {tuple(masks.shape)} differ in shape")
     intersection = (keep & masks).sum(dim=(1, 2))
@@ -127,8 +128,8 @@ def energy_in_mask(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
 
     An all-zero (constant) map counts as uniform: its share equals the lesion area fraction.
     """
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     weights = _uniform_if_constant(maps.double())
     total = weights.sum(dim=(1, 2))
     inside = (weights * masks).sum(dim=(1, 2))
@@ -139,8 +140,8 @@ def centre_of_mass_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Te
     """float32 (B,): distance from the map's centre of mass (map values as weights) to the
     lesion centroid, divided by the image diagonal sqrt(H^2 + W^2). An all-zero (constant) map
     counts as uniform: its centre of mass is the frame centre."""
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     map_row, map_col = _weighted_centre(_uniform_if_constant(maps))
     lesion_row, lesion_col = _weighted_centre(masks)
     height, width = maps.shape[1:]
@@ -150,14 +151,14 @@ def centre_of_mass_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Te
 
 def lesion_area_fraction(masks: torch.Tensor) -> torch.Tensor:
     """float32 (B,): share of the frame's pixels inside the lesion."""
-    masks = _as_masks(masks)
+    masks = as_masks(masks)
     return masks.float().mean(dim=(1, 2))
 
 
 def lesion_centre_distance(masks: torch.Tensor) -> torch.Tensor:
     """float32 (B,): distance from the lesion centroid to the frame centre, divided by the
     half-diagonal sqrt(H^2 + W^2) / 2, so 0 = centred and values stay below 1."""
-    masks = _as_masks(masks)
+    masks = as_masks(masks)
     height, width = masks.shape[1:]
     row, col = _weighted_centre(masks)
     half_diagonal = (height ** 2 + width ** 2) ** 0.5 / 2
@@ -172,8 +173,8 @@ def spatial_metrics(maps: torch.Tensor, masks: torch.Tensor, top_fraction: float
     computed; otherwise it is computed with ``threshold.top_fraction_mask``. Tie diagnostics
     come from ``threshold.tie_diagnostics`` (``constant`` is returned as ``constant_map``).
     """
-    masks = _as_masks(masks)
-    _check_maps(maps, masks)
+    masks = as_masks(masks)
+    check_maps(maps, masks)
     if keep is None:
         keep = top_fraction_mask(maps, top_fraction)
     rows, cols = peak_location(maps)

@@ -43,7 +43,7 @@ def tie_break_priority(n_pixels: int, device=None) -> torch.Tensor:
     return (torch.arange(n_pixels, dtype=torch.int64, device=device) * TIE_BREAK_MULTIPLIER) % n_pixels
 
 
-def _rank_order(maps: torch.Tensor) -> torch.Tensor:
+def rank_order(maps: torch.Tensor) -> torch.Tensor:
     """int64 (B, N): flattened pixel indices from highest to lowest, ties by priority."""
     batch, height, width = maps.shape
     n_pixels = height * width
@@ -64,7 +64,7 @@ def top_fraction_mask(maps: torch.Tensor, top_fraction: float) -> torch.Tensor:
     _check_maps(maps)
     batch, height, width = maps.shape
     count = kept_pixel_count(top_fraction, height, width)
-    kept_indices = _rank_order(maps)[:, :count]
+    kept_indices = rank_order(maps)[:, :count]
     keep = torch.zeros(batch, height * width, dtype=torch.bool, device=maps.device)
     keep.scatter_(1, kept_indices, True)
     return keep.reshape(batch, height, width)

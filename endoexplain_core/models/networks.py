@@ -211,3 +211,12 @@ def identical_methods(model: nn.Module, layer_name: str) -> list[tuple[str, ...]
     if layer_name not in gap_fed:
         return []
     return [("gradcam", "hirescam", "xgradcam")]
+
+
+def identical_methods_by_arch(architectures) -> dict[str, list[tuple[str, ...]]]:
+    """arch -> groups of CAMs identical by construction at its default target layer.
+
+    Decided from the architecture (``identical_methods`` on an untrained model of each
+    architecture), not from data, so it holds for every checkpoint of that architecture.
+    """
+    return {arch: identical_methods(build_model(arch), TARGET_LAYERS[arch]) for arch in architectures}
