@@ -59,7 +59,7 @@ def test_temperature_at_bound_is_flagged_in_table3_rows():
 
 
 def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
-    from endoexplain_core.analysis import summaries
+    from endoexplain_core.analysis import adjusted_model, summaries
     bound = calibration.TEMPERATURE_BOUNDS[1]
     pinned = pd.DataFrame({"temperature": [bound, bound]})
     inside = pd.DataFrame({"temperature": [0.83, 0.83]})
@@ -72,7 +72,7 @@ def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
            for s in ("", "_ci_low", "_ci_high")}}))
     assert shown["Panel"].iloc[0] == "A (T at bound)"
     table5 = pd.DataFrame({"term": ["x"], "estimable": [True], "note": [""], "separated_replicates": [0]})
-    assert summaries.table5_footnote(table5, 10, summaries.temperature_statement(pinned)).startswith("WARNING")
+    assert adjusted_model.footnote(table5, 10, summaries.temperature_statement(pinned)).startswith("WARNING")
 
 
 def test_source_category_audit_has_wilson_intervals_per_category():
@@ -127,7 +127,7 @@ def test_run_record_keeps_producing_run_timings_shows_headline_tables_and_hides_
     import json
 
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import summaries
+    from endoexplain_core.analysis import adjusted_model
     from endoexplain_core.pipeline import record
 
     run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
@@ -137,12 +137,12 @@ def test_run_record_keeps_producing_run_timings_shows_headline_tables_and_hides_
     html_page.write_text("<html></html>")
     (run_dir / "stamps" / "05_robustness.json").write_text(json.dumps(
         {"digest": "d", "seconds": 248.4, "figure_files": [], "finished": "2026-11-30T23:10:02"}))
-    table5 = pd.DataFrame({"term": list(summaries.TABLE5_TERMS.values()), "odds_ratio": 1.5,
+    table5 = pd.DataFrame({"term": list(adjusted_model.TERMS.values()), "odds_ratio": 1.5,
                            "ci_low": 1.1, "ci_high": 2.0, "estimable": True, "note": "",
                            "separated_replicates": 0})
     table5.loc[1, ["odds_ratio", "ci_low", "ci_high", "estimable", "note"]] = [
         np.nan, np.nan, np.nan, False, "not estimable (59/59 failed; quasi-complete separation)"]
-    artefacts.save_table(summaries.format_table5(table5), "table5_adjusted_model_formatted", figures_dir)
+    artefacts.save_table(adjusted_model.format_table(table5), "table5_adjusted_model_formatted", figures_dir)
     stage = {"stage": "05_robustness", "notebook": "notebooks/05_robustness.ipynb", "status": "skipped",
              "seconds": 0.0, "last_run_seconds": 248.4, "parameters": {},
              "executed_notebook": str(run_dir / "notebooks" / "05_robustness.ipynb"), "html": str(html_page),

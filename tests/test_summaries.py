@@ -10,7 +10,7 @@ from statsmodels.stats.multitest import multipletests
 import statsmodels.api as sm
 
 from endoexplain_core import presentation
-from endoexplain_core.analysis import summaries
+from endoexplain_core.analysis import adjusted_model, summaries
 from endoexplain_core.analysis.audit import REQUIRED_COLUMNS, validate_audit_table
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
@@ -147,20 +147,20 @@ def test_table5_recovers_known_odds_ratios_on_simulated_cases():
                          "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
                          "scaled_score": 0.95, "dataset": "d", "checkpoint_id": "c",
                          "constant_map": False})
-    frame = summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
+    frame = adjusted_model.model_frame(pd.DataFrame(rows), score_threshold=0.90)
     assert len(frame) == 5 * n_images
     # Constant score: drop it from this check (it is collinear with the intercept).
     frame["score_per_0_10"] = rng.normal(size=len(frame))
-    result = summaries.table5(frame, replicates=100).set_index("term")
+    result = adjusted_model.odds_ratios(frame, replicates=100).set_index("term")
     expected = {"Grad-CAM++ versus Grad-CAM": 2.0, "HiResCAM versus Grad-CAM": 0.25,
                 "Eigen-CAM* versus Grad-CAM": 0.5, "Lesion-centre distance per 0.10": np.exp(0.3),
                 "Lesion area per 0.10 frame fraction": np.exp(-0.2)}
     for term, odds_ratio in expected.items():
         assert result.loc[term, "ci_low"] < odds_ratio < result.loc[term, "ci_high"], term
     with pytest.raises(ValueError, match="no high-score"):
-        summaries.table5(frame.iloc[0:0])
+        adjusted_model.odds_ratios(frame.iloc[0:0])
     with pytest.raises(ValueError, match="constant"):
-        summaries.table5(frame.assign(failure=1.0))
+        adjusted_model.odds_ratios(frame.assign(failure=1.0))
 
 
 def test_tie_counts_count_maps_with_ties():
@@ -190,12 +190,12 @@ def test_format_table4_prints_estimates_with_intervals_and_dashes():
 
 
 def test_adjusted_model_table_always_returns_the_terms():
-    frame = summaries.table5_model_frame(crafted_table(SCORES, FAILURES), score_threshold=0.99)
-    table, status = summaries.adjusted_model_table(frame)
-    assert list(table["term"]) == list(summaries.TABLE5_TERMS.values())
+    frame = adjusted_model.model_frame(crafted_table(SCORES, FAILURES), score_threshold=0.99)
+    table, status = adjusted_model.adjusted_table(frame)
+    assert list(table["term"]) == list(adjusted_model.TERMS.values())
     assert table["odds_ratio"].isna().all() and "no image reached" in status
-    constant = summaries.table5_model_frame(crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}), 0.90)
-    assert "constant" in summaries.adjusted_model_table(constant)[1]
+    constant = adjusted_model.model_frame(crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}), 0.90)
+    assert "constant" in adjusted_model.adjusted_table(constant)[1]
 
 
 # --------------------------------------------------------------------------- issue 10
@@ -213,14 +213,14 @@ def _separated_frame(n_images=59, seed=16):
                          "lesion_area_fraction": area[i], "lesion_centre_distance": distance[i],
                          "scaled_score": 0.9 + 0.1 * rng.uniform(), "dataset": "d", "checkpoint_id": "c",
                          "constant_map": False})
-    return summaries.table5_model_frame(pd.DataFrame(rows), score_threshold=0.90)
+    return adjusted_model.model_frame(pd.DataFrame(rows), score_threshold=0.90)
 
 
 def test_separated_term_is_reported_not_estimable_and_left_out_of_the_fit():
     frame = _separated_frame()
-    found = summaries.detect_table5_separation(frame)
+    found = adjusted_model.detect_separation(frame)
     assert set(found["separated"]) == {"xgradcam", "hirescam"} and not found["unresolved"]
-    table, status = summaries.adjusted_model_table(frame, replicates=60)
+    table, status = adjusted_model.adjusted_table(frame, replicates=60)
     by_term = table.set_index("term")
     for term in ("XGrad-CAM versus Grad-CAM", "HiResCAM versus Grad-CAM"):
         assert not by_term.loc[term, "estimable"] and np.isnan(by_term.loc[term, "odds_ratio"])
@@ -232,28 +232,28 @@ def test_separated_term_is_reported_not_estimable_and_left_out_of_the_fit():
                "centre_distance_per_0_10", "score_per_0_10"]
     reference = sm.Logit(kept["failure"].to_numpy(), kept[columns].to_numpy()).fit(disp=0).params
     assert by_term.loc["Grad-CAM++ versus Grad-CAM", "odds_ratio"] == pytest.approx(np.exp(reference[1]), rel=1e-3)
-    shown = summaries.format_table5(table).set_index("Term")["Odds ratio (95% CI)"]
+    shown = adjusted_model.format_table(table).set_index("Term")["Odds ratio (95% CI)"]
     assert shown["XGrad-CAM versus Grad-CAM"].startswith("not estimable (59/59")
     numbers = [float(x) for cell in shown for x in re.findall(r"(?<![<>\d.])\d[\d,]*\.\d+", cell.replace(",", ""))]
     assert all(1e-3 <= x <= 1e3 for x in numbers)                     # no penalty-set number printed
-    assert "quasi-complete separation" in summaries.table5_footnote(table, 60)
+    assert "quasi-complete separation" in adjusted_model.footnote(table, 60)
 
 
 def test_odds_ratio_formatting_never_prints_extreme_values():
-    assert summaries.format_odds_ratio(26490.767) == ">1,000"
-    assert summaries.format_odds_ratio(np.inf) == ">1,000"
-    assert summaries.format_odds_ratio(0.0) == "<0.001"
-    assert summaries.format_odds_ratio(1.628) == "1.628"
+    assert adjusted_model.format_odds_ratio(26490.767) == ">1,000"
+    assert adjusted_model.format_odds_ratio(np.inf) == ">1,000"
+    assert adjusted_model.format_odds_ratio(0.0) == "<0.001"
+    assert adjusted_model.format_odds_ratio(1.628) == "1.628"
 
 
 def test_firth_table_is_finite_for_separated_terms_and_matches_firthmodels():
     from firthmodels import FirthLogisticRegression
 
     frame = _separated_frame()
-    firth = summaries.table5_firth(frame).set_index("term")
+    firth = adjusted_model.firth_odds_ratios(frame).set_index("term")
     assert firth.loc["XGrad-CAM versus Grad-CAM", "separated_in_mle"]
     assert np.isfinite(firth["odds_ratio"]).all() and (firth["ci_low"] < firth["odds_ratio"]).all()
-    terms = list(summaries.TABLE5_TERMS)
+    terms = list(adjusted_model.TERMS)
     reference = FirthLogisticRegression(backend="numpy", max_iter=200).fit(frame[terms].to_numpy(),
                                                                           frame["failure"].astype(int))
     np.testing.assert_allclose(firth["odds_ratio"].to_numpy(), np.exp(reference.coef_), rtol=1e-6)
@@ -272,7 +272,7 @@ def test_firth_table_reports_a_fit_that_did_not_converge_instead_of_stopping(mon
         return fitted
 
     monkeypatch.setattr(firthmodels.FirthLogisticRegression, "fit", no_convergence)
-    firth = summaries.table5_firth(_separated_frame())
+    firth = adjusted_model.firth_odds_ratios(_separated_frame())
     assert firth["odds_ratio"].isna().all()
     assert (firth["interval"] == "not converged in 200 iterations").all()
 
@@ -331,14 +331,14 @@ def test_a_term_whose_bootstrap_interval_is_unbounded_is_printed_not_estimable_b
                           "odds_ratio": [0.9997, 116.67, 1.699], "ci_low": [0.0, 40.9, 0.734],
                           "ci_high": [0.9998, np.inf, 60.1], "estimable": True, "note": "",
                           "separated_replicates": [18, 67, 22]})
-    assert [summaries.interval_unbounded(lo, hi) for lo, hi in zip(table["ci_low"], table["ci_high"])] == [
+    assert [adjusted_model.interval_unbounded(lo, hi) for lo, hi in zip(table["ci_low"], table["ci_high"])] == [
         True, True, False]
     firth = pd.DataFrame({"term": table["term"], "odds_ratio": [1.0, 45.3, np.nan],
                           "ci_low": [0.143, 5.32, np.nan], "ci_high": [6.995, 887.4, np.nan],
                           "separated_in_mle": False,
                           "interval": ["profile penalised likelihood (rows independent)"] * 2
                           + ["not converged in 200 iterations"]})
-    shown = summaries.format_table5(table, firth=firth).set_index("Term")
+    shown = adjusted_model.format_table(table, firth=firth).set_index("Term")
     assert shown.loc["Grad-CAM++ versus Grad-CAM", "Odds ratio (95% CI)"] == (
         "not estimable (bootstrap interval unbounded: 18 replicates separated)")
     assert shown.loc["HiResCAM versus Grad-CAM", "Odds ratio (95% CI)"].startswith("not estimable")
@@ -346,12 +346,12 @@ def test_a_term_whose_bootstrap_interval_is_unbounded_is_printed_not_estimable_b
     assert shown.loc["XGrad-CAM versus Grad-CAM", "Odds ratio (95% CI)"] == "1.699 (0.734 to 60.100)"
     assert shown.loc["HiResCAM versus Grad-CAM", "Firth odds ratio (95% profile CI)"] == "45.300 (5.320 to 887.400)"
     assert shown.loc["XGrad-CAM versus Grad-CAM", "Firth odds ratio (95% profile CI)"] == "not converged in 200 iterations"
-    footnote = summaries.table5_footnote(table, 500)
+    footnote = adjusted_model.footnote(table, 500)
     assert "Grad-CAM++ versus Grad-CAM, HiResCAM versus Grad-CAM." in footnote and "Firth column" in footnote
 
 
 def test_table5_heading_states_outcome_n_and_reference():
     frame = pd.DataFrame({"sample_id": ["a"] * 5 + ["b"] * 5})
-    heading = summaries.table5_heading(frame)
+    heading = adjusted_model.heading(frame)
     assert "n = 2 high-score images x 5 CAMs = 10 rows" in heading and "reference: Grad-CAM" in heading
     assert heading.startswith("Outcome: the CAM's peak lies outside the lesion")

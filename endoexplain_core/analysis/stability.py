@@ -27,7 +27,7 @@ import pandas as pd
 from sklearn.metrics import average_precision_score
 
 from endoexplain_core import marks
-from endoexplain_core.analysis import stats, summaries
+from endoexplain_core.analysis import adjusted_model, stats, summaries
 from endoexplain_core.methods import CAM_METHODS, method_label
 
 UNSTABLE_MARK = marks.UNSTABLE_MARK
@@ -84,12 +84,12 @@ def table5_signs(table: pd.DataFrame, score_threshold: float, *, replicates: int
                  seed: int = stats.BOOTSTRAP_SEED) -> dict[str, str]:
     """CAM term -> "higher odds" / "lower odds" than Grad-CAM, or "not estimable", from Table 5
     fitted on this checkpoint's high-score images (only the point estimate's sign is read)."""
-    fitted, _ = summaries.adjusted_model_table(summaries.table5_model_frame(table, score_threshold),
+    fitted, _ = adjusted_model.adjusted_table(adjusted_model.model_frame(table, score_threshold),
                                                replicates=replicates, seed=seed)
     by_term = fitted.set_index("term")
     signs = {}
     for method in CAM_METHODS[1:]:
-        term = summaries.TABLE5_TERMS[method]
+        term = adjusted_model.TERMS[method]
         odds = by_term.loc[term, "odds_ratio"] if term in by_term.index else np.nan
         estimable = term in by_term.index and bool(by_term.loc[term, "estimable"])
         signs[method] = ("not estimable" if not estimable or not np.isfinite(odds) else

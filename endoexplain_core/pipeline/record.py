@@ -28,7 +28,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import summaries
+from endoexplain_core.analysis import adjusted_model
 from endoexplain_core.analysis.validity_gate import DAGGER
 from endoexplain_core import artefacts, files, marks, presentation
 from endoexplain_core.figures import style
@@ -525,10 +525,10 @@ def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_
         table = pd.read_csv(figures_dir / f"{name}.csv")
         if {"odds_ratio", "estimable", "note"} <= set(table.columns):
             # Odds ratios: separated terms as "not estimable", values beyond 1/1,000..1,000 as
-            # bounds, never as numbers set by a penalty (analysis.summaries.format_table5).
+            # bounds, never as numbers set by a penalty (analysis.adjusted_model.format_table).
             firth_path = figures_dir / "table5_firth.csv"
             firth = pd.read_csv(firth_path) if firth_path.is_file() else None
-            tables[name] = summaries.format_table5(table, digits, firth=firth)
+            tables[name] = adjusted_model.format_table(table, digits, firth=firth)
         else:
             tables[name] = final_table(table, digits)
     return tables

@@ -22,7 +22,7 @@ import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import files, numerics, presentation
-from endoexplain_core.analysis.summaries import interval_unbounded
+from endoexplain_core.analysis.adjusted_model import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
 
 SUMMARY_NAME = "summary.md"
