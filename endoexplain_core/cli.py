@@ -440,7 +440,11 @@ def verify_folder(folder: str | Path) -> list[str]:
 def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float,
                 calibration_note: str, cases: list[Case], model, weights_sha: str,
                 layer_name: str, layer) -> dict:
-    """The body of ``run_audit``, run while ``out`` is locked."""
+    """The body of ``run_audit``, run while ``out`` is locked.
+
+    Long on purpose: the command's steps in their order, each writing into the staging folder
+    that is committed as a whole.
+    """
     from endoexplain_core.methods import CAM_METHODS
     from endoexplain_core.models import networks
 
@@ -609,7 +613,10 @@ Eigen-CAM* is class-agnostic.</p>
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``endoexplain`` argument parser (subcommand ``audit``)."""
+    """The ``endoexplain`` argument parser (subcommand ``audit``).
+
+    Long on purpose: argparse declarations only.
+    """
     from endoexplain_core.models.networks import AUDITABLE_ARCHITECTURES
 
     parser = argparse.ArgumentParser(

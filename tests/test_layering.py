@@ -1,4 +1,5 @@
-"""The package's layers import only downwards (docs/architecture.md, "Layers").
+"""The package's layers import only downwards (docs/architecture.md, "Layers"), and no
+function runs over 80 lines without saying why.
 
 foundation (config, methods, marks, artefacts, run_layout, ...) < kernels < data < models < analysis < figures < pipeline.
 A module may import its own layer and the layers below it; an upward import (e.g. an analysis
@@ -136,3 +137,28 @@ def test_the_circle_check_finds_a_circle_inside_a_layer_even_through_a_local_imp
     (package / "third.py").write_text("from endoexplain_core.analysis import first\n")
     graph = import_graph(sorted(package.glob("*.py")), core=core)
     assert import_circles(graph) == [["endoexplain_core.analysis.first", "endoexplain_core.analysis.second"]]
+
+
+def long_functions(paths=MODULES, limit: int = 80) -> list[str]:
+    """Functions over ``limit`` lines whose docstring does not say why ("Long on purpose: ...")."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit and "Long on purpose:" not in (ast.get_docstring(node) or ""):
+                    found.append(f"{path.name}:{node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_over_80_lines_without_a_stated_reason():
+    assert long_functions() == []
+
+
+def test_the_long_function_check_can_fail(tmp_path):
+    module = tmp_path / "long.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(85))
+    module.write_text(f'def long():\n    """No reason given."""\n{body}\n')
+    assert len(long_functions([module])) == 1
+    module.write_text(f'def long():\n    """Long on purpose: a table of constants."""\n{body}\n')
+    assert long_functions([module]) == []

@@ -299,6 +299,9 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
 
     Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
     the two paths and the wall time in seconds.
+
+    Long on purpose: the batch loop streams rows into one Parquet writer and validates them;
+    split, the writer's state would cross functions.
     """
     missing = [key for key in ("checkpoint_id", "arch", "seed") if key not in metadata]
     if missing:

@@ -54,7 +54,10 @@ def _csv(folder: Path, name: str) -> pd.DataFrame | None:
 
 
 def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object]:
-    """This run's value of every paper quantity it produces (keys of the paper CSV)."""
+    """This run's value of every paper quantity it produces (keys of the paper CSV).
+
+    Long on purpose: one flat list of the paper's quantities, one lookup each.
+    """
     run_dir, figures_dir = Path(run_dir), Path(figures_dir)
     values: dict[str, object] = {}
     layout = RunLayout(run_dir)

@@ -394,7 +394,11 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
     hit on one side (``too_thin`` True; ``thin_methods``).
     Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
     separated, too_thin, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
-    n_subgroup, n_reference, n_checkpoints."""
+    n_subgroup, n_reference, n_checkpoints.
+
+    Long on purpose: one pass over the contrasts applies the thin-side, constant-checkpoint and
+    separation rules in the order they are documented.
+    """
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
     pooled = ((CHECKPOINT_TERM,) if "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
               else ())

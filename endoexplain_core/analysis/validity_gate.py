@@ -459,6 +459,9 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     replicates_agree (NaN with fewer than two usable replicates), reason.
     Baseline maps (random, centre) are judged by the same rule as references: the random
     heatmap's rates sit at chance, so it fails.
+
+    Long on purpose: the pass rule per method (chance levels, bars, each model's interval, the
+    verdict and its reasons) reads top to bottom in one place.
     """
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
     missing = sorted(set(GATE_MODELS) - set(case_rows["model"]))

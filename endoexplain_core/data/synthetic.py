@@ -230,6 +230,9 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     -------
     image : uint8 (H, W, 3) RGB.
     mask : bool (H, W), True on the polyp; all False when ``lesion`` is False.
+
+    Long on purpose: one frame's drawing; its random draws must keep their order, since the
+    cohort's bytes depend on it.
     """
     height, width = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
     if min(height, width) < 16:
@@ -538,6 +541,8 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     The tree is built in ``<root>.partial`` and renamed into place, so an interrupted run
     leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
     generator's marker file (``synthetic_cohort.json``); otherwise ``FileExistsError``.
+
+    Long on purpose: parameter checks, then one call per dataset, collected into one summary.
     """
     root = Path(root)
     counts = dict(DEFAULT_CATEGORY_COUNTS if category_counts is None else category_counts)

@@ -232,6 +232,8 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
     heatmap, whose top area is scattered pixels), white peak marker
     (never clipped at the frame edge); the sample ids are listed in the footer. 183 mm wide.
     Methods in ``not_validated`` (the validity gate's failing methods) carry its mark.
+
+    Long on purpose: one figure whose panels share a grid, scales and legend.
     """
     by_role = {row["role"]: row for row in drawn}
     methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
@@ -321,6 +323,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
     ``n_images``: images of the audit pool (panel C's n; from the table if None).
     ``not_validated``: CAM methods whose labels carry the validity gate's mark; ``left_out``:
     checkpoint ids not drawn (they did not learn), named in the note. 183 mm wide.
+
+    Long on purpose: one figure whose panels share scales, markers and legend.
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
     archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)

@@ -434,6 +434,9 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     on and its targets set (shuffled for the control). Returns a dict: checkpoint_id, arch,
     seed, control, pretrained, epochs (best epoch, 1-based), epochs_run, val_auprc, path,
     history (list of per-epoch dicts: epoch, train_loss, val_auprc, learning_rate).
+
+    Long on purpose: resuming, the epoch loop, selection and saving share the RNG and optimiser
+    state, and their order defines the weights.
     """
     device = torch.device(device)
     checkpoint_dir = Path(checkpoint_dir)

@@ -425,6 +425,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     ``shared.allow_insecure_scheduler``; the resulting pair is checked before any work
     (``tasks.parse_scheduler``: a ``tcp://`` address without the opt-in is refused).
     Raises ``StageFailed`` after writing the provenance of the failed run.
+
+    Long on purpose: the run's sequence under one lock: stamps, stage execution and provenance
+    share that lock and the run's state.
     """
     started = time.perf_counter()
     stages = discover_stages(notebook_dir)
@@ -668,6 +671,11 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``run_all.sh``: parse the command line, refuse a bad one in one line, run the pipeline;
+    returns the exit code.
+
+    Long on purpose: argument parsing and the one-line refusals of a bad command line.
+    """
     parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="default",
                         help="smoke | default | paper, or a path to a profile YAML")

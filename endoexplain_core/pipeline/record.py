@@ -378,7 +378,10 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     """Write ``<run_dir>/index.html``, results first: the synthetic-data and validity-gate
     banners, the summary's "In brief" sentences, captioned figures, the headline tables (all
     rows), every table file; then the executed notebooks (HTML, parameters, status, the seconds
-    of the run that made their files), checkpoint hashes and provenance. Returns its path."""
+    of the run that made their files), checkpoint hashes and provenance. Returns its path.
+
+    Long on purpose: one HTML page assembled in reading order.
+    """
     run_dir, figures_dir = Path(run_dir).resolve(), Path(figures_dir).resolve()
     escape = html.escape
     git = provenance.get("git") or {}
