@@ -176,3 +176,24 @@ def test_no_negatives_statement_is_computed():
                                             "polypdb": case_table("polypdb", [("2", "c", "d")])})
     assert text.startswith("The 2 analysed external cases (ETIS-LaribPolypDB, PolypDB)")
     assert "0 negative images" in text and "no external AUPRC, specificity or calibration" in text
+
+
+def test_read_external_reads_required_and_present_cohorts_and_drops_manifest_overlaps(tmp_path, monkeypatch):
+    """One rule for 06, 07, 08 and the case browser: required cohorts first, then the optional
+    ones whose folder exists; manifest overlaps excluded and counted; absent optional cohorts
+    left out."""
+    manifest = pd.DataFrame({"sample_id": ["hk1"], "role": ["train"], "sha256": ["s1"], "ahash": ["a1"]})
+    tables = {"etis": case_table("etis", [("1", "s1", "a1"), ("2", "x2", "b2")]),
+              "polypgen": case_table("polypgen", [("C1/a", "y1", "c1")])}
+    monkeypatch.setattr(transfer, "load_manifest", lambda path: manifest)
+    monkeypatch.setattr(cohorts, "read_cohort", lambda name, root: (
+        tables[name], cohorts.CohortReport(name, Path(cohorts.DATASET_FOLDERS[name]), rows_read=len(tables[name]))))
+    (tmp_path / cohorts.DATASET_FOLDERS["polypgen"]).mkdir(parents=True)
+    external = transfer.read_external(tmp_path / "run", tmp_path, required=["etis"],
+                                      optional=["polypdb", "polypgen"])
+    assert list(external.cases) == ["etis", "polypgen"]          # polypdb's folder is absent
+    assert list(external.cases["etis"]["sample_id"]) == ["2"]    # the byte copy of hk1 is out
+    assert len(external.read_cases["etis"]) == 2
+    assert external.reports["etis"].excluded_count(transfer.OVERLAP_REASON) == 1
+    assert list(transfer.external_cases(tmp_path / "run", tmp_path, ["polypdb", "polypgen"])) == ["polypgen"]
+    assert transfer.read_external(tmp_path / "run", tmp_path, optional=["polypdb"]).cases == {}

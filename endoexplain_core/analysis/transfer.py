@@ -19,6 +19,7 @@ Conventions:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -287,19 +288,40 @@ def no_negatives_statement(cohort_cases: dict[str, pd.DataFrame]) -> str:
             f"calibration can be estimated; these cohorts support spatial transfer only.")
 
 
+@dataclass
+class ExternalCohorts:
+    """The external cohorts of a run as read: ``read_cases`` (every readable case),
+    ``overlaps`` (``hash_audit`` against the run's manifest and between cohorts), ``cases``
+    (``read_cases`` minus the manifest overlaps) and the ``reports`` that count every
+    exclusion; dictionaries in reading order."""
+
+    read_cases: dict[str, pd.DataFrame]
+    overlaps: pd.DataFrame
+    cases: dict[str, pd.DataFrame]
+    reports: dict[str, CohortReport]
+
+
+def read_external(run_dir: str | Path, data_root: str | Path, *, required=(), optional=()
+                  ) -> ExternalCohorts:
+    """Read the ``required`` cohorts (a missing folder stops with ``cohorts.CohortError``
+    naming it) and those of ``optional`` whose folder is under ``data_root``, in that order,
+    and exclude every case whose bytes or average hash overlap the run's HyperKvasir manifest:
+    the one rule of notebooks 06, 07, 08 and the case browser."""
+    data_root = Path(data_root)
+    names = [*required, *(name for name in optional if (data_root / cohorts.DATASET_FOLDERS[name]).is_dir())]
+    read = {name: cohorts.read_cohort(name, data_root) for name in names}
+    read_cases = {name: table for name, (table, _) in read.items()}
+    reports = {name: report for name, (_, report) in read.items()}
+    if not names:
+        return ExternalCohorts({}, pd.DataFrame(), {}, {})
+    overlaps = hash_audit(read_cases, load_manifest(RunLayout(run_dir).manifest))
+    cases = {name: exclude_manifest_overlap(table, overlaps, reports[name]) for name, table in read_cases.items()}
+    return ExternalCohorts(read_cases, overlaps, cases, reports)
+
+
 def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names, *,
                    required: bool = False) -> dict[str, pd.DataFrame]:
-    """The external cohorts' cases, minus those whose bytes or average hash overlap the run's
-    HyperKvasir manifest (``hash_audit`` / ``exclude_manifest_overlap``): the one rule of
-    notebooks 06, 07, 08 and the case browser. Cohorts whose folder is missing under
-    ``data_root`` are left out, or, with ``required``, stop with ``cohorts.CohortError``
-    naming the folder (``cohorts.read_cohort``)."""
-    data_root = Path(data_root)
-    present = [name for name in cohort_names
-               if required or (data_root / cohorts.DATASET_FOLDERS[name]).is_dir()]
-    if not present:
-        return {}
-    read = {name: cohorts.read_cohort(name, data_root) for name in present}
-    cases = {name: table for name, (table, _) in read.items()}
-    overlaps = hash_audit(cases, load_manifest(RunLayout(run_dir).manifest))
-    return {name: exclude_manifest_overlap(table, overlaps, read[name][1]) for name, table in cases.items()}
+    """``read_external(...).cases`` of ``cohort_names``: all required, or those present."""
+    names = list(cohort_names)
+    return read_external(run_dir, data_root, required=names if required else (),
+                         optional=() if required else names).cases
