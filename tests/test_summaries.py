@@ -129,6 +129,13 @@ def test_checkpoint_robustness_uses_the_primary_fixed_subset():
     assert row["n_fixed"] == 3 and row["failure_fixed"] == 0.0      # images 0, 1, 4
     assert row["logit_drop_all"] == pytest.approx(2.5)
     assert row["random_deletion_mean"] == pytest.approx(1.25)
+    identical = {"resnet34": [("gradcam", "hirescam")], "efficientnet_b0": []}
+    deletion_all = summaries.deletion_all_images(result, identical)
+    assert list(deletion_all.index) == ["efficientnet_b0_s1", "resnet34_s1"]
+    assert deletion_all.loc["resnet34_s1", "hirescam"] == pytest.approx(2.5)
+    assert deletion_all.loc["resnet34_s1", "random_deletion"] == pytest.approx(1.25)
+    assert deletion_all.loc["resnet34_s1", "identical_by_construction"] == "gradcam = hirescam"
+    assert deletion_all.loc["efficientnet_b0_s1", "identical_by_construction"] == ""
 
 
 def test_table5_recovers_known_odds_ratios_on_simulated_cases():

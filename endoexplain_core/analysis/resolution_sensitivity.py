@@ -59,3 +59,24 @@ def resolution_table(tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]], sampl
         frame.insert(0, "input_size", size)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def run_resolution_check(run_dir: str | Path, data_root: str | Path, primary: pd.DataFrame,
+                         random_deletion: pd.DataFrame, *, native_size: int, check_size: int,
+                         score_threshold: float, top_fraction: float, repetitions: int,
+                         batch_size: int, device: str, replicates: int = stats.SPATIAL_REPLICATES,
+                         seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """The whole check in one call: audit the primary at ``check_size`` (``resolution_audit``)
+    and return (``resolution_table`` at both sizes on the native high-score images, the paths
+    of the second audit). ``primary`` / ``random_deletion``: the primary's rows at its native
+    size."""
+    checkpoint_id = str(primary["checkpoint_id"].iloc[0])
+    check = resolution_audit(run_dir, data_root, checkpoint_id, native_size=native_size,
+                             check_size=check_size, top_fraction=top_fraction,
+                             repetitions=repetitions, batch_size=batch_size, device=device)
+    paths = RunLayout(run_dir).audit_paths(check["dataset"], checkpoint_id)
+    tables = {native_size: (primary, random_deletion),
+              check_size: (audit.read_audit_table(paths["table"]), pd.read_parquet(paths["random_deletion"]))}
+    table = resolution_table(tables, summaries.high_score_ids(primary, score_threshold),
+                             replicates=replicates, seed=seed)
+    return table, {"table": paths["table"], "random_deletion": paths["random_deletion"]}

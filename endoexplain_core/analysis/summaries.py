@@ -512,3 +512,17 @@ def checkpoint_failure_ranges(robustness: pd.DataFrame, identical_by_arch: dict 
                             "max": float(high[column]), "max_checkpoint": high["checkpoint_id"]})
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def deletion_all_images(robustness: pd.DataFrame, identical_by_arch: dict) -> pd.DataFrame:
+    """Per checkpoint: each CAM's mean logit drop over all audit images, the checkpoint's
+    random-deletion mean, its identical-by-construction groups and whether its temperature sits
+    at a search bound. ``robustness``: ``checkpoint_robustness`` rows."""
+    by_checkpoint = robustness.groupby("checkpoint_id")
+    table = robustness[robustness["method"].isin(CAM_METHODS)].pivot(
+        index="checkpoint_id", columns="method", values="logit_drop_all")
+    table["random_deletion"] = by_checkpoint["random_deletion_mean"].first()
+    table["identical_by_construction"] = by_checkpoint["arch"].first().map(
+        lambda arch: "; ".join(" = ".join(group) for group in identical_by_arch.get(arch, [])))
+    table["temperature_at_bound"] = by_checkpoint["temperature_at_bound"].first()
+    return table
