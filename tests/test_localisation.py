@@ -406,6 +406,17 @@ def test_summaries_rankings_and_tests(scored):
     assert agreement.set_index("metric").loc["auc_iou", "reversed_pairs"] == 0
     tests = ext.pairwise_wilcoxon(table)
     assert len(tests) == 15 and (tests["p_holm"] >= tests["p_value"]).all()
+    # the by-subset forms are the same tables with a subset column, empty subsets left out
+    subsets = {"all images": table, "panel A": table[table["sample_id"] == table["sample_id"].iloc[0]],
+               "none": table.iloc[:0]}
+    by_subset = ext.auc_iou_by_subset(subsets, replicates=100, seed=1)
+    assert list(by_subset["subset"].unique()) == ["all images", "panel A"]
+    pd.testing.assert_frame_equal(
+        by_subset[by_subset["subset"] == "all images"].drop(columns="subset").reset_index(drop=True),
+        ext.auc_iou_table(table, replicates=100, seed=1))
+    rankings, _ = ext.rankings_by_subset(by_subset)
+    assert set(rankings["n"]) == {7, 1}
+    assert list(ext.wilcoxon_by_subset(subsets)["subset"].unique()) == ["all images"]
     chance = ext.chance_table(table, replicates=200)
     assert set(chance["size_tertile"]) == {"all", "small", "medium", "large"}
     everything = chance[chance["size_tertile"] == "all"].set_index("method")

@@ -506,6 +506,32 @@ def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTE
     return pd.DataFrame(tau_rows), pd.DataFrame(reversal_rows, columns=reversal_columns)
 
 
+def auc_iou_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
+                      seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+    """``auc_iou_table`` of every non-empty subset (name -> case rows) with a ``subset``
+    column, concatenated in subset order."""
+    return pd.concat([auc_iou_table(rows, replicates=replicates, seed=seed).assign(subset=subset)
+                      for subset, rows in subsets.items() if not rows.empty], ignore_index=True)
+
+
+def rankings_by_subset(auc_table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``ranking_table`` of each subset of ``auc_iou_by_subset``'s table, with ``subset`` and
+    its image count ``n``: (rankings, agreement between the rankings)."""
+    rank_tables, agreement_tables = [], []
+    for subset, part in auc_table.groupby("subset", sort=False):
+        ranks, agreement = ranking_table(part.reset_index(drop=True))
+        rank_tables.append(ranks.assign(subset=subset, n=int(part["n"].iloc[0])))
+        agreement_tables.append(agreement.assign(subset=subset, n=int(part["n"].iloc[0])))
+    return pd.concat(rank_tables, ignore_index=True), pd.concat(agreement_tables, ignore_index=True)
+
+
+def wilcoxon_by_subset(subsets: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """``pairwise_wilcoxon`` of every subset with at least two images, with ``subset``."""
+    return pd.concat([pairwise_wilcoxon(rows).assign(subset=subset)
+                      for subset, rows in subsets.items() if rows["sample_id"].nunique() >= 2],
+                     ignore_index=True)
+
+
 def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
                                 seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``ranking_stability`` for every non-empty subset (name -> case rows), each result
