@@ -170,3 +170,25 @@ def test_a_side_with_one_or_two_hit_images_is_too_thin_and_never_enters_holm_or_
         assert gaps["note"].str.contains(f"the subgroup has {hits} image\\(s\\) with a hit").all()
     else:
         assert gaps["estimable"].all()
+
+
+def test_prepare_subgroup_cohorts_puts_the_audit_pool_first_with_blank_labels(monkeypatch):
+    from endoexplain_core.analysis import faithfulness
+    from endoexplain_core.data import cohorts
+
+    def frames(table, data_root, decode_size):
+        for sample_id in table["sample_id"]:
+            mask = np.zeros((16, 16), bool)
+            mask[4:10, 4:10] = True
+            yield sample_id, np.full((16, 16, 3), 120, np.uint8), mask
+
+    monkeypatch.setattr(cohorts, "iter_cases", frames)
+    pool = faithfulness.prepare_cases(frames(pd.DataFrame({"sample_id": ["p1", "p2"]}), None, 16), 16)
+    external = {"polypgen": pd.DataFrame({"sample_id": ["C1/a"], "centre": ["C1"], "modality": ["WLI"],
+                                          "image_path": ["x"]})}
+    prepared, labels = subgroup_audit.prepare_subgroup_cohorts(pool, external, "/data", 16)
+    assert list(prepared) == ["hyperkvasir", "polypgen"] and prepared["hyperkvasir"] is pool
+    assert prepared["polypgen"].sample_ids == ["C1/a"] and prepared["polypgen"].images.shape == (1, 3, 16, 16)
+    assert labels["hyperkvasir"].to_dict("list") == {"sample_id": ["p1", "p2"], "centre": ["", ""],
+                                                      "modality": ["", ""]}
+    assert list(labels["polypgen"].columns) == ["sample_id", "centre", "modality"]

@@ -18,6 +18,7 @@ from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups
 from endoexplain_core.analysis.subgroups import Contrast
+from endoexplain_core.data import cohorts
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import randomisation
 from endoexplain_core.progress import progress_bar
@@ -41,6 +42,21 @@ def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     learning = learning_table(registry, load_manifest(layout.manifest))
     chosen = learning["learned"].astype(bool) & (learning["control"] == "none")
     return [primary_id, *[c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]]
+
+
+def prepare_subgroup_cohorts(pool: faithfulness.PreparedCases, cohort_cases: dict[str, pd.DataFrame],
+                             data_root: str | Path, image_size: int) -> tuple[dict, dict]:
+    """The cohorts of the subgroup models at the input size: the audit pool (``pool``, already
+    prepared; no centre or modality) first, then each external cohort of ``cohort_cases``
+    (``transfer.external_cases``). Returns (dataset -> ``faithfulness.PreparedCases``,
+    dataset -> ``sample_id``, ``centre``, ``modality`` labels)."""
+    prepared = {"hyperkvasir": pool}
+    labels = {"hyperkvasir": pd.DataFrame({"sample_id": pool.sample_ids, "centre": "", "modality": ""})}
+    for name, table in cohort_cases.items():
+        prepared[name] = faithfulness.prepare_cases(cohorts.iter_cases(table, data_root, decode_size=image_size),
+                                                    image_size)
+        labels[name] = table[["sample_id", "centre", "modality"]]
+    return prepared, labels
 
 
 def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict, labels_by_dataset: dict,
