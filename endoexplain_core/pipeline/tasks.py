@@ -260,7 +260,16 @@ class TaskRunner:
             self.client.close()
             self.client = None
         if self._cluster is not None:
-            self._cluster.close()
+            # Every result is in by now. On a loaded machine a worker can take over the nanny's
+            # 4 s to exit and is killed with a WARNING on stderr; that says nothing about the
+            # results and would read as a problem in the executed notebook, so it is muted here.
+            nanny_log = logging.getLogger("distributed.nanny")
+            level = nanny_log.level
+            nanny_log.setLevel(logging.ERROR)
+            try:
+                self._cluster.close()
+            finally:
+                nanny_log.setLevel(level)
             self._cluster = None
 
     def map(self, function: Callable[..., Any], calls: Sequence[dict[str, Any]],
