@@ -245,25 +245,24 @@ class Written:
     """The files one stage writes, recorded as it writes them: tables and figures go through
     ``table`` and ``figure`` (``save_table`` / ``save_figure`` into ``figures_dir``, a
     synthetic run's tables marked as such), other files are recorded with ``add``;
-    ``listing()`` is the stage's closing list (``written_listing``)."""
+    ``listing()`` is the stage's closing list (``written_listing``). The recording methods
+    return None, so a cell that ends with one shows no machine path."""
 
     def __init__(self, run_dir: str | Path, figures_dir: str | Path, *, synthetic: bool):
         self.run_dir, self.figures_dir, self.synthetic = Path(run_dir), Path(figures_dir), synthetic
         self.paths: list[Path] = []
 
-    def table(self, table: pd.DataFrame, name: str, **options) -> list[Path]:
+    def table(self, table: pd.DataFrame, name: str, **options) -> None:
         """``save_table(table, name, figures_dir, synthetic=..., **options)``, recorded."""
-        return self.add(*save_table(table, name, self.figures_dir, synthetic=self.synthetic, **options))
+        self.add(*save_table(table, name, self.figures_dir, synthetic=self.synthetic, **options))
 
-    def figure(self, fig, name: str, **options) -> list[Path]:
+    def figure(self, fig, name: str, **options) -> None:
         """``save_figure(fig, name, figures_dir, **options)``, recorded."""
-        return self.add(*save_figure(fig, name, self.figures_dir, **options))
+        self.add(*save_figure(fig, name, self.figures_dir, **options))
 
-    def add(self, *paths: str | Path) -> list[Path]:
-        """Record files written elsewhere (run-folder tables, checkpoints); returns them."""
-        added = [Path(p) for p in paths]
-        self.paths += added
-        return added
+    def add(self, *paths: str | Path) -> None:
+        """Record files written elsewhere (run-folder tables, checkpoints)."""
+        self.paths += [Path(p) for p in paths]
 
     def listing(self) -> str:
         """The recorded files, sorted and relative to the output root (``written_listing``)."""

@@ -67,8 +67,9 @@ def test_the_written_recorder_saves_through_artefacts_and_lists_every_file(tmp_p
 
     run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
     written = artefacts.Written(run_dir, figures_dir, synthetic=True)
-    tables = written.table(pd.DataFrame({"n": [1.0, 2.0]}), "table_x")
-    assert [p.name for p in tables] == ["table_x.csv", "table_x.md", "table_x.tex"]
+    # nothing returned: a notebook cell that ends with a recording shows no machine path
+    assert written.table(pd.DataFrame({"n": [1.0, 2.0]}), "table_x") is None
+    assert [p.name for p in written.paths] == ["table_x.csv", "table_x.md", "table_x.tex"]
     assert "synthetic" in (figures_dir / "table_x.md").read_text().lower()  # the run's synthetic note
     fig, _ = plt.subplots()
     written.figure(fig, "figure_x", footer="a footer")
