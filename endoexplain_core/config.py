@@ -195,8 +195,16 @@ class RolesSettings(StageSettings):
         return fractions
 
 
-class TrainingSettingsSection(Section):
-    """Optimisation settings of one checkpoint (``models.training.TrainingSettings``)."""
+class TrainingSettings(Section):
+    """Optimisation settings of one checkpoint (one architecture may override them).
+
+    The one settings object of training: 01's ``training_settings`` (merged with
+    ``arch_overrides[arch]``) is validated into it and ``models.training`` reads it directly.
+    Learning rate: AdamW peak, reached after ``warmup_steps`` linear steps, then cosine decay to
+    0 at the last step. ``batchnorm_recalibration_images``: training images whose plain average
+    replaces BatchNorm's running statistics before every validation (0 keeps the moving averages;
+    no effect on models without BatchNorm).
+    """
 
     epochs: int = Field(4, ge=1, description="maximum epochs (early stopping may end sooner)")
     batch_size: int = Field(32, ge=1, description="training images per optimiser step")
@@ -446,14 +454,14 @@ def _format_error(path: Path, prefix: str, error: ValidationError, model: type[B
 def _check_training_settings(settings: dict[str, Any], where: str) -> None:
     """Validate a (partial) training_settings mapping; ValueError naming the key on a problem."""
     try:
-        TrainingSettingsSection(**settings)
+        TrainingSettings(**settings)
     except ValidationError as error:
         problems = []
         for problem in error.errors():
             key = ".".join(str(part) for part in problem["loc"])
             if problem["type"] == "extra_forbidden":
                 problems.append(f"{where}.{key}: unknown key"
-                                f"{_suggest(key, TrainingSettingsSection.model_fields)}")
+                                f"{_suggest(key, TrainingSettings.model_fields)}")
             else:
                 problems.append(f"{where}.{key}: {problem['msg']} (got {short_value(problem.get('input'))})")
         raise ValueError("; ".join(problems)) from None

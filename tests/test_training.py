@@ -194,7 +194,7 @@ def test_finished_checkpoint_is_not_retrained(cohort, tmp_path):
 
 def test_resume_state_from_other_settings_is_refused(cohort, tmp_path):
     _train(cohort, tmp_path)
-    changed = training.TrainingSettings(**{**SETTINGS.__dict__, "learning_rate": 0.5})
+    changed = SETTINGS.model_copy(update={"learning_rate": 0.5})
     with pytest.raises(training.CheckpointMismatchError, match="other settings"):
         _train(cohort, tmp_path, settings=changed)
 
@@ -229,8 +229,9 @@ def test_checkpoint_metadata_round_trip_and_refusals(cohort, tmp_path):
 
 
 def test_early_stopping_after_patience(cohort, tmp_path):
-    settings = training.TrainingSettings(**{**SETTINGS.__dict__, "epochs": 20, "patience": 1,
-                                            "learning_rate": 0.0})
+    # model_copy skips validation on purpose: a profile needs learning_rate > 0, this test
+    # freezes the model to see patience alone end training.
+    settings = SETTINGS.model_copy(update={"epochs": 20, "patience": 1, "learning_rate": 0.0})
     summary = _train(cohort, tmp_path, settings=settings)
     # With a zero learning rate the AUPRC never improves after epoch 1: stop after epoch 2.
     assert summary["epochs"] == 1 and summary["epochs_run"] == 2

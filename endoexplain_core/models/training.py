@@ -37,6 +37,7 @@ from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.utils.data import DataLoader
 
+from endoexplain_core.config import TrainingSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.progress import progress_bar
 from endoexplain_core import files
@@ -67,38 +68,12 @@ class CheckpointMismatchError(ValueError):
 # ----------------------------------------------------------------------------- settings
 
 
-@dataclass(frozen=True)
-class TrainingSettings:
-    """Optimisation settings of one checkpoint (one architecture may override them).
-
-    epochs: maximum number of epochs. patience: stop after this many epochs without a higher
-    validation AUPRC. max_steps_per_epoch: cap on optimiser steps per epoch (None = all
-    batches). learning_rate: AdamW peak rate, reached after warmup_steps linear steps, then
-    cosine decay to 0 at the last step. weight_decay: AdamW decoupled decay.
-    batchnorm_recalibration_images: training images whose plain average replaces BatchNorm's
-    running statistics before every validation (``recalibrate_batchnorm``; 0 = keep the
-    moving averages; no effect on models without BatchNorm).
-    """
-
-    epochs: int = 4
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.05
-    warmup_steps: int = 0
-    label_smoothing: float = 0.03
-    patience: int = 3
-    max_steps_per_epoch: int | None = None
-    eval_batch_size: int = 64
-    num_workers: int = 0
-    batchnorm_recalibration_images: int = 128
-
-
 def settings_for(arch: str, training_settings: dict[str, Any],
                  overrides: dict[str, dict] | None = None) -> TrainingSettings:
     """Settings of ``arch``: the profile's ``training_settings``, then ``overrides[arch]``."""
     merged = dict(training_settings)
     merged.update((overrides or {}).get(arch, {}))
-    known = set(TrainingSettings.__dataclass_fields__)
+    known = set(TrainingSettings.model_fields)
     unknown = sorted(set(merged) - known)
     if unknown:
         raise ValueError(f"unknown training settings {unknown} for {arch}; known: {sorted(known)}")
@@ -316,7 +291,7 @@ def validation_auprc(logits: np.ndarray, targets: np.ndarray) -> float:
 
 def _training_state(model, optimizer, scheduler, scaler, progress: dict, spec, settings,
                     channels_last: bool) -> dict:
-    return {"format": CHECKPOINT_FORMAT, "spec": asdict(spec), "settings": asdict(settings),
+    return {"format": CHECKPOINT_FORMAT, "spec": asdict(spec), "settings": settings.model_dump(),
             "channels_last": bool(channels_last),
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
@@ -344,7 +319,7 @@ def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progres
                        state_dict: dict) -> dict:
     return {"format": CHECKPOINT_FORMAT, "checkpoint_id": spec.checkpoint_id, **asdict(spec),
             "normalisation": datasets.NORMALISATION, "epoch": progress["best_epoch"],
-            "val_auprc": progress["best_auprc"], "settings": asdict(settings),
+            "val_auprc": progress["best_auprc"], "settings": settings.model_dump(),
             "state_dict": {k: v.detach().cpu().clone() for k, v in state_dict.items()}}
 
 
@@ -461,7 +436,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
         state = checkpoint_files.load_tree(resume_path)  # safetensors + JSON, never unpickled
         # The memory format is part of the identity: its kernels give other weights, so a
         # state from the other format is never resumed or reused (a missing key: contiguous).
-        if (state.get("spec") != asdict(spec) or state.get("settings") != asdict(settings)
+        if (state.get("spec") != asdict(spec) or state.get("settings") != settings.model_dump()
                 or bool(state.get("channels_last", False)) != bool(channels_last)):
             raise CheckpointMismatchError(
                 f"{resume_path} belongs to other settings, memory format or another manifest/image "
