@@ -90,11 +90,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = config.LocalisationSettings()
+    # the C-Score interval's bootstrap, as 07 runs it (profile defaults)
+    bootstrap = {"replicates": config.ExtendedLocalisationSettings().bootstrap_replicates,
+                 "seed": config.SharedSettings().seed}
     if args.run_dir:
         primary_id = RunLayout(args.run_dir).primary_id()
         data_root = config.resolve_data_root(args.data_root, args.run_dir)
         _, _, summary = ext.score_registered(args.run_dir, data_root, primary_id, image_size=args.image_size,
-                                             settings=settings, batch_size=args.batch, device=args.device)
+                                             settings=settings, batch_size=args.batch, device=args.device, **bootstrap)
         source = f"primary {primary_id} on its masked pool"
     else:
         torch.manual_seed(0)
@@ -103,7 +106,7 @@ def main() -> None:
         _, _, summary = ext.score_checkpoint(model, metadata, 1.0,
                                              synthetic_cases(args.n_images, args.image_size),
                                              dataset="synthetic", image_size=args.image_size,
-                                             settings=settings, batch_size=args.batch, device=args.device)
+                                             settings=settings, batch_size=args.batch, device=args.device, **bootstrap)
         source = f"random-weight {args.arch} on {args.n_images} synthetic frames"
     n = summary["n_audited"]
     print(f"{source}: {n} images at {args.image_size} px, batch {args.batch}, "

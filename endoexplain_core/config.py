@@ -257,6 +257,8 @@ class CalibrationSettings(StageSettings):
     n_bins: int = Field(10, ge=2, description="equal-width score bins for ECE and reliability")
     reliability_split: Literal["val", "test"] = Field(
         "test", description="split of the reliability diagram and the source-category audit")
+    bootstrap_replicates: int = Field(
+        2000, ge=100, description="image-bootstrap replicates for the mean scaled score per source category")
 
 
 class SpatialAuditSettings(StageSettings):

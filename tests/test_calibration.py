@@ -11,6 +11,8 @@ from sklearn.metrics import average_precision_score
 from endoexplain_core.analysis import calibration
 from endoexplain_core.figures import calibration_figures
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 
 def test_nll_and_brier_hand_computed():
     # z = 0 -> score 0.5 (positive); z = ln 3 -> score 0.75 (negative).
@@ -34,8 +36,8 @@ def test_ece_and_reliability_hand_computed():
     scores = np.array([0.05, 0.15, 0.15, 0.95, 1.0])
     target = np.array([0, 1, 0, 1, 1])
     # bin 0: |0.05 - 0| x1; bin 1: |0.15 - 0.5| x2; bin 9: |0.975 - 1| x2; over 5 images.
-    assert calibration.ece(scores, target) == pytest.approx((0.05 + 2 * 0.35 + 2 * 0.025) / 5)
-    table = calibration.reliability_table(scores, target)
+    assert calibration.ece(scores, target, 10) == pytest.approx((0.05 + 2 * 0.35 + 2 * 0.025) / 5)
+    table = calibration.reliability_table(scores, target, 10)
     assert list(table["count"]) == [1, 2, 0, 0, 0, 0, 0, 0, 0, 2]
     assert table.loc[9, "mean_score"] == pytest.approx(0.975)
     assert table.loc[1, "observed_frequency"] == pytest.approx(0.5)
@@ -44,10 +46,10 @@ def test_ece_and_reliability_hand_computed():
 
 
 def test_bin_edges_are_left_closed_and_one_goes_to_last_bin():
-    np.testing.assert_array_equal(calibration.bin_index(np.array([0.0, 0.1, 0.0999, 0.9, 1.0])),
+    np.testing.assert_array_equal(calibration.bin_index(np.array([0.0, 0.1, 0.0999, 0.9, 1.0]), 10),
                                   [0, 1, 0, 9, 9])
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
-        calibration.bin_index(np.array([1.2]))
+        calibration.bin_index(np.array([1.2]), 10)
 
 
 def _logits_with_temperature(true_temperature, n=20000, seed=0):
@@ -121,14 +123,14 @@ def test_add_scores_and_calibration_table():
     assert list(scores.columns[-4:]) == ["z", "temperature", "raw_score", "scaled_score"]
     row = scores.iloc[0]
     assert row["scaled_score"] == pytest.approx(1 / (1 + math.exp(-row["z"] / row["temperature"])))
-    table = calibration.calibration_table(scores, "efficientnet_b0_s1")
+    table = calibration.calibration_table(scores, "efficientnet_b0_s1", n_bins=10)
     assert list(table["split"]) == ["Validation", "Validation", "Test", "Test"]
     assert list(table["score"]) == ["Raw", "Temperature-scaled"] * 2
     test_part = scores[(scores["checkpoint_id"] == "efficientnet_b0_s1") & (scores["role"] == "test")]
     scaled_row = table.iloc[3]
     assert scaled_row["nll"] == pytest.approx(
         calibration.nll(test_part["z"], test_part["target"], scaled_row["temperature"]))
-    assert scaled_row["ece"] == pytest.approx(calibration.ece(test_part["scaled_score"], test_part["target"]))
+    assert scaled_row["ece"] == pytest.approx(calibration.ece(test_part["scaled_score"], test_part["target"], 10))
     # Logits were generated over-confident (T = 2): scaling must lower the validation NLL.
     assert table.iloc[1]["nll"] < table.iloc[0]["nll"]
     with pytest.raises(ValueError, match="no temperature"):
@@ -143,7 +145,7 @@ def test_source_category_audit_hand_computed():
         "target": [1, 1, 1, 1, 1, 0, 0, 0],
         "scaled_score": [0.2, 0.6, 0.9, 0.95, 0.4, 0.7, 0.1, 0.3],
     })
-    table = calibration.source_category_audit(scores, "m").set_index("source")
+    table = calibration.source_category_audit(scores, "m", "test", 0.5, replicates=2000, seed=SEED).set_index("source")
     assert table.loc["polyps", "sensitivity"] == pytest.approx(0.5)
     assert table.loc["polyps", "mean_scaled_score"] == pytest.approx(0.4)
     assert table.loc["dyed-lifted-polyps", "sensitivity"] == pytest.approx(2 / 3)
@@ -158,7 +160,7 @@ def test_source_category_audit_hand_computed():
 
 def test_reliability_raw_vs_scaled_and_its_figure():
     scores = calibration.add_scores(_scores_frame(), calibration.fit_temperatures(_scores_frame()))
-    reliability = calibration.reliability_raw_vs_scaled(scores, "resnet34_s1", "test")
+    reliability = calibration.reliability_raw_vs_scaled(scores, "resnet34_s1", "test", 10)
     assert list(reliability["score"].unique()) == ["Raw", "Temperature-scaled"]
     assert reliability.groupby("score")["count"].sum().tolist() == [3000, 3000]
     fig = calibration_figures.plot_reliability_with_counts(reliability)

@@ -283,8 +283,8 @@ def test_figure2a_ece_from_the_bins_equals_the_calibration_ece_and_small_bins_ar
     rng = np.random.default_rng(4)
     score = rng.uniform(size=300)
     target = (rng.uniform(size=300) < score ** 2).astype(int)
-    bins = calibration.reliability_table(score, target)
-    assert calibration.ece_from_bins(bins) == pytest.approx(calibration.ece(score, target))
+    bins = calibration.reliability_table(score, target, 10)
+    assert calibration.ece_from_bins(bins) == pytest.approx(calibration.ece(score, target, 10))
     fig, ax = plt.subplots()
     table = bins.assign(score="Temperature-scaled")
     table.loc[table.index[0], "count"] = 2                         # one small bin

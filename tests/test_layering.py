@@ -5,7 +5,8 @@ foundation (config, methods, marks, artefacts, run_layout, ...) < kernels < data
 A module may import its own layer and the layers below it; an upward import (e.g. an analysis
 module importing a figure) would tie the tested core to plotting and is refused here. No import
 circle either, inside a layer or across, counting imports inside functions too (a local import
-hides a circle from Python, not from the design).
+hides a circle from Python, not from the design). And no protocol value has a default below
+``config``: a forgotten argument must be an error, not a silent 0.20 or 2,000 replicates.
 """
 
 import ast
@@ -162,3 +163,48 @@ def test_the_long_function_check_can_fail(tmp_path):
     assert len(long_functions([module])) == 1
     module.write_text(f'def long():\n    """Long on purpose: a table of constants."""\n{body}\n')
     assert long_functions([module]) == []
+
+
+# Parameters that carry a protocol value (a profile key, or the kernel's name for one): below
+# config they must be passed. None is allowed as a default ("not used", checked where needed).
+PROTOCOL_PARAMETERS = {
+    "top_fraction", "repetitions", "replicates", "seed", "prior_negatives", "score_threshold",
+    "score_thresholds", "decision_threshold", "thresholds", "noise_std", "n_regions",
+    "energy_alpha", "road_fractions", "shape_repetitions", "n_bins", "split", "fractions",
+    "margin", "min_accuracy", "max_control_accuracy", "radius_px", "sigma_px",
+}
+# Fixed definitions, not profile values: the AUC-IoU threshold grid and top-k sweep are part of
+# the metric's formula (the threshold-free paper's), TOST's alpha is the test's convention.
+FIXED_DEFINITIONS = {"DEFAULT_IOU_THRESHOLDS", "TOP_K_FRACTIONS", "TOST_ALPHA"}
+
+
+def protocol_defaults(paths=MODULES) -> list[str]:
+    """``module:function(parameter=default)`` for every protocol parameter with a default."""
+    found = []
+    for path in paths:
+        if path.name == "config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            for arg, default in pairs:
+                text = ast.unparse(default)
+                if (arg.arg in PROTOCOL_PARAMETERS and text != "None"
+                        and text.split(".")[-1] not in FIXED_DEFINITIONS):
+                    found.append(f"{path.name}:{node.name}({arg.arg}={text})")
+    return found
+
+
+def test_no_protocol_value_has_a_default_below_config():
+    assert protocol_defaults() == []
+
+
+def test_the_protocol_default_check_can_fail(tmp_path):
+    module = tmp_path / "defaults.py"
+    module.write_text("def rate(table, top_fraction=0.2, replicates=None, *, seed=7):\n    pass\n")
+    assert protocol_defaults([module]) == ["defaults.py:rate(top_fraction=0.2)",
+                                           "defaults.py:rate(seed=7)"]

@@ -13,6 +13,8 @@ from scipy import ndimage
 from endoexplain_core import config, kernels
 from endoexplain_core.kernels import localisation as loc
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 H = W = 40
 ALPHA = 0.01  # the profile's shared.localisation.energy_alpha
 
@@ -363,7 +365,7 @@ def scored():
     model = nondegenerate_model("resnet34", seed=7, image_size=64)
     metadata = {"checkpoint_id": "resnet34_s7", "arch": "resnet34", "seed": 7}
     return ext.score_checkpoint(model, metadata, 1.0, _cases(7), dataset="toy", image_size=64,
-                                settings=config.LocalisationSettings(), batch_size=4)
+                                settings=config.LocalisationSettings(), batch_size=4, replicates=2000, seed=SEED)
 
 
 def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
@@ -397,7 +399,7 @@ def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
 def test_summaries_rankings_and_tests(scored):
     from endoexplain_core.analysis import extended_localisation as ext
     table = scored[0]
-    summary = ext.auc_iou_table(table)
+    summary = ext.auc_iou_table(table, replicates=2000, seed=SEED)
     assert list(summary["method"]) == list(ext.EXTENDED_METHODS) and (summary["n"] == 7).all()
     row = summary.iloc[0]
     assert row["rel_diff_0.5_pct"] == pytest.approx((row["auc_iou"] - row["iou_at_0.5"]) / row["iou_at_0.5"] * 100)
@@ -417,7 +419,7 @@ def test_summaries_rankings_and_tests(scored):
     rankings, _ = ext.rankings_by_subset(by_subset)
     assert set(rankings["n"]) == {7, 1}
     assert list(ext.wilcoxon_by_subset(subsets)["subset"].unique()) == ["all images"]
-    chance = ext.chance_table(table, replicates=200)
+    chance = ext.chance_table(table, replicates=200, seed=SEED)
     assert set(chance["size_tertile"]) == {"all", "small", "medium", "large"}
     everything = chance[chance["size_tertile"] == "all"].set_index("method")
     assert everything.loc["dog", "n"] == 7 and np.isnan(everything.loc["dog", "lambda_e_minus_dog"])
@@ -558,7 +560,7 @@ def test_negative_class_gold_list_weights_and_c_score_by_hand(monkeypatch):
     batches = [(ids[:2], images[:2]), (ids[2:], images[2:])]          # the gold list spans batches
     metadata = {"checkpoint_id": "hand", "arch": "resnet34", "seed": 1}
     rows = ext.negative_class_c_scores(torch.nn.Identity(), metadata, 2.0, batches, dataset="toy",
-                                       settings=config.LocalisationSettings()).set_index("method")
+                                       settings=config.LocalisationSettings(), replicates=2000, seed=SEED).set_index("method")
     assert seen == [2, 2]
     assert list(rows.index) == list(ext.EXTENDED_METHODS) and set(rows["class"]) == {"negative"}
     assert (rows["n_gold"] == 3).all() and (rows["n_audited"] == 4).all()
@@ -583,13 +585,13 @@ def test_negative_rows_carry_the_polyp_rows_columns_and_class(scored):
     ids, images = _normalised(_cases(6, seed=1))
     batches = [(ids[:4], images[:4]), (ids[4:], images[4:])]
     negative = ext.negative_class_c_scores(model, metadata, 1.0, batches, dataset="toy",
-                                           settings=config.LocalisationSettings())
+                                           settings=config.LocalisationSettings(), replicates=2000, seed=SEED)
     assert list(negative.columns) == list(polyp.columns)
     assert set(negative["class"]) == {"negative"} and list(negative["method"]) == list(ext.EXTENDED_METHODS)
     assert (negative["n_audited"] == 6).all() and negative["n_gold"].between(0, 6).all()
     # the logits' sign alone decides each image's class: every image is in one of the two gold lists
     positive = ext.score_checkpoint(model, metadata, 1.0, _cases(6, seed=1), dataset="toy", image_size=64,
-                                    settings=config.LocalisationSettings())[1]
+                                    settings=config.LocalisationSettings(), replicates=2000, seed=SEED)[1]
     assert positive["n_gold"].iloc[0] + negative["n_gold"].iloc[0] == 6
 
 

@@ -12,6 +12,8 @@ import yaml
 from endoexplain_core.analysis import calibration, paper_comparison, stats
 from endoexplain_core.models import training
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,10 +54,10 @@ def _scores(temperature):
 
 
 def test_temperature_at_bound_is_flagged_in_table3_rows():
-    flagged = calibration.calibration_table(_scores(calibration.TEMPERATURE_BOUNDS[1]), "c")
+    flagged = calibration.calibration_table(_scores(calibration.TEMPERATURE_BOUNDS[1]), "c", n_bins=10)
     assert flagged.loc[flagged["score"] == "Temperature-scaled", "temperature_at_bound"].all()
     assert not flagged.loc[flagged["score"] == "Raw", "temperature_at_bound"].any()
-    assert not calibration.calibration_table(_scores(0.83), "c")["temperature_at_bound"].any()
+    assert not calibration.calibration_table(_scores(0.83), "c", n_bins=10)["temperature_at_bound"].any()
 
 
 def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
@@ -76,7 +78,7 @@ def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
 
 
 def test_source_category_audit_has_wilson_intervals_per_category():
-    table = calibration.source_category_audit(_scores(1.0), "c").set_index("source")
+    table = calibration.source_category_audit(_scores(1.0), "c", "test", 0.5, replicates=2000, seed=SEED).set_index("source")
     standard = table.loc["polyps"]
     k = round(standard["sensitivity"] * standard["n"])
     assert (standard["sensitivity_ci_low"], standard["sensitivity_ci_high"]) == pytest.approx(

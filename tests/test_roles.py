@@ -10,6 +10,9 @@ from PIL import Image
 
 from endoexplain_core.data import roles
 from endoexplain_core.data.imageio import ImageReadError
+from endoexplain_core.config import RolesSettings
+
+SPLIT = RolesSettings().split_fractions  # the profiles' train/val/test shares
 
 
 def _frame(seed: int, size: int = 32) -> np.ndarray:
@@ -85,7 +88,7 @@ def _image_table(sources: dict[str, int], pairs: int = 0, segmented: int = 0) ->
 
 
 def test_split_is_stratified_by_source():
-    table = roles.assign_roles(_image_table({"cecum": 200, "dyed-lifted-polyps": 100}), seed=7)
+    table = roles.assign_roles(_image_table({"cecum": 200, "dyed-lifted-polyps": 100}), seed=7, fractions=SPLIT)
     counts = pd.crosstab(table["source"], table["role"])
     assert counts.loc["cecum"].to_dict() == {"train": 140, "val": 30, "test": 30}
     assert counts.loc["dyed-lifted-polyps"].to_dict() == {"train": 70, "val": 15, "test": 15}
@@ -93,9 +96,9 @@ def test_split_is_stratified_by_source():
 
 def test_split_is_deterministic_and_seed_dependent():
     table = _image_table({"cecum": 60, "bbps-2-3": 40}, pairs=10)
-    first = roles.assign_roles(table, seed=3)
-    assert first["role"].tolist() == roles.assign_roles(table, seed=3)["role"].tolist()
-    assert first["role"].tolist() != roles.assign_roles(table, seed=4)["role"].tolist()
+    first = roles.assign_roles(table, seed=3, fractions=SPLIT)
+    assert first["role"].tolist() == roles.assign_roles(table, seed=3, fractions=SPLIT)["role"].tolist()
+    assert first["role"].tolist() != roles.assign_roles(table, seed=4, fractions=SPLIT)["role"].tolist()
 
 
 def test_segmented_groups_are_audit_and_groups_stay_whole():
@@ -103,7 +106,7 @@ def test_segmented_groups_are_audit_and_groups_stay_whole():
     # A labelled polyp whose average hash equals a segmented one joins the audit pool.
     table.loc[len(table)] = {"path": "polyps/near.jpg", "source": "polyps",
                              "sha256": "f" * 64, "ahash": "polyps-0", "mask_path": ""}
-    result = roles.assign_roles(table, seed=11)
+    result = roles.assign_roles(table, seed=11, fractions=SPLIT)
     assert (result.groupby("group_id")["role"].nunique() == 1).all()
     audit = result[result["role"] == "spatial_audit"]
     assert set(audit["path"]) == {f"polyps/{i:04d}.jpg" for i in range(5)} | {"polyps/near.jpg"}
@@ -125,7 +128,7 @@ def test_check_roles_rejects_crossing_groups_and_leaked_masks():
 def _manifest(table: pd.DataFrame) -> pd.DataFrame:
     table = table.assign(sample_id=table["path"].str.replace("/", "_"), group="g",
                          target=(table["source"] == "polyps").astype(int), width=8, height=8)
-    return roles.build_manifest(roles.assign_roles(table, seed=1))
+    return roles.build_manifest(roles.assign_roles(table, seed=1, fractions=SPLIT))
 
 
 def test_manifest_bytes_digest_and_order(tmp_path):
@@ -174,7 +177,7 @@ def test_a_manifest_stage_00_rejects_is_never_left_with_a_valid_digest(tmp_path,
     table = roles.hash_files(crafted, progress=False).assign(
         path=[p.name for p in crafted], sample_id=[p.stem for p in crafted], group="g",
         source="cecum", target=0, mask_path="")
-    accepted = roles.build_manifest(roles.assign_roles(table, seed=1))
+    accepted = roles.build_manifest(roles.assign_roles(table, seed=1, fractions=SPLIT))
     refused = accepted[accepted["path"] != "b.png"].reset_index(drop=True)  # describes real files too
     run_dir, reference = tmp_path / "run", tmp_path / "reference"
     manifest_dir = run_dir / "manifest"
@@ -205,7 +208,7 @@ def test_verify_manifest_detects_changed_files_and_edited_manifest(tmp_path, cra
         path=[p.name for p in crafted], sample_id=[p.stem for p in crafted], group="g",
         source="cecum", target=0, mask_path="")
     run_dir = tmp_path / "run"
-    roles.write_manifest(roles.build_manifest(roles.assign_roles(table, seed=1)),
+    roles.write_manifest(roles.build_manifest(roles.assign_roles(table, seed=1, fractions=SPLIT)),
                          run_dir / "manifest")
     assert len(roles.verify_manifest(run_dir, data_root, progress=False)) == 4
 

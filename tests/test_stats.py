@@ -8,14 +8,16 @@ import statsmodels.api as sm
 
 from endoexplain_core.analysis import stats
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 
 def test_bootstrap_is_deterministic_and_matches_a_loop_over_the_same_indices():
     values = np.random.default_rng(0).normal(size=37)
-    first = stats.bootstrap_mean_ci(values, replicates=300)
-    second = stats.bootstrap_mean_ci(values, replicates=300)
+    first = stats.bootstrap_mean_ci(values, replicates=300, seed=SEED)
+    second = stats.bootstrap_mean_ci(values, replicates=300, seed=SEED)
     assert first == second
     # Independent reference: a per-replicate loop with the same seeded generator.
-    rng = np.random.default_rng(stats.BOOTSTRAP_SEED)
+    rng = np.random.default_rng(SEED)
     index = rng.integers(0, values.size, size=(300, values.size))
     means = np.array([values[row].mean() for row in index])
     assert first["estimate"] == pytest.approx(values.mean())
@@ -27,7 +29,7 @@ def test_bootstrap_is_deterministic_and_matches_a_loop_over_the_same_indices():
 
 def test_bootstrap_interval_agrees_with_scipy_percentile_bootstrap():
     values = np.random.default_rng(1).exponential(size=400)
-    ours = stats.bootstrap_mean_ci(values, replicates=5000)
+    ours = stats.bootstrap_mean_ci(values, replicates=5000, seed=SEED)
     reference = scipy_stats.bootstrap((values,), np.mean, n_resamples=5000, method="percentile",
                                       random_state=np.random.default_rng(2)).confidence_interval
     # Different random draws: intervals agree to Monte-Carlo error.
@@ -37,27 +39,27 @@ def test_bootstrap_interval_agrees_with_scipy_percentile_bootstrap():
 
 def test_two_dimensional_bootstrap_resamples_columns_with_the_same_images():
     column = np.arange(10.0)
-    result = stats.bootstrap_mean_ci(np.stack([column, column + 1.0], axis=1), replicates=200)
+    result = stats.bootstrap_mean_ci(np.stack([column, column + 1.0], axis=1), replicates=200, seed=SEED)
     np.testing.assert_allclose(result["ci_low"][1] - result["ci_low"][0], 1.0)
     np.testing.assert_allclose(result["ci_high"][1] - result["ci_high"][0], 1.0)
-    single = stats.bootstrap_mean_ci(column, replicates=200)
+    single = stats.bootstrap_mean_ci(column, replicates=200, seed=SEED)
     assert single["ci_low"] == pytest.approx(result["ci_low"][0])
 
 
 def test_bootstrap_of_an_empty_population_is_nan_and_nan_values_are_rejected():
-    empty = stats.bootstrap_mean_ci(np.array([]))
+    empty = stats.bootstrap_mean_ci(np.array([]), replicates=2000, seed=SEED)
     assert empty["n"] == 0 and np.isnan(empty["estimate"]) and np.isnan(empty["ci_low"])
     with pytest.raises(ValueError, match="NaN"):
-        stats.bootstrap_mean_ci(np.array([1.0, np.nan]))
+        stats.bootstrap_mean_ci(np.array([1.0, np.nan]), replicates=2000, seed=SEED)
 
 
 def test_paired_difference_of_a_constant_shift_is_exact():
     first = np.random.default_rng(3).normal(size=50)
-    result = stats.paired_difference_ci(first + 0.25, first, replicates=100)
+    result = stats.paired_difference_ci(first + 0.25, first, replicates=100, seed=SEED)
     assert result["estimate"] == pytest.approx(0.25)
     assert result["ci_low"] == pytest.approx(0.25) and result["ci_high"] == pytest.approx(0.25)
     with pytest.raises(ValueError):
-        stats.paired_difference_ci(first, first[:-1])
+        stats.paired_difference_ci(first, first[:-1], replicates=2000, seed=SEED)
 
 
 def test_exact_paired_binomial_hand_case():
@@ -137,8 +139,8 @@ def test_cluster_bootstrap_odds_ratios_cover_the_truth_and_are_deterministic():
     design, outcome = _simulated_logistic(3000, truth, seed=9)
     clusters = np.repeat(np.arange(1000), 3)            # three rows per "image"
     names = ["intercept", "a", "b"]
-    result = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200)
-    again = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200)
+    result = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200, seed=SEED)
+    again = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=200, seed=SEED)
     np.testing.assert_array_equal(result["ci_low"], again["ci_low"])
     assert list(result["term"]) == ["a", "b"]
     assert np.all(result["ci_low"] < np.exp(truth[1:])) and np.all(np.exp(truth[1:]) < result["ci_high"])
@@ -196,10 +198,10 @@ def test_rate_refuses_undefined_or_non_binary_outcomes():
 
 def test_bootstrap_of_means_is_a_percentile_interval_and_stays_a_point_when_constant():
     mixed = np.r_[np.ones(10), np.zeros(10)]
-    matrix = stats.bootstrap_mean_ci(np.column_stack([np.full(20, 0.3), mixed]), replicates=200)
+    matrix = stats.bootstrap_mean_ci(np.column_stack([np.full(20, 0.3), mixed]), replicates=200, seed=SEED)
     assert list(matrix["interval"]) == [stats.PERCENTILE_BOOTSTRAP] * 2
     assert matrix["ci_low"][0] == pytest.approx(0.3) and matrix["ci_high"][0] == pytest.approx(0.3)
-    same = stats.paired_difference_ci(np.ones(9), np.ones(9), replicates=50)
+    same = stats.paired_difference_ci(np.ones(9), np.ones(9), replicates=50, seed=SEED)
     assert same["ci_low"] == same["ci_high"] == 0.0
 
 
@@ -247,9 +249,9 @@ def test_cluster_bootstrap_is_wider_than_row_bootstrap_with_correlated_clusters(
     design = np.column_stack([np.ones_like(covariate), covariate])
     clusters = np.repeat(np.arange(n_images), rows_per_image)
     names = ["intercept", "x"]
-    by_image = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=300)
+    by_image = stats.cluster_bootstrap_odds_ratios(design, outcome, clusters, names, replicates=300, seed=SEED)
     by_row = stats.cluster_bootstrap_odds_ratios(design, outcome, np.arange(len(outcome)), names,
-                                                 replicates=300)
+                                                 replicates=300, seed=SEED)
     assert by_image["odds_ratio"] == pytest.approx(by_row["odds_ratio"])     # same point estimate
     width_image = np.log(by_image["ci_high"] / by_image["ci_low"])[0]
     width_row = np.log(by_row["ci_high"] / by_row["ci_low"])[0]
@@ -261,7 +263,7 @@ def test_cluster_bootstrap_counts_separated_replicates_as_infinite():
     design = np.column_stack([np.ones(60), np.r_[np.ones(20), np.zeros(40)]])
     outcome = np.r_[np.ones(1), np.zeros(19), (np.arange(40) % 2 == 0).astype(float)]
     result = stats.cluster_bootstrap_odds_ratios(design, outcome, np.arange(60), ["intercept", "g"],
-                                                 replicates=300)
+                                                 replicates=300, seed=SEED)
     assert result["separated_replicates"][0] > 0.025 * 300   # about e^-1 of replicates
     assert result["ci_low"][0] == 0.0 and np.isfinite(result["ci_high"][0])
 
@@ -275,7 +277,7 @@ def test_classifier_intervals_weighted_ap_matches_sklearn_and_rates_take_wilson(
     weights = rng.integers(0, 3, size=(4, 80)).astype(float)
     np.testing.assert_allclose(stats.weighted_average_precision(z, target, weights),
                                [average_precision_score(target, z, sample_weight=w) for w in weights])
-    result = stats.classifier_metric_intervals(np.abs(z) + 0.1, target, replicates=500)
+    result = stats.classifier_metric_intervals(np.abs(z) + 0.1, target, replicates=500, seed=SEED)
     assert result["sensitivity"]["estimate"] == 1.0                    # every z >= 0: all called positive
     assert result["sensitivity"]["interval"] == stats.WILSON
     assert result["sensitivity"]["ci_low"] == pytest.approx(
@@ -314,4 +316,4 @@ def test_weighted_pair_mean_bootstrap_matches_a_loop_over_distinct_drawn_pairs()
         means.append(numerator / denominator)
     assert [result["ci_low"], result["ci_high"]] == pytest.approx(np.percentile(means, [2.5, 97.5]))
     assert result["replicates_used"] == 300
-    assert np.isnan(stats.weighted_pair_mean_ci(similarity[:1, :1], weights[:1])["ci_low"])
+    assert np.isnan(stats.weighted_pair_mean_ci(similarity[:1, :1], weights[:1], replicates=2000, seed=SEED)["ci_low"])

@@ -14,6 +14,8 @@ from endoexplain_core.analysis import adjusted_model, summaries
 from endoexplain_core.analysis.audit import REQUIRED_COLUMNS, validate_audit_table
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 
 def crafted_table(scores, failures, checkpoint_id="efficientnet_b0_s1", arch="efficientnet_b0",
                   seed=1, areas=None):
@@ -55,7 +57,7 @@ def random_deletion_rows(n, checkpoint_id="efficientnet_b0_s1"):
 
 def test_table4_panels_use_the_right_images_and_hand_means():
     table = crafted_table(SCORES, FAILURES)
-    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.90, replicates=200)
+    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.90, replicates=200, seed=SEED)
     panel_a = result[result["panel"] == "A"].set_index("method")
     panel_b = result[result["panel"] == "B"].set_index("method")
     assert (panel_a["n"] == 3).all() and (panel_b["n"] == 6).all()       # images 0, 1, 4
@@ -72,7 +74,7 @@ def test_table4_panels_use_the_right_images_and_hand_means():
 
 def test_an_empty_high_score_panel_is_reported_not_raised():
     table = crafted_table(SCORES, FAILURES)
-    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.99, replicates=50)
+    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.99, replicates=50, seed=SEED)
     panel_a = result[result["panel"] == "A"]
     assert (panel_a["n"] == 0).all() and panel_a["peak_failure"].isna().all()
 
@@ -81,7 +83,7 @@ def test_paired_tests_match_scipy_and_statsmodels():
     table = crafted_table(SCORES, FAILURES)
     ids = sorted(table["sample_id"].unique())
     result = summaries.paired_tests(table, ids, identical_groups=[("gradcam", "xgradcam")],
-                                    replicates=100).set_index(["first", "second"])
+                                    replicates=100, seed=SEED).set_index(["first", "second"])
     row = result.loc[("gradcam", "gradcampp")]
     # Grad-CAM fails alone on none, Grad-CAM++ alone on images 1 and 4.
     assert (row["discordant_first_only"], row["discordant_second_only"]) == (0, 2)
@@ -158,16 +160,16 @@ def test_table5_recovers_known_odds_ratios_on_simulated_cases():
     assert len(frame) == 5 * n_images
     # Constant score: drop it from this check (it is collinear with the intercept).
     frame["score_per_0_10"] = rng.normal(size=len(frame))
-    result = adjusted_model.odds_ratios(frame, replicates=100).set_index("term")
+    result = adjusted_model.odds_ratios(frame, replicates=100, seed=SEED).set_index("term")
     expected = {"Grad-CAM++ versus Grad-CAM": 2.0, "HiResCAM versus Grad-CAM": 0.25,
                 "Eigen-CAM* versus Grad-CAM": 0.5, "Lesion-centre distance per 0.10": np.exp(0.3),
                 "Lesion area per 0.10 frame fraction": np.exp(-0.2)}
     for term, odds_ratio in expected.items():
         assert result.loc[term, "ci_low"] < odds_ratio < result.loc[term, "ci_high"], term
     with pytest.raises(ValueError, match="no high-score"):
-        adjusted_model.odds_ratios(frame.iloc[0:0])
+        adjusted_model.odds_ratios(frame.iloc[0:0], replicates=500, seed=SEED)
     with pytest.raises(ValueError, match="constant"):
-        adjusted_model.odds_ratios(frame.assign(failure=1.0))
+        adjusted_model.odds_ratios(frame.assign(failure=1.0), replicates=500, seed=SEED)
 
 
 def test_tie_counts_count_maps_with_ties():
@@ -187,7 +189,7 @@ def test_tie_counts_count_maps_with_ties():
 
 def test_format_table4_prints_estimates_with_intervals_and_dashes():
     table = summaries.table4(crafted_table(SCORES, FAILURES), random_deletion_rows(6), 0.90,
-                             replicates=50)
+                             replicates=50, seed=SEED)
     shown = summaries.format_table4(table).set_index(["Panel", "Map"])
     assert shown.loc[("A", "Grad-CAM"), "Peak failure"].startswith("0.333 (")
     assert shown.loc[("A", "Random deletion"), "Peak failure"] == "\u2013"
@@ -198,11 +200,11 @@ def test_format_table4_prints_estimates_with_intervals_and_dashes():
 
 def test_adjusted_model_table_always_returns_the_terms():
     frame = adjusted_model.model_frame(crafted_table(SCORES, FAILURES), score_threshold=0.99)
-    table, status = adjusted_model.adjusted_table(frame)
+    table, status = adjusted_model.adjusted_table(frame, replicates=500, seed=SEED)
     assert list(table["term"]) == list(adjusted_model.TERMS.values())
     assert table["odds_ratio"].isna().all() and "no image reached" in status
     constant = adjusted_model.model_frame(crafted_table(SCORES, {m: [1] * 6 for m in FAILURES}), 0.90)
-    assert "constant" in adjusted_model.adjusted_table(constant)[1]
+    assert "constant" in adjusted_model.adjusted_table(constant, replicates=500, seed=SEED)[1]
 
 
 # --------------------------------------------------------------------------- issue 10
@@ -227,7 +229,7 @@ def test_separated_term_is_reported_not_estimable_and_left_out_of_the_fit():
     frame = _separated_frame()
     found = adjusted_model.detect_separation(frame)
     assert set(found["separated"]) == {"xgradcam", "hirescam"} and not found["unresolved"]
-    table, status = adjusted_model.adjusted_table(frame, replicates=60)
+    table, status = adjusted_model.adjusted_table(frame, replicates=60, seed=SEED)
     by_term = table.set_index("term")
     for term in ("XGrad-CAM versus Grad-CAM", "HiResCAM versus Grad-CAM"):
         assert not by_term.loc[term, "estimable"] and np.isnan(by_term.loc[term, "odds_ratio"])
@@ -305,7 +307,7 @@ def test_secondary_outcomes_and_checkpoint_ranges():
     table["iou_below_0_10"] = table["iou"] < 0.10
     table["centre_of_mass_distance"] = 0.2
     table["score_drop"] = np.where(table["method"].isin(CAM_METHODS), 0.1, np.nan)
-    secondary = summaries.secondary_outcomes(table, 0.90, replicates=50)
+    secondary = summaries.secondary_outcomes(table, 0.90, replicates=50, seed=SEED)
     rate = secondary[(secondary["panel"] == "B") & (secondary["outcome"] == "iou_below_0_10")
                      & (secondary["method"] == "gradcam")].iloc[0]
     expected = np.mean(0.5 - 0.4 * np.array(FAILURES["gradcam"]) + 0.01 * np.arange(6) < 0.10)

@@ -20,6 +20,8 @@ from endoexplain_core.analysis import audit
 
 from endoexplain_core.data import cohorts
 
+SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -128,24 +130,24 @@ def test_summary_rejects_mixed_checkpoints():
     table = crafted_audit()
     table.loc[table["dataset"] == "polypgen", "checkpoint_id"] = "resnet34_s1129"
     with pytest.raises(ValueError, match="one \\(frozen\\) checkpoint"):
-        transfer.transfer_summary(table, score_threshold=0.9, top_fraction=0.2, replicates=10)
+        transfer.transfer_summary(table, score_threshold=0.9, top_fraction=0.2, replicates=10, seed=SEED)
 
 
 def test_breakdown_by_centre():
     table = crafted_audit()
     table = table[table["dataset"] == "polypgen"]
     cases = pd.DataFrame({"sample_id": ["s0", "s1"], "centre": ["C1", "C2"], "modality": ["", ""]})
-    by_centre = transfer.breakdown(table, cases, "centre", score_threshold=0.2, replicates=50)
+    by_centre = transfer.breakdown(table, cases, "centre", score_threshold=0.2, replicates=50, seed=SEED)
     assert list(by_centre.columns) == list(transfer.BREAKDOWN_COLUMNS)
     assert by_centre["method"].tolist()[:7] == list(MAP_METHODS)   # protocol order
     gradcam = by_centre[by_centre["method"] == "gradcam"].set_index("group")
     assert gradcam.loc["C1", "mean_iou"] == 0.5 and gradcam.loc["C2", "mean_iou"] == 0.25
     assert gradcam.loc["C2", "n_eligible"] == 1 and gradcam.loc["C1", "n_eligible"] == 0
-    assert transfer.breakdown(table, cases, "modality", score_threshold=0.2).empty
+    assert transfer.breakdown(table, cases, "modality", score_threshold=0.2, replicates=2000, seed=SEED).empty
 
 
 def test_figure5_bars_and_centre_segments():
-    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2, replicates=50)
+    summary = transfer.transfer_summary(crafted_audit(), score_threshold=0.90, top_fraction=0.2, replicates=50, seed=SEED)
     fig = transfer_figures.figure5_transfer(summary, score_threshold=0.90, top_fraction=0.2)
     ax = fig.axes[0]
     bars = [p for p in ax.patches if p.get_height() > 0 or p.get_width() > 0]

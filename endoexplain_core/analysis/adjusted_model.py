@@ -90,8 +90,8 @@ def detect_separation(frame: pd.DataFrame) -> dict:
             terms.remove(term)
 
 
-def odds_ratios(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
-           seed: int = stats.BOOTSTRAP_SEED, penalty: float = stats.RIDGE_PENALTY) -> pd.DataFrame:
+def odds_ratios(frame: pd.DataFrame, replicates: int,
+           seed: int, penalty: float = stats.RIDGE_PENALTY) -> pd.DataFrame:
     """Odds ratios of the adjusted model with image-cluster bootstrap CIs (Table 5).
 
     ``frame``: ``model_frame`` output. Separation is detected first
@@ -132,8 +132,8 @@ def odds_ratios(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
     return pd.DataFrame(rows)
 
 
-def adjusted_table(frame: pd.DataFrame, replicates: int = stats.CLUSTER_REPLICATES,
-                         seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, str]:
+def adjusted_table(frame: pd.DataFrame, replicates: int,
+                         seed: int) -> tuple[pd.DataFrame, str]:
     """Table 5 and a one-line status; always a table, so later stages can rely on it.
 
     When the model is not identifiable (no high-score image, a constant failure outcome, a

@@ -58,7 +58,7 @@ def brier(score: np.ndarray, target: np.ndarray) -> float:
     return float(np.mean((score - target) ** 2))
 
 
-def bin_index(score: np.ndarray, n_bins: int = 10) -> np.ndarray:
+def bin_index(score: np.ndarray, n_bins: int) -> np.ndarray:
     """Equal-width bin of each score in [0, 1]: ``floor(score * n_bins)``, 1.0 in the last bin."""
     score = np.asarray(score, dtype=np.float64)
     if np.any((score < 0) | (score > 1)):
@@ -66,7 +66,7 @@ def bin_index(score: np.ndarray, n_bins: int = 10) -> np.ndarray:
     return np.minimum((score * n_bins).astype(int), n_bins - 1)
 
 
-def reliability_table(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -> pd.DataFrame:
+def reliability_table(score: np.ndarray, target: np.ndarray, n_bins: int) -> pd.DataFrame:
     """Per equal-width bin: bin, lower, upper, count, mean_score, observed_frequency.
 
     Empty bins are kept with count 0 and NaN means (a diagram shows the gap).
@@ -83,7 +83,7 @@ def reliability_table(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -
     return pd.DataFrame(rows)
 
 
-def ece(score: np.ndarray, target: np.ndarray, n_bins: int = 10) -> float:
+def ece(score: np.ndarray, target: np.ndarray, n_bins: int) -> float:
     """Expected calibration error: ``sum_b (n_b / N) * |mean score_b - positive rate_b|``."""
     return ece_from_bins(reliability_table(score, target, n_bins))
 
@@ -169,7 +169,7 @@ def add_scores(logits: pd.DataFrame, temperatures: pd.DataFrame) -> pd.DataFrame
 
 
 def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
-                      splits: tuple[str, ...] = ("val", "test"), n_bins: int = 10) -> pd.DataFrame:
+                      splits: tuple[str, ...] = ("val", "test"), *, n_bins: int) -> pd.DataFrame:
     """NLL, Brier and ECE of raw and temperature-scaled scores per split (Table 3 layout).
 
     ``temperature_at_bound`` is True on the temperature-scaled rows of a checkpoint whose T
@@ -192,8 +192,8 @@ def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
     return pd.DataFrame(rows)
 
 
-def reliability_raw_vs_scaled(scores: pd.DataFrame, checkpoint_id: str, split: str = "test",
-                              n_bins: int = 10) -> pd.DataFrame:
+def reliability_raw_vs_scaled(scores: pd.DataFrame, checkpoint_id: str, split: str,
+                              n_bins: int) -> pd.DataFrame:
     """Reliability tables of raw and scaled scores stacked, with a ``score`` column."""
     part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
     tables = []
@@ -206,8 +206,8 @@ def reliability_raw_vs_scaled(scores: pd.DataFrame, checkpoint_id: str, split: s
     return pd.concat(tables, ignore_index=True)
 
 
-def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str = "test",
-                          threshold: float = 0.5) -> pd.DataFrame:
+def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str, threshold: float,
+                          *, replicates: int, seed: int) -> pd.DataFrame:
     """Per source category at the unchanged decision boundary (scaled score >= threshold).
 
     Positive sources: sensitivity, mean scaled score, false negatives and their share of all
@@ -216,7 +216,8 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
     (``*_ci_low``/``*_ci_high``; the one rule for a proportion, ``stats``): categories are small
     (six standard polyps in the paper's test split) and rates of 0 or 1 are common, where a
     bootstrap interval collapses.
-    The mean scaled score has an image-bootstrap percentile interval (2,000 replicates).
+    The mean scaled score has an image-bootstrap percentile interval (``replicates``, ``seed``:
+    the profile's).
     """
     part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
     if part.empty:
@@ -231,7 +232,8 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str =
         n_errors = int((positive_call != (target == 1)).sum())
         total = total_fn if target == 1 else total_fp
         low, high = stats.wilson_interval(int(positive_call.sum()), len(group))
-        mean_score = stats.bootstrap_mean_ci(group["scaled_score"].to_numpy(float))
+        mean_score = stats.bootstrap_mean_ci(group["scaled_score"].to_numpy(float),
+                                            replicates=replicates, seed=seed)
         rows.append({"target": int(target), "source": source, "n": len(group),
                      "sensitivity": float(positive_call.mean()) if target == 1 else np.nan,
                      "sensitivity_ci_low": low if target == 1 else np.nan,

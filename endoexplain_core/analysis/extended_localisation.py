@@ -144,9 +144,11 @@ class GoldList:
         if sum(len(m) for m in self.native_random) < NATIVE_REFERENCE_IMAGES:
             self.native_random.append(maps["random"][index].float().cpu())
 
-    def rows(self, constants: dict, class_name: str, n_audited: int) -> list[dict]:
-        """One C-Score row per method (``c_score_with_interval``; ``c_score_native``: the random
-        heatmap's C-Score without pooling, NaN for the other methods)."""
+    def rows(self, constants: dict, class_name: str, n_audited: int, *, replicates: int,
+             seed: int) -> list[dict]:
+        """One C-Score row per method (``c_score_with_interval`` with the profile's ``replicates``
+        and ``seed``; ``c_score_native``: the random heatmap's C-Score without pooling, NaN for
+        the other methods)."""
         weights = np.concatenate(self.weights) if self.weights else np.zeros(0)
         native = torch.cat(self.native_random)[:NATIVE_REFERENCE_IMAGES] if self.native_random else None
         rows = []
@@ -155,7 +157,7 @@ class GoldList:
             row = {**constants, "class": class_name, "method": method, "n_gold": len(weights),
                    "n_audited": n_audited,
                    "n_constant": 0 if maps is None else int((maps.flatten(1).amax(1) <= 0).sum()),
-                   **c_score_with_interval(maps, weights), "c_score_native": float("nan")}
+                   **c_score_with_interval(maps, weights, replicates=replicates, seed=seed), "c_score_native": float("nan")}
             if method == "random" and native is not None and len(native) >= 2:
                 row["c_score_native"] = localisation.c_score(
                     native, torch.from_numpy(weights[:len(native)]), resolution=native.shape[-1])
@@ -180,7 +182,7 @@ def _checkpoint_columns(metadata: dict, dataset: str) -> dict:
 
 def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable, *,
                      dataset: str, image_size: int, settings: LocalisationSettings,
-                     batch_size: int = 16, device: str = "cpu",
+                     replicates: int, seed: int, batch_size: int = 16, device: str = "cpu",
                      total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Extended scores of one checkpoint on one masked cohort.
 
@@ -226,7 +228,8 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     constants = _checkpoint_columns(metadata, dataset)
     for position, (name, value) in enumerate(constants.items()):
         table.insert(position, name, value)
-    c_rows = gold.rows(constants, "polyp", int(table["sample_id"].nunique()))
+    c_rows = gold.rows(constants, "polyp", int(table["sample_id"].nunique()),
+                       replicates=replicates, seed=seed)
     summary = {**constants, "n_audited": int(table["sample_id"].nunique()),
                "n_empty_masks_excluded": len(excluded), "cam_seconds": round(cam_seconds, 3),
                "metric_seconds": round(metric_seconds, 3)}
@@ -235,7 +238,8 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
 
 def negative_class_c_scores(model: torch.nn.Module, metadata: dict, temperature: float,
                             batches: Iterable[tuple[list[str], torch.Tensor]], *, dataset: str,
-                            settings: LocalisationSettings, device: str = "cpu") -> pd.DataFrame:
+                            settings: LocalisationSettings, replicates: int, seed: int,
+                            device: str = "cpu") -> pd.DataFrame:
     """C-Score rows of the negative class (``class`` "negative") of one checkpoint.
 
     ``batches``: (sample ids, normalised float32 (B, 3, S, S) images) of non-polyp frames, e.g.
@@ -257,10 +261,12 @@ def negative_class_c_scores(model: torch.nn.Module, metadata: dict, temperature:
         z = (logits[:, 1] - logits[:, 0]).double().cpu()
         gold.add(maps, torch.sigmoid(-z / temperature).numpy())   # = 1 - sigmoid(z / T)
         n_scored += len(ids)
-    return pd.DataFrame(gold.rows(_checkpoint_columns(metadata, dataset), "negative", n_scored))
+    return pd.DataFrame(gold.rows(_checkpoint_columns(metadata, dataset), "negative", n_scored,
+                                  replicates=replicates, seed=seed))
 
 
-def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray) -> dict[str, float]:
+def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray, *, replicates: int,
+                          seed: int) -> dict[str, float]:
     """The C-Score of the gold maps (N, 64, 64) with its image-bootstrap 95% interval
     (``stats.weighted_pair_mean_ci`` over ``localisation.pairwise_soft_iou``; the interval is
     NaN above ``C_SCORE_BOOTSTRAP_MAX_IMAGES`` images or under 2). Keys: c_score, c_score_ci_low,
@@ -271,7 +277,8 @@ def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray) -> dic
     if len(weights) > C_SCORE_BOOTSTRAP_MAX_IMAGES:
         return {"c_score": value, "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
     interval = stats.weighted_pair_mean_ci(
-        localisation.pairwise_soft_iou(maps, resolution=C_SCORE_RESOLUTION).numpy(), weights)
+        localisation.pairwise_soft_iou(maps, resolution=C_SCORE_RESOLUTION).numpy(), weights,
+        replicates=replicates, seed=seed)
     return {"c_score": value, "c_score_ci_low": interval["ci_low"], "c_score_ci_high": interval["ci_high"]}
 
 
@@ -293,8 +300,8 @@ def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: Locali
 
 
 def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                     image_size: int, settings: LocalisationSettings, batch_size: int = 16,
-                     device: str = "cpu", cases: pd.DataFrame | None = None,
+                     image_size: int, settings: LocalisationSettings, replicates: int, seed: int,
+                     batch_size: int = 16, device: str = "cpu", cases: pd.DataFrame | None = None,
                      dataset: str = "hyperkvasir", case_iterator=None
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_calibrated_model``). Default cases: the run's masked HyperKvasir pool; pass
@@ -307,7 +314,8 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     return score_checkpoint(model, metadata, temperature,
                             case_iterator(cases, data_root, decode_size=image_size),
                             dataset=dataset, image_size=image_size, settings=settings,
-                            batch_size=batch_size, device=device, total=len(cases))
+                            replicates=replicates, seed=seed, batch_size=batch_size, device=device,
+                            total=len(cases))
 
 
 def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size: int,
@@ -323,7 +331,8 @@ def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size:
 
 def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 max_images: int, image_size: int, settings: LocalisationSettings,
-                                batch_size: int = 16, device: str = "cpu") -> pd.DataFrame:
+                                replicates: int, seed: int, batch_size: int = 16,
+                                device: str = "cpu") -> pd.DataFrame:
     """``negative_class_c_scores`` of a checkpoint of the run's registry (its fitted temperature)
     over the first ``max_images`` held-out test negatives by sample id (the audit's prior-map
     negatives are the first ``prior_negatives`` of the same list). An empty frame for 0."""
@@ -333,12 +342,13 @@ def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, chec
     model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     return negative_class_c_scores(model, metadata, temperature,
                                    negative_batches(negatives, data_root, image_size, batch_size),
-                                   dataset="hyperkvasir", settings=settings, device=device)
+                                   dataset="hyperkvasir", settings=settings, replicates=replicates,
+                                   seed=seed, device=device)
 
 
 def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
-                          image_size: int, settings: LocalisationSettings, batch_size: int = 16,
-                          device: str = "cpu") -> pd.DataFrame:
+                          image_size: int, settings: LocalisationSettings, replicates: int,
+                          seed: int, batch_size: int = 16, device: str = "cpu") -> pd.DataFrame:
     """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id``
     (``training.epoch_snapshots``) on the run's masked pool, with ``epoch`` and that epoch's
     ``val_auprc``; an empty frame when no snapshot was kept.
@@ -359,7 +369,8 @@ def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint
         _, c_rows, _ = score_checkpoint(model, {**metadata, "checkpoint_id": checkpoint_id}, temperature,
                                         audit.manifest_cases(cases, data_root, decode_size=image_size),
                                         dataset="hyperkvasir",
-                                        image_size=image_size, settings=settings, batch_size=batch_size,
+                                        image_size=image_size, settings=settings,
+                                        replicates=replicates, seed=seed, batch_size=batch_size,
                                         device=device, total=len(cases))
         rows.append(c_rows.assign(epoch=epoch, val_auprc=float(metadata["val_auprc"])))
     return pd.concat(rows, ignore_index=True)
@@ -384,8 +395,8 @@ def _single_group(table: pd.DataFrame) -> None:
 
 
 def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *,
-                  replicates: int = stats.SPATIAL_REPLICATES,
-                  seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                  replicates: int,
+                  seed: int) -> pd.DataFrame:
     """Per method: n, mean AUC-IoU (raw, max 0.9) with its image-bootstrap 95% CI, mean IoU at
     0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean top-20%
     IoU with its CI, n_constant. The CIs resample the images shared by every method together.
@@ -467,8 +478,8 @@ def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.Da
 
 
 def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTENDED_METHODS, *,
-                      replicates: int = stats.SPATIAL_REPLICATES,
-                      seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      replicates: int,
+                      seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """How much of ``ranking_table`` survives resampling the images.
 
     Every replicate draws the images once (``stats.bootstrap_draw_counts``) and recomputes each
@@ -507,7 +518,7 @@ def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTE
 
 
 def auc_iou_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
-                      seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                      seed: int) -> pd.DataFrame:
     """``auc_iou_table`` of every non-empty subset (name -> case rows) with a ``subset``
     column, concatenated in subset order."""
     return pd.concat([auc_iou_table(rows, replicates=replicates, seed=seed).assign(subset=subset)
@@ -533,7 +544,7 @@ def wilcoxon_by_subset(subsets: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
-                                seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, pd.DataFrame]:
+                                seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``ranking_stability`` for every non-empty subset (name -> case rows), each result
     with a ``subset`` column, concatenated: (tau table, reversal table)."""
     taus, reversals = [], []
@@ -605,8 +616,8 @@ def size_tertiles(table: pd.DataFrame) -> pd.Series:
     return table["sample_id"].map(labels)
 
 
-def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = True,
-                 replicates: int = 2000, seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = True, *,
+                 replicates: int, seed: int) -> pd.DataFrame:
     """Energy lift and pointing against chance, per method (and lesion-size tertile).
 
     Columns: n, n_constant, n_saliency_free, lambda_E mean [bootstrap CI] and median (bits),

@@ -122,8 +122,8 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
 def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: pd.DataFrame,
                           random_deletion: pd.DataFrame, *, image_size: int, score_threshold: float,
                           top_fraction: float, batch_size: int, device: str,
-                          replicates: int = stats.SPATIAL_REPLICATES,
-                          seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                          replicates: int,
+                          seed: int) -> pd.DataFrame:
     """Audit the primary (``primary``: its audit rows at the protocol layer, with
     ``random_deletion``) at its neighbour layer, compute both layers' weight diagnostics over
     every audit image (they describe the layer, not a population) and return

@@ -42,8 +42,8 @@ def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
 
 
 def resolution_table(tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]], sample_ids, *,
-                     replicates: int = stats.SPATIAL_REPLICATES,
-                     seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                     replicates: int,
+                     seed: int) -> pd.DataFrame:
     """Table 4 panel A of one checkpoint at several input sizes, on one fixed image set.
 
     ``tables``: input size -> (audit rows, random-deletion rows); ``sample_ids``: the images
@@ -64,8 +64,8 @@ def resolution_table(tables: dict[int, tuple[pd.DataFrame, pd.DataFrame]], sampl
 def run_resolution_check(run_dir: str | Path, data_root: str | Path, primary: pd.DataFrame,
                          random_deletion: pd.DataFrame, *, native_size: int, check_size: int,
                          score_threshold: float, top_fraction: float, repetitions: int,
-                         batch_size: int, device: str, replicates: int = stats.SPATIAL_REPLICATES,
-                         seed: int = stats.BOOTSTRAP_SEED) -> tuple[pd.DataFrame, dict[str, Path]]:
+                         batch_size: int, device: str, replicates: int,
+                         seed: int) -> tuple[pd.DataFrame, dict[str, Path]]:
     """The whole check in one call: audit the primary at ``check_size`` (``resolution_audit``)
     and return (``resolution_table`` at both sizes on the native high-score images, the paths
     of the second audit). ``primary`` / ``random_deletion``: the primary's rows at its native

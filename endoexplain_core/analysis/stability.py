@@ -36,7 +36,7 @@ SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the s
 
 
 def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates: int,
-                        seed: int = stats.BOOTSTRAP_SEED) -> dict:
+                        seed: int) -> dict:
     """How often a resampled validation set selects the same primary.
 
     ``validation``: logits rows of the candidate checkpoints on the validation split (columns
@@ -81,7 +81,7 @@ def panel_a_against_centre(table: pd.DataFrame, score_threshold: float) -> pd.Da
 
 
 def table5_signs(table: pd.DataFrame, score_threshold: float, *, replicates: int,
-                 seed: int = stats.BOOTSTRAP_SEED) -> dict[str, str]:
+                 seed: int) -> dict[str, str]:
     """CAM term -> "higher odds" / "lower odds" than Grad-CAM, or "not estimable", from Table 5
     fitted on this checkpoint's high-score images (only the point estimate's sign is read)."""
     fitted, _ = adjusted_model.adjusted_table(adjusted_model.model_frame(table, score_threshold),
@@ -148,7 +148,7 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
 def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning: pd.DataFrame,
                        logits: pd.DataFrame, gate_stability: pd.DataFrame | None,
                        primary_id: str, score_threshold: float, selection_replicates: int,
-                       seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                       seed: int) -> pd.DataFrame:
     """``stability_table`` from a run's artefacts.
 
     ``tables``: audit rows of every checkpoint (``audit.read_audits``); ``registry``: the

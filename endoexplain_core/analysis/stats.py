@@ -29,10 +29,6 @@ import numpy as np
 from scipy import stats as scipy_stats
 from scipy.optimize import linprog
 
-BOOTSTRAP_SEED = 20260721
-SPATIAL_REPLICATES = 2000
-CLASSIFIER_REPLICATES = 5000
-CLUSTER_REPLICATES = 500
 CONFIDENCE_LEVEL = 0.95
 RIDGE_PENALTY = 1e-4
 INTERCEPT_PENALTY = 1e-8
@@ -100,7 +96,7 @@ def rate_ci(outcomes, level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray |
     return result
 
 
-def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+def bootstrap_indices(n: int, replicates: int, seed: int) -> np.ndarray:
     """Resampling index matrix, int64 of shape (replicates, n), rows drawn with replacement."""
     if n < 0 or replicates < 1:
         raise ValueError(f"need n >= 0 and replicates >= 1, got n={n}, replicates={replicates}")
@@ -108,7 +104,7 @@ def bootstrap_indices(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np
         np.zeros((replicates, 0), dtype=np.int64)
 
 
-def bootstrap_draw_counts(n: int, replicates: int, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+def bootstrap_draw_counts(n: int, replicates: int, seed: int) -> np.ndarray:
     """How often each image is drawn in each replicate: int (replicates, n). A replicate mean
     of any outcome matrix V (n, k) is ``counts @ V / n``, with the images of every outcome
     resampled together."""
@@ -123,8 +119,8 @@ def percentile_interval(replicate_values: np.ndarray, level: float = CONFIDENCE_
     return low, high
 
 
-def weighted_pair_mean_ci(similarity, weights, replicates: int = SPATIAL_REPLICATES,
-                          seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL) -> dict:
+def weighted_pair_mean_ci(similarity, weights, replicates: int,
+                          seed: int, level: float = CONFIDENCE_LEVEL) -> dict:
     """A weighted mean over the pairs of distinct images, sum_{i<j} w_i w_j S_ij /
     sum_{i<j} w_i w_j (the C-Score), with an image-bootstrap percentile interval.
 
@@ -162,7 +158,7 @@ def weighted_pair_mean_ci(similarity, weights, replicates: int = SPATIAL_REPLICA
             "replicates_used": int(len(means))}
 
 
-def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = BOOTSTRAP_SEED,
+def bootstrap_mean_ci(values, replicates: int, seed: int,
                       level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
     """Mean of ``values`` with an image-bootstrap percentile interval.
 
@@ -192,8 +188,8 @@ def bootstrap_mean_ci(values, replicates: int = SPATIAL_REPLICATES, seed: int = 
     return {"estimate": estimate, "ci_low": low, "ci_high": high, "n": n, "interval": interval}
 
 
-def paired_difference_ci(first, second, replicates: int = SPATIAL_REPLICATES,
-                         seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL) -> dict:
+def paired_difference_ci(first, second, replicates: int,
+                         seed: int, level: float = CONFIDENCE_LEVEL) -> dict:
     """Mean paired difference ``first - second`` (same images, same order) with bootstrap CI."""
     first = np.asarray(first, dtype=np.float64)
     second = np.asarray(second, dtype=np.float64)
@@ -363,8 +359,8 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
 
 
 def cluster_bootstrap_odds_ratios(design, outcome, clusters, term_names,
-                                  replicates: int = CLUSTER_REPLICATES,
-                                  seed: int = BOOTSTRAP_SEED, penalty: float = RIDGE_PENALTY,
+                                  replicates: int,
+                                  seed: int, penalty: float = RIDGE_PENALTY,
                                   level: float = CONFIDENCE_LEVEL) -> dict:
     """Odds ratios of a ridge logistic model with image-cluster bootstrap percentile CIs.
 
@@ -462,8 +458,8 @@ def weighted_average_precision(score, target, weights) -> np.ndarray:
 CLASSIFIER_METRICS = ("auprc", "accuracy_at_0.5", "sensitivity", "specificity")
 
 
-def classifier_metric_intervals(z, target, replicates: int = CLASSIFIER_REPLICATES,
-                                seed: int = BOOTSTRAP_SEED, level: float = CONFIDENCE_LEVEL
+def classifier_metric_intervals(z, target, replicates: int,
+                                seed: int, level: float = CONFIDENCE_LEVEL
                                 ) -> dict[str, dict]:
     """Test-split classifier metrics with image-bootstrap percentile CIs.
 

@@ -34,7 +34,6 @@ from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
 from endoexplain_core.methods import method_label
 
 TABLE4_ROWS = CAM_METHODS + ("random", RANDOM_DELETION, "centre")
-SCORE_THRESHOLDS = (0.80, 0.85, 0.90, 0.95)
 OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",
             "energy_in_mask": "energy_in_mask", "logit_drop": "logit_drop"}
 TERTILE_LABELS = ("small", "medium", "large")
@@ -68,11 +67,14 @@ def failure_matrix(table: pd.DataFrame, methods, sample_ids) -> np.ndarray:
     return np.where(constant_matrix(table, methods, sample_ids), 1.0, failure)
 
 
-def summarise_columns(matrix: np.ndarray, *, rate: bool, replicates: int = stats.SPATIAL_REPLICATES,
-                      seed: int = stats.BOOTSTRAP_SEED) -> dict[str, np.ndarray]:
+def summarise_columns(matrix: np.ndarray, *, rate: bool, replicates: int | None = None,
+                      seed: int | None = None) -> dict[str, np.ndarray]:
     """Per column of ``matrix`` (images x methods, same images): estimate, ci_low, ci_high,
-    interval and n as (k,) arrays. ``rate``: the columns are 0/1 rates (Wilson interval);
-    otherwise means with the paired image bootstrap."""
+    interval and n as (k,) arrays. ``rate``: the columns are 0/1 rates (Wilson interval, no
+    resampling); otherwise means with the paired image bootstrap, which needs ``replicates``
+    and ``seed`` (the profile's; ValueError without them)."""
+    if not rate and (replicates is None or seed is None):
+        raise ValueError("bootstrap means need the profile's replicates and seed")
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim == 1:
         matrix = matrix[:, None]
@@ -116,7 +118,7 @@ def _single_checkpoint(table: pd.DataFrame) -> None:
 
 
 def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids,
-                  replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
+                  replicates: int, seed: int
                   ) -> pd.DataFrame:
     """One Table 4 panel: per map row, n and each outcome's mean with its 95% CI.
 
@@ -156,7 +158,7 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
 
 
 def table4(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: float,
-           replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
+           replicates: int, seed: int
            ) -> pd.DataFrame:
     """Panel A (scaled score >= ``score_threshold``) stacked on panel B (all images)."""
     panels = []
@@ -211,9 +213,8 @@ def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     return shown.reset_index(drop=True)
 
 
-def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(),
-                 replicates: int = stats.SPATIAL_REPLICATES, seed: int = stats.BOOTSTRAP_SEED
-                 ) -> pd.DataFrame:
+def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(), *,
+                 replicates: int, seed: int) -> pd.DataFrame:
     """All pairs of CAMs on the same images: failure and IoU differences, tests, Holm p.
 
     A pair is compared on the images where both maps have a peak (``n``; the others are
@@ -292,7 +293,7 @@ def identical_statement(identical_groups, arch: str, layer_name: str) -> str:
             "They are one piece of evidence, not several.")
 
 
-def failure_by_threshold(table: pd.DataFrame, thresholds=SCORE_THRESHOLDS) -> pd.DataFrame:
+def failure_by_threshold(table: pd.DataFrame, thresholds) -> pd.DataFrame:
     """Failure rate per map method at each scaled-score threshold, with eligible counts.
 
     Columns: threshold, method, n_eligible, n_constant (constant maps among them, counted as
@@ -446,8 +447,8 @@ SECONDARY_OUTCOMES = {"iou_below_0_10": "Top-20% IoU < 0.10 (rate)",
 
 
 def secondary_outcomes(table: pd.DataFrame, score_threshold: float,
-                       replicates: int = stats.SPATIAL_REPLICATES,
-                       seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                       replicates: int,
+                       seed: int) -> pd.DataFrame:
     """The protocol's secondary outcomes per map method, high-score subset and all images.
 
     IoU < 0.10 (rate), centre-of-mass distance (the audit's normalised distance between the

@@ -192,8 +192,8 @@ def chance_top_fraction_iou(lesion_fraction, top_fraction: float) -> np.ndarray:
 
 
 def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float, top_fraction: float,
-                     replicates: int = stats.CLASSIFIER_REPLICATES,
-                     seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+                     replicates: int,
+                     seed: int) -> pd.DataFrame:
     """Mean top-fraction IoU per (dataset, method) with bootstrap 95% CIs.
 
     ``audit_table``: concatenated audit tables (one checkpoint, several datasets). Returns per
@@ -240,8 +240,8 @@ BREAKDOWN_COLUMNS = ("dataset", "grouping", "group", "method", "n_cases", "n_eli
 
 
 def breakdown(audit_table: pd.DataFrame, cases: pd.DataFrame, by: str, *, score_threshold: float,
-              replicates: int = stats.SPATIAL_REPLICATES,
-              seed: int = stats.BOOTSTRAP_SEED) -> pd.DataFrame:
+              replicates: int,
+              seed: int) -> pd.DataFrame:
     """Mean IoU per (``by`` label, method) for one cohort, ``by`` = "centre" or "modality".
 
     ``cases``: the cohort's case table (for the labels), joined on sample_id. Returns

@@ -42,7 +42,6 @@ from endoexplain_core import files
 AHASH_SIZE = 16
 ROLES = ("train", "val", "test", "spatial_audit")
 SPLIT_ROLES = ("train", "val", "test")
-DEFAULT_SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
 MANIFEST_COLUMNS = ("sample_id", "path", "group", "source", "target", "role", "sha256", "ahash",
                     "group_id", "width", "height", "mask_path")
 
@@ -151,7 +150,7 @@ def _stratum_rng(seed: int, stratum: str) -> np.random.Generator:
 
 
 def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
-                 fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS) -> dict[str, str]:
+                 fractions: Sequence[float]) -> dict[str, str]:
     """Assign the groups of one stratum to train/val/test, whole groups at a time.
 
     ``group_sizes``: images per group, indexed by group id. Groups are put in a seeded random
@@ -173,7 +172,7 @@ def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
 
 
 def assign_roles(table: pd.DataFrame, *, seed: int,
-                 fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS) -> pd.DataFrame:
+                 fractions: Sequence[float]) -> pd.DataFrame:
     """Add ``group_id`` and ``role`` to an image table.
 
     ``table`` needs columns ``path``, ``source``, ``sha256``, ``ahash``, ``mask_path`` (empty

@@ -464,7 +464,7 @@ class _TreeWriter:
     (``dress``, from the ``mirror/<name>`` streams); "embedded" leaves frames as rendered.
     """
 
-    def __init__(self, root: Path, seed: int = 0, layout: str = "embedded"):
+    def __init__(self, root: Path, seed: int, layout: str):
         self.root = root
         self.written: list[str] = []
         self.mirror = layout == "mirror"
