@@ -445,15 +445,12 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     Long on purpose: the command's steps in their order, each writing into the staging folder
     that is committed as a whole.
     """
-    from endoexplain_core.methods import CAM_METHODS
-    from endoexplain_core.models import networks
-
     import pandas as pd
 
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import audit, summaries
+    from endoexplain_core.analysis import audit
     from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
-    from endoexplain_core.figures import case_figures, style
+    from endoexplain_core.figures import audit_report, style
     from endoexplain_core.numerics import resolve_device
 
     name = args.name or Path(args.weights).stem
@@ -483,40 +480,29 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
             raise CommandError(str(error)) from error
         raise
 
-    table = audit.read_audit_table(table_path)
-    random_deletion = pd.read_parquet(deletion_path)
-    table4 = summaries.table4(table, random_deletion, args.score_threshold,
-                              replicates=args.bootstrap_replicates, seed=args.seed)
-    shown_rows = [m for m in table4["method"].unique() if m not in CAM_METHODS or m in methods]
-    table4 = table4[table4["method"].isin(shown_rows)].reset_index(drop=True)
-    written = [table_path, deletion_path]
-    written += artefacts.save_table(table4, "table4_summary", out)
-    formatted = summaries.format_table4(table4)
-    written += artefacts.save_table(formatted, "table4_summary_formatted", out)
-    ties = summaries.tie_counts(table)
-    written += artefacts.save_table(ties, "map_ties", out)
-    identical = networks.identical_methods(model, layer_name)
-    statement = summaries.identical_statement(identical, args.arch, layer_name)
-
     style.apply()
-    selection = case_figures.select_figure3_cases(table, args.score_threshold, image_size=args.image_size)
-    chosen = {s for s in selection.values() if s}
+    table = audit.read_audit_table(table_path)
+    report = audit_report.audit_summary(
+        table, pd.read_parquet(deletion_path), model, layer_name, arch=args.arch,
+        score_threshold=args.score_threshold, replicates=args.bootstrap_replicates, seed=args.seed,
+        mark_gate=False, methods=methods)  # a model outside a run: no validity gate of its own
     by_id = {case.sample_id: case for case in cases}
-    needed = {i for sid in chosen for i in case_figures.audit_batch_ids(table, sid, args.batch_size)}
-    selected_cases = {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path,
-                                               decode_size=args.image_size)
-                      for sid in sorted(needed)}
-    figure, iou_check = case_figures.render_figure3(table, selection, model.to(device), layer,
-                                                    selected_cases, args.image_size,
-                                                    args.top_fraction, device=device,
-                                                    batch_size=args.batch_size)
+    selection, figure, iou_check = audit_report.case_figure(
+        table, model, layer,
+        lambda ids: {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path,
+                                              decode_size=args.image_size) for sid in ids},
+        score_threshold=args.score_threshold, top_fraction=args.top_fraction,
+        image_size=args.image_size, batch_size=args.batch_size, device=device)
+    written = [table_path, deletion_path]
+    written += artefacts.save_table(report.summary, "table4_summary", out)
+    written += artefacts.save_table(report.formatted, "table4_summary_formatted", out)
+    written += artefacts.save_table(report.ties, "map_ties", out)
     written += artefacts.save_figure(figure, "case_figure", out)
     written += artefacts.save_table(iou_check, "case_figure_iou_check", out, float_format="{:.4f}")
     import matplotlib.pyplot as plt
 
     plt.close(figure)
 
-    n_high = int(table4.loc[table4["panel"] == "A", "n"].iloc[0])
     record = {
         "command": "endoexplain audit", "arch": args.arch, "weights": str(args.weights),
         "weights_sha256": weights_sha, "torchscript": args.torchscript,
@@ -530,12 +516,14 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
         "n_audited": summary["n_audited"],
         "n_empty_masks_excluded": summary["n_empty_masks_excluded"],
         "excluded_sample_ids": summary["excluded_sample_ids"],
-        "n_high_score": n_high, "selected_cases": selection,
-        "identical_by_construction": [list(g) for g in identical], "statement": statement,
+        "n_high_score": report.n_high_score, "selected_cases": selection,
+        "identical_by_construction": [list(g) for g in report.identical],
+        "statement": report.identical_statement,
         "audit_seconds": summary["seconds"],
     }
     if args.report == "html":
-        write_html_report(out, record, formatted, ties, iou_check, out / "case_figure.png",
+        write_html_report(out, record, report.formatted, report.ties, iou_check,
+                          out / "case_figure.png",
                           [Path(p) for p in written] + [out / RECORD_NAME])
     return record
 

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, stats, summaries
+from endoexplain_core.analysis import audit, summaries
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import cams
 from endoexplain_core.methods import CAM_METHODS, method_label

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from endoexplain_core.analysis import audit, stats, summaries
+from endoexplain_core.analysis import audit, summaries
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.run_layout import RunLayout
 
