@@ -38,7 +38,7 @@ def threshold_table(empty_last: bool = True) -> pd.DataFrame:
     for threshold, n in eligible.items():
         for method, rate in rates.items():
             low, high = (max(0.0, rate - 0.1), min(1.0, rate + 0.1)) if n else (np.nan, np.nan)
-            rows.append({"threshold": threshold, "method": method, "n_eligible": n,
+            rows.append({"score_threshold": threshold, "method": method, "n_eligible": n,
                          "failure_rate": rate if n else np.nan, "ci_low": low, "ci_high": high})
     return pd.DataFrame(rows)
 
@@ -172,7 +172,7 @@ EXTENDED_FIGURE_METHODS = (*CAM_METHODS, "layercam", "random", "centre", "dog")
 
 def iou_curves() -> tuple[pd.DataFrame, pd.DataFrame]:
     thresholds = np.round(np.arange(0.05, 0.96, 0.05), 2)
-    curves = pd.DataFrame([{"method": m, "threshold": t, "mean_iou": max(0.0, 0.4 - 0.3 * t - 0.03 * k),
+    curves = pd.DataFrame([{"method": m, "iou_threshold": t, "mean_iou": max(0.0, 0.4 - 0.3 * t - 0.03 * k),
                             "n": 90} for k, m in enumerate(EXTENDED_FIGURE_METHODS) for t in thresholds])
     auc = curves.groupby("method", sort=False)["mean_iou"].mean().rename("auc_iou").reset_index()
     return curves, auc

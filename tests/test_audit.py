@@ -123,7 +123,7 @@ def valid_table():
     for sample_id, score in (("s1", 0.95), ("s2", 0.40)):
         for method in MAP_METHODS:
             rows.append({"dataset": "d", "sample_id": sample_id, "checkpoint_id": "c",
-                         "method": method, "threshold": 0.2, "scaled_score": score})
+                         "method": method, "top_fraction": 0.2, "scaled_score": score})
     table = pd.DataFrame(rows)
     for column in audit.REQUIRED_COLUMNS:
         if column not in table:
@@ -135,7 +135,7 @@ def valid_table():
     (lambda t: t.drop(columns=["iou"]), "missing columns"),
     (lambda t: pd.concat([t, t.iloc[[0]]]), "duplicate"),
     (lambda t: t.drop(index=3), "same images"),
-    (lambda t: t.assign(threshold=[0.2] * 13 + [0.1]), "mixed map thresholds"),
+    (lambda t: t.assign(top_fraction=[0.2] * 13 + [0.1]), "mixed top fractions"),
     (lambda t: t.assign(scaled_score=[0.95] * 6 + [0.9] + [0.4] * 7), "more than one scaled score"),
     (lambda t: t.iloc[0:0], "no rows"),
 ])
@@ -143,6 +143,15 @@ def test_validator_rejects_each_kind_of_bad_table(breakage, message):
     audit.validate_audit_table(valid_table())
     with pytest.raises(audit.AuditTableError, match=message):
         audit.validate_audit_table(breakage(valid_table()))
+
+
+def test_an_audit_table_written_before_the_rename_reads_with_top_fraction(tmp_path):
+    old = valid_table().rename(columns={"top_fraction": "threshold"})
+    path = tmp_path / "old.parquet"
+    old.to_parquet(path)
+    table = audit.read_audit_table(path)
+    assert "threshold" not in table.columns and set(table["top_fraction"]) == {0.2}
+    pd.testing.assert_frame_equal(table, valid_table().reset_index(drop=True), check_like=True)
 
 
 def test_audit_is_deterministic_and_independent_of_batch_size(tmp_path):

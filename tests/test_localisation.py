@@ -513,7 +513,7 @@ def test_threshold_bias_tests_match_scipy_and_holm(scored):
     table = scored[0]
     result = ext.threshold_bias_tests(table, methods=("gradcam", "eigencam"), thresholds=(0.3, 0.5))
     assert len(result) == 4
-    row = result.set_index(["method", "threshold"]).loc[("gradcam", 0.3)]
+    row = result.set_index(["method", "iou_threshold"]).loc[("gradcam", 0.3)]
     part = table[table["method"] == "gradcam"]
     auc, iou = part["auc_iou"].to_numpy(), part[ext.iou_column(0.3)].to_numpy()
     if np.count_nonzero(auc - iou):

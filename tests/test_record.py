@@ -224,7 +224,7 @@ def test_figure2_panels_from_run_tables(tmp_path):
                                 "bin": [0, 5, 9] * 2, "count": [4, 0, 6, 3, 2, 5],
                                 "mean_score": [0.05, np.nan, 0.97, 0.08, 0.55, 0.93],
                                 "observed_frequency": [0.0, np.nan, 1.0, 0.0, 0.5, 1.0]})
-    sensitivity = pd.DataFrame({"threshold": [0.8, 0.9] * 2, "method": ["gradcam"] * 2 + ["eigencam"] * 2,
+    sensitivity = pd.DataFrame({"score_threshold": [0.8, 0.9] * 2, "method": ["gradcam"] * 2 + ["eigencam"] * 2,
                                 "n_eligible": [30, 12, 30, 12], "failure_rate": [0.2, 0.25, 0.6, 0.5],
                                 "ci_low": [0.1, 0.1, 0.4, 0.3], "ci_high": [0.3, 0.4, 0.8, 0.7]})
     fig = calibration_figures.figure2_calibration_threshold(reliability, sensitivity)

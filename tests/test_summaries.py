@@ -26,7 +26,7 @@ def crafted_table(scores, failures, checkpoint_id="efficientnet_b0_s1", arch="ef
             failed = bool(failures[method][i])
             rows.append({"dataset": "d", "sample_id": f"s{i:02d}", "checkpoint_id": checkpoint_id,
                          "arch": arch, "seed": seed, "control": "none", "method": method,
-                         "threshold": 0.2, "scaled_score": score, "peak_outside_mask": failed,
+                         "top_fraction": 0.2, "scaled_score": score, "peak_outside_mask": failed,
                          "iou": 0.5 - 0.4 * failed + 0.01 * i, "energy_in_mask": 0.3,
                          "lesion_area_fraction": 0.05 * (i + 1) if areas is None else areas[i],
                          "lesion_centre_distance": 0.1,
@@ -100,11 +100,11 @@ def test_paired_tests_match_scipy_and_statsmodels():
 def test_failure_by_threshold_counts_eligible_images():
     table = crafted_table(SCORES, FAILURES)
     result = summaries.failure_by_threshold(table, thresholds=(0.80, 0.90, 0.96))
-    counts = result.groupby("threshold")["n_eligible"].first()
+    counts = result.groupby("score_threshold")["n_eligible"].first()
     assert counts.to_dict() == {0.80: 4, 0.90: 3, 0.96: 1}
-    gradcam = result[(result["method"] == "gradcam")].set_index("threshold")["failure_rate"]
+    gradcam = result[(result["method"] == "gradcam")].set_index("score_threshold")["failure_rate"]
     assert gradcam[0.80] == pytest.approx(1 / 4) and gradcam[0.96] == 0.0
-    assert list(result.columns) == ["threshold", "method", "n_eligible", "n_constant", "failure_rate",
+    assert list(result.columns) == ["score_threshold", "method", "n_eligible", "n_constant", "failure_rate",
                                     "ci_low", "ci_high"]
 
 

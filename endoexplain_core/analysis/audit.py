@@ -56,7 +56,7 @@ AUDIT_SCHEMA = pa.schema([
     ("dataset", pa.string()), ("sample_id", pa.string()), ("checkpoint_id", pa.string()),
     ("arch", pa.string()), ("seed", pa.int64()), ("control", pa.string()),
     ("target", pa.string()), ("target_layer", pa.string()), ("method", pa.string()),
-    ("threshold", pa.float64()), ("calibration", pa.string()), ("temperature", pa.float64()),
+    ("top_fraction", pa.float64()), ("calibration", pa.string()), ("temperature", pa.float64()),
     ("logit_pos", pa.float64()), ("z", pa.float64()),
     ("raw_score", pa.float64()), ("scaled_score", pa.float64()),
     ("peak_outside_mask", pa.bool_()), ("peak_row", pa.int64()), ("peak_col", pa.int64()),
@@ -78,6 +78,9 @@ AUDIT_SCHEMA = pa.schema([
 ])
 DIAGNOSTIC_COLUMNS = ("feature_grid_height", "feature_grid_width", "peak_border_ring",
                       "peak_corner_cell", "prior_top_iou", "lesion_logit_drop", "peak_lesion_distance")
+# Old name -> name: audit tables written before the top fraction had one name ("threshold"
+# meant it here, a score level in the sensitivity table and an IoU level in 07) stay readable.
+LEGACY_COLUMNS = {"threshold": "top_fraction"}
 # Tables written before the diagnostics existed (and hand-made test tables) stay valid.
 REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_COLUMNS)
 
@@ -89,7 +92,7 @@ class AuditTableError(ValueError):
 def random_deletion_schema(repetitions: int) -> pa.Schema:
     """Per-image random-deletion table: the ``repetitions`` logit drops and their means."""
     fields = [("dataset", pa.string()), ("sample_id", pa.string()),
-              ("checkpoint_id", pa.string()), ("threshold", pa.float64()),
+              ("checkpoint_id", pa.string()), ("top_fraction", pa.float64()),
               ("repetitions", pa.int64())]
     fields += [(f"logit_drop_{r:02d}", pa.float64()) for r in range(repetitions)]
     fields += [("logit_drop_mean", pa.float64()), ("score_drop_mean", pa.float64())]
@@ -321,7 +324,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,
                  "arch": str(metadata["arch"]), "seed": int(metadata["seed"]),
                  "control": str(metadata.get("control", "none")), "target": TARGET,
-                 "target_layer": layer_name, "threshold": float(top_fraction),
+                 "target_layer": layer_name, "top_fraction": float(top_fraction),
                  "calibration": CALIBRATION_STATUS, "temperature": float(temperature)}
     deletion_schema = random_deletion_schema(repetitions)
 
@@ -347,7 +350,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                 table_writer.write_table(pa.Table.from_pydict(rows, schema=AUDIT_SCHEMA))
                 random_table.update({"dataset": [dataset] * len(ids),
                                      "checkpoint_id": [checkpoint_id] * len(ids),
-                                     "threshold": [float(top_fraction)] * len(ids),
+                                     "top_fraction": [float(top_fraction)] * len(ids),
                                      "repetitions": [repetitions] * len(ids)})
                 deletion_writer.write_table(pa.Table.from_pydict(random_table, schema=deletion_schema))
                 n_audited += len(ids)
@@ -374,8 +377,11 @@ def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd
 
     Rules: all required columns present; no duplicate (dataset, sample_id, checkpoint_id,
     method) rows; every method covers the same images (per dataset and checkpoint); a single
-    map threshold; one scaled score per image and checkpoint. Returns the table unchanged.
+    top fraction; one scaled score per image and checkpoint. Returns the table, with the
+    column names of older tables brought up to date (``LEGACY_COLUMNS``).
     """
+    table = table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
+                                  if old in table.columns and new not in table.columns})
     missing = [column for column in REQUIRED_COLUMNS if column not in table.columns]
     if missing:
         raise AuditTableError(f"{source}: missing columns {missing}")
@@ -387,9 +393,9 @@ def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd
         raise AuditTableError(f"{source}: {int(duplicated.sum())} duplicate "
                               f"(dataset, sample_id, checkpoint_id, method) rows, e.g. "
                               f"{examples.to_dict('records')}")
-    thresholds = sorted(table["threshold"].unique())
-    if len(thresholds) != 1:
-        raise AuditTableError(f"{source}: mixed map thresholds {thresholds}; one per table")
+    top_fractions = sorted(table["top_fraction"].unique())
+    if len(top_fractions) != 1:
+        raise AuditTableError(f"{source}: mixed top fractions {top_fractions}; one per table")
     for (dataset, checkpoint_id), group in table.groupby(["dataset", "checkpoint_id"]):
         images = {m: frozenset(g["sample_id"]) for m, g in group.groupby("method")}
         union = frozenset().union(*images.values())

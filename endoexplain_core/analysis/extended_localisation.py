@@ -579,7 +579,7 @@ def threshold_bias_tests(table: pd.DataFrame, methods=MODEL_METHODS,
     two-sided Wilcoxon signed-rank test of AUC-IoU against IoU(t) over the same images, Holm
     over the whole family (methods x thresholds).
 
-    Columns: method, threshold, n, mean_auc_iou, mean_iou, rel_diff_pct ((AUC - IoU) / IoU x
+    Columns: method, iou_threshold, n, mean_auc_iou, mean_iou, rel_diff_pct ((AUC - IoU) / IoU x
     100), grid_mean_difference (mean of AUC / 0.9 - IoU(t): AUC-IoU on IoU's scale, 0 for a
     binary map), n_nonzero, p_value, p_holm. A raw difference is partly the grid's width: the
     binary-map row of ``binary_map_reference`` is -10% at every t.
@@ -595,7 +595,7 @@ def threshold_bias_tests(table: pd.DataFrame, methods=MODEL_METHODS,
             iou = part[iou_column(level)].to_numpy(float)
             test = stats.paired_wilcoxon(auc, iou)
             mean_iou = float(iou.mean()) if len(iou) else np.nan
-            rows.append({"method": method, "threshold": float(level), "n": len(part),
+            rows.append({"method": method, "iou_threshold": float(level), "n": len(part),
                          "mean_auc_iou": float(auc.mean()) if len(auc) else np.nan, "mean_iou": mean_iou,
                          "rel_diff_pct": (auc.mean() - mean_iou) / mean_iou * 100 if mean_iou > 0 else np.nan,
                          "grid_mean_difference": float((auc / width - iou).mean()) if len(iou) else np.nan,
@@ -668,12 +668,12 @@ def auc_iou_by_size(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFra
 
 
 def iou_curves(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
-    """Long table: method, threshold, mean IoU over the images (for the curve figure)."""
+    """Long table: method, iou_threshold, mean IoU over the images (for the curve figure)."""
     rows = []
     for method in methods:
         part = table[table["method"] == method]
         for level in localisation.DEFAULT_IOU_THRESHOLDS:
-            rows.append({"method": method, "threshold": level, "mean_iou": part[iou_column(level)].mean(),
+            rows.append({"method": method, "iou_threshold": level, "mean_iou": part[iou_column(level)].mean(),
                          "n": len(part)})
     return pd.DataFrame(rows)
 

@@ -117,7 +117,7 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
             values["panel_b_random_deletion"] = panel.loc[("B", "random_deletion"), "logit_drop"]
     thresholds = _csv(figures_dir, "table_threshold_sensitivity")
     if thresholds is not None:
-        for threshold, n in thresholds.groupby("threshold")["n_eligible"].first().items():
+        for threshold, n in thresholds.groupby("score_threshold")["n_eligible"].first().items():
             values[f"eligible_{threshold:.2f}".replace(".", "_")] = int(n)
     strata = _csv(figures_dir, "table_lesion_strata_high_score")
     if strata is not None:

@@ -296,7 +296,7 @@ def identical_statement(identical_groups, arch: str, layer_name: str) -> str:
 def failure_by_threshold(table: pd.DataFrame, thresholds) -> pd.DataFrame:
     """Failure rate per map method at each scaled-score threshold, with eligible counts.
 
-    Columns: threshold, method, n_eligible, n_constant (constant maps among them, counted as
+    Columns: score_threshold, method, n_eligible, n_constant (constant maps among them, counted as
     failures), failure_rate, ci_low, ci_high (Wilson; NaN when no image is eligible). Methods:
     the five CAMs and the two spatial baselines.
     """
@@ -307,7 +307,7 @@ def failure_by_threshold(table: pd.DataFrame, thresholds) -> pd.DataFrame:
         summary = summarise_columns(failure_matrix(table, MAP_METHODS, ids), rate=True)
         constant = constant_counts(table, MAP_METHODS, ids)
         for k, method in enumerate(MAP_METHODS):
-            rows.append({"threshold": float(score_threshold), "method": method,
+            rows.append({"score_threshold": float(score_threshold), "method": method,
                          "n_eligible": len(ids), "n_constant": int(constant[k]),
                          "failure_rate": float(summary["estimate"][k]),
                          "ci_low": float(summary["ci_low"][k]),

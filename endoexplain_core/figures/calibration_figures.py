@@ -21,7 +21,7 @@ from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.figures import style
 
 RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
-THRESHOLD_COLUMNS = ("threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
+THRESHOLD_COLUMNS = ("score_threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
 SCORE_COLOURS = {"Raw": "#999999", "Temperature-scaled": "#1f4e79"}
 
 
@@ -100,20 +100,20 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
     row (and the whole panel says so when no threshold has an image). Methods are
     spread sideways around each threshold so that equal rates do not hide each other.
     """
-    counts = sensitivity.groupby("threshold")["n_eligible"].max()
+    counts = sensitivity.groupby("score_threshold")["n_eligible"].max()
     thresholds = np.sort(counts.index[counts > 0].to_numpy())
     order = [m for m in (*CAM_METHODS, *BASELINE_METHODS) if m in set(sensitivity["method"])]
     spacing = float(np.min(np.diff(np.sort(counts.index)))) if len(counts) > 1 else 0.05
     spread = 0.6 * spacing
     offsets = np.linspace(-spread / 2, spread / 2, len(order)) if len(order) > 1 else [0.0]
     for offset, method in zip(offsets, order):
-        part = sensitivity[(sensitivity["method"] == method) & sensitivity["threshold"].isin(thresholds)]
-        part = part.sort_values("threshold")
+        part = sensitivity[(sensitivity["method"] == method) & sensitivity["score_threshold"].isin(thresholds)]
+        part = part.sort_values("score_threshold")
         if part.empty:        # an empty line would still claim a bounding box at the origin
             continue
         errors = np.vstack([part["failure_rate"] - part["ci_low"], part["ci_high"] - part["failure_rate"]])
         # reference maps on top: a CAM at the random map's rate must not hide it
-        ax.errorbar(part["threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
+        ax.errorbar(part["score_threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,
                     color=METHOD_COLOURS.get(method, "black"),
                     linestyle="--" if method in BASELINE_METHODS else "-",
@@ -161,7 +161,7 @@ def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.Dat
 def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str:
     """One-line caption computed from the two tables (test n; eligible n per threshold)."""
     n_test = int(reliability.loc[reliability["score"] == "Raw", "count"].sum())
-    counts = sensitivity.groupby("threshold")["n_eligible"].max()
+    counts = sensitivity.groupby("score_threshold")["n_eligible"].max()
     eligible = ", ".join(f"{int(n)} at ≥ {t:.2f}" for t, n in counts.items())
     return (f"Figure 2. A: reliability of raw and temperature-scaled scores on the test split "
             f"(n = {n_test} images, 10 equal-width bins; numbers are bin counts). B: share of "

@@ -28,14 +28,14 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
     band 0.05-0.95 is shaded and the single thresholds 0.3 / 0.5 / 0.7 are marked. The legend
     gives each method's mean AUC-IoU (``auc``: method, auc_iou; raw, maximum 0.9)."""
     fig, ax = plt.subplots(figsize=(5.6, 3.6), layout="constrained")
-    low, high = curves["threshold"].min(), curves["threshold"].max()
+    low, high = curves["iou_threshold"].min(), curves["iou_threshold"].max()
     ax.axvspan(low, high, color="0.93", zorder=0, label=f"AUC band {low:.2f}\u2013{high:.2f}")
     for level in (0.3, 0.5, 0.7):
         ax.axvline(level, color="0.6", linewidth=0.6, linestyle=":")
     values = auc.set_index("method")["auc_iou"]
     for method, part in curves.groupby("method", sort=False):
         baseline = method in ("random", "centre", "dog")
-        ax.plot(part["threshold"], part["mean_iou"], color=_colour(method),
+        ax.plot(part["iou_threshold"], part["mean_iou"], color=_colour(method),
                 linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
                 label=f"{method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
     ax.set_xlabel("Binarisation threshold t (map \u2265 t)")
