@@ -25,7 +25,7 @@ import torch
 
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import config
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit_inputs
 from endoexplain_core.analysis import extended_localisation as ext
 from endoexplain_core.kernels import localisation
 from endoexplain_core.models import networks
@@ -116,7 +116,7 @@ def main() -> None:
     ratio = summary["metric_seconds"] / summary["cam_seconds"]
     print(f"  extended/CAM = {ratio:.1%}  (target <= 10%: {'met' if ratio <= 0.10 else 'NOT met'})")
     frames = list(synthetic_cases(args.batch, args.image_size))
-    prepared = [audit.prepare_case(i, image, mask, args.image_size) for i, image, mask in frames]
+    prepared = [audit_inputs.prepare_case(i, image, mask, args.image_size) for i, image, mask in frames]
     images = torch.stack([p[0] for p in prepared])
     masks = torch.stack([p[1] for p in prepared])
     print(f"  per-kernel seconds for one batch of {args.batch} (median of 3):")

@@ -448,7 +448,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     import pandas as pd
 
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import audit
+    from endoexplain_core.analysis import audit, audit_schema
     from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
     from endoexplain_core.figures import audit_report, style
     from endoexplain_core.numerics import resolve_device
@@ -481,7 +481,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
         raise
 
     style.apply()
-    table = audit.read_audit_table(table_path)
+    table = audit_schema.read_audit_table(table_path)
     report = audit_report.audit_summary(
         table, pd.read_parquet(deletion_path), model, layer_name, arch=args.arch,
         score_threshold=args.score_threshold, replicates=args.bootstrap_replicates, seed=args.seed,

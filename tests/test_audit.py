@@ -8,7 +8,7 @@ from torch import nn
 
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit, audit_schema
 from endoexplain_core import files
 
 from endoexplain_core.kernels import deletion
@@ -60,7 +60,7 @@ def run_audit(tmp_path, cases, temperature=TEMPERATURE, **kwargs):
 def test_audit_rows_match_hand_computed_values(tmp_path):
     summary = run_audit(tmp_path, [crafted_case()])
     assert summary["n_audited"] == 1 and summary["n_empty_masks_excluded"] == 0
-    table = audit.read_audit_table(tmp_path / "audit.parquet")
+    table = audit_schema.read_audit_table(tmp_path / "audit.parquet")
     assert list(table["method"]) == list(MAP_METHODS)
     assert set(table["target"]) == {audit.TARGET} and set(table["calibration"]) == {"scaled"}
 
@@ -102,7 +102,7 @@ def test_empty_masks_are_excluded_and_counted(tmp_path):
     cases = [crafted_case("a"), (sample_id, image, np.zeros((SIZE, SIZE), bool)), crafted_case("b")]
     summary = run_audit(tmp_path, cases)
     assert summary["n_audited"] == 2 and summary["excluded_sample_ids"] == ["empty"]
-    assert "empty" not in set(audit.read_audit_table(tmp_path / "audit.parquet")["sample_id"])
+    assert "empty" not in set(audit_schema.read_audit_table(tmp_path / "audit.parquet")["sample_id"])
 
 
 def test_bad_input_raises_and_keeps_the_previous_table(tmp_path):
@@ -125,7 +125,7 @@ def valid_table():
             rows.append({"dataset": "d", "sample_id": sample_id, "checkpoint_id": "c",
                          "method": method, "top_fraction": 0.2, "scaled_score": score})
     table = pd.DataFrame(rows)
-    for column in audit.REQUIRED_COLUMNS:
+    for column in audit_schema.REQUIRED_COLUMNS:
         if column not in table:
             table[column] = 0
     return table
@@ -140,16 +140,16 @@ def valid_table():
     (lambda t: t.iloc[0:0], "no rows"),
 ])
 def test_validator_rejects_each_kind_of_bad_table(breakage, message):
-    audit.validate_audit_table(valid_table())
-    with pytest.raises(audit.AuditTableError, match=message):
-        audit.validate_audit_table(breakage(valid_table()))
+    audit_schema.validate_audit_table(valid_table())
+    with pytest.raises(audit_schema.AuditTableError, match=message):
+        audit_schema.validate_audit_table(breakage(valid_table()))
 
 
 def test_an_audit_table_written_before_the_rename_reads_with_top_fraction(tmp_path):
     old = valid_table().rename(columns={"top_fraction": "threshold"})
     path = tmp_path / "old.parquet"
     old.to_parquet(path)
-    table = audit.read_audit_table(path)
+    table = audit_schema.read_audit_table(path)
     assert "threshold" not in table.columns and set(table["top_fraction"]) == {0.2}
     pd.testing.assert_frame_equal(table, valid_table().reset_index(drop=True), check_like=True)
 
@@ -221,7 +221,7 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     settings = dict(image_size=64, top_fraction=0.2, repetitions=2, batch_size=2, prior_negatives=48)
     first = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert not first["reused"] and first["n_audited"] == 3
-    table = audit.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
+    table = audit_schema.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
     assert set(table["target_layer"]) == {"layer4.2"} and set(table["temperature"]) == {0.5}
     again = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert again["reused"]
@@ -233,7 +233,7 @@ def test_registered_checkpoint_is_audited_then_reused(tmp_path):
     Image.fromarray(mask).save(data / "masks" / "m0.png")
     redone = audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)
     assert not redone["reused"]
-    new_table = audit.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
+    new_table = audit_schema.read_audit_table(RunLayout(run).audit_paths("hyperkvasir", "resnet34_s1")["table"])
     area = lambda t: t.loc[t["sample_id"] == "m0", "lesion_area_fraction"].iloc[0]
     assert area(new_table) > area(table)
     assert audit.audit_registered_checkpoint(run, data, "resnet34_s1", **settings)["reused"]

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 from endoexplain_core.figures import case_figures  # noqa: E402
 
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit, audit_schema
 from endoexplain_core.methods import CAM_METHODS  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
                            table_path=tmp_path / "a.parquet", random_deletion_path=tmp_path / "r.parquet",
                            top_fraction=0.2, repetitions=2, batch_size=2,
                            target_layer=("features", model.features))
-    table = audit.read_audit_table(tmp_path / "a.parquet")
+    table = audit_schema.read_audit_table(tmp_path / "a.parquet")
     selection = {"discordant": "x1", "consensus": "x2"}
     fig, checks = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2)
     assert len(checks) == 14 and checks["peak_matches"].all()          # 5 CAMs + 2 baselines per case

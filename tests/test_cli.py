@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from endoexplain_core import cli
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit, audit_schema
 from endoexplain_core.data.imageio import read_image_and_mask
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.models import networks
@@ -53,7 +53,7 @@ def test_audit_writes_case_table_summary_figure_and_report(demo):
                  "table4_summary_formatted.md", "map_ties.csv", "case_figure.png",
                  "case_figure.pdf", "case_figure_iou_check.csv", "audit.json", "report.html"):
         assert (out / name).is_file(), name
-    table = audit.read_audit_table(out / "case_table.parquet")
+    table = audit_schema.read_audit_table(out / "case_table.parquet")
     assert len(table) == 20 * len(MAP_METHODS)
     assert set(table["method"]) == set(MAP_METHODS)
     assert (table["target_layer"] == "layer4.1").all() and (table["arch"] == "resnet18").all()

@@ -129,19 +129,19 @@ def test_every_model_input_path_sees_identical_pixels(tmp_path):
     import pandas as pd
     import torch
 
-    from endoexplain_core.analysis import audit
+    from endoexplain_core.analysis import audit_inputs
     from endoexplain_core.data import cohorts
     from endoexplain_core.data.datasets import decode_resized, to_normalised_tensor
 
     path, mask_path = _mirror_frame(tmp_path)
     pool = pd.DataFrame({"sample_id": ["a"], "path": [path.name], "mask_path": [mask_path.name]})
-    (sample_id, image, mask), = audit.manifest_cases(pool, tmp_path, decode_size=256)
+    (sample_id, image, mask), = audit_inputs.manifest_cases(pool, tmp_path, decode_size=256)
     assert image.shape[:2] != mask.shape and mask.shape == (1080, 1920)
-    audited, _ = audit.prepare_case(sample_id, image, mask, 256)
+    audited, _ = audit_inputs.prepare_case(sample_id, image, mask, 256)
     torch.testing.assert_close(audited, to_normalised_tensor(decode_resized(path, 256)), rtol=0, atol=0)
     case = {"sample_id": "a", "image_path": path.name, "mask_paths": (mask_path.name,)}
     (_, external, _), = cohorts.iter_cases(pd.DataFrame([case]), tmp_path, decode_size=256)
     np.testing.assert_array_equal(external, image)
     Image.fromarray(np.zeros((1080, 1900), np.uint8)).save(mask_path)   # a mask of another size
     with pytest.raises(MaskSizeError, match="1900x1080"):
-        list(audit.manifest_cases(pool, tmp_path, decode_size=256))
+        list(audit_inputs.manifest_cases(pool, tmp_path, decode_size=256))

@@ -30,7 +30,7 @@ import yaml
 from PIL import Image
 
 from endoexplain_core import cli, config, files
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit_schema
 from endoexplain_core.data import imageio
 from endoexplain_core.models import checkpoint, training
 from endoexplain_core.pipeline import orchestrator
@@ -146,8 +146,8 @@ def test_empty_mask_is_a_counted_exclusion_and_a_bad_file_keeps_the_previous_out
     # A truncated Parquet left by a crash is named when read.
     truncated = tmp_path / "truncated.parquet"
     truncated.write_bytes((out / "case_table.parquet").read_bytes()[:500])
-    with pytest.raises(audit.AuditTableError, match="truncated.parquet: not a readable Parquet"):
-        audit.read_audit_table(truncated)
+    with pytest.raises(audit_schema.AuditTableError, match="truncated.parquet: not a readable Parquet"):
+        audit_schema.read_audit_table(truncated)
     # A truncated checkpoint likewise.
     checkpoint.save_tree({"state_dict": {"w": torch.ones(1000)}}, tmp_path / "c.safetensors")
     (tmp_path / "t.safetensors").write_bytes((tmp_path / "c.safetensors").read_bytes()[:-100])

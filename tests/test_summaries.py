@@ -11,7 +11,7 @@ import statsmodels.api as sm
 
 from endoexplain_core import presentation
 from endoexplain_core.analysis import adjusted_model, summaries
-from endoexplain_core.analysis.audit import REQUIRED_COLUMNS, validate_audit_table
+from endoexplain_core.analysis.audit_schema import REQUIRED_COLUMNS, validate_audit_table
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
 SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run

@@ -16,7 +16,7 @@ from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.analysis import transfer  # noqa: E402
 from endoexplain_core.figures import transfer_figures  # noqa: E402
 
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit_schema
 
 from endoexplain_core.data import cohorts
 
@@ -61,7 +61,7 @@ def audit_rows(dataset: str, iou_by_method: dict[str, list[float]], scores: list
     rows = []
     for method, ious in iou_by_method.items():
         for index, iou in enumerate(ious):
-            row = {column: 0 for column in audit.REQUIRED_COLUMNS}
+            row = {column: 0 for column in audit_schema.REQUIRED_COLUMNS}
             row.update(dataset=dataset, sample_id=f"s{index}", checkpoint_id="efficientnet_b0_s1129",
                        arch="efficientnet_b0", method=method, threshold=0.2, iou=iou,
                        scaled_score=scores[index], peak_outside_mask=peaks_out[index],

@@ -3,9 +3,9 @@
 One row per (dataset, sample_id, checkpoint_id, method), for the five CAMs and the two spatial
 baselines (seeded random heatmap, centred Gaussian). Conventions:
 
-- Images and masks are resized to the model's input size (images as in ``data``: area/bilinear
-  then ImageNet normalisation; masks nearest-neighbour), and every metric is computed at that
-  size. Masks that are empty after resizing are excluded and counted, never scored.
+- Images and masks are resized to the model's input size (``audit_inputs``), and every metric
+  is computed at that size. Masks that are empty after resizing are excluded and counted, never
+  scored. The table's columns and rules are ``audit_schema``'s.
 - Scores come from the same forward that produced the CAMs: z = logit(pos) - logit(neg),
   ``raw_score = sigmoid(z)``, ``scaled_score = sigmoid(z / T)`` with the checkpoint's
   validation-fitted temperature T.
@@ -16,8 +16,8 @@ baselines (seeded random heatmap, centred Gaussian). Conventions:
 - The table is streamed batch by batch to a temporary Parquet file, validated, and renamed
   into place only when complete, so a failing run never replaces a good table.
 
-Size: over 400 lines on purpose: the batch loop, its validation and its Parquet streaming share
-one row schema; the kernels it calls live in kernels/.
+The run lives here (maps, scores, deletions, streaming, reuse of a finished audit); the inputs
+are ``audit_inputs``', the schema and validation ``audit_schema``'s, the kernels in kernels/.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
-import cv2
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -36,157 +35,23 @@ import pyarrow.parquet as pq
 import torch
 
 from endoexplain_core.progress import progress_bar
-from endoexplain_core.analysis import map_diagnostics
+from endoexplain_core.analysis import audit_inputs, audit_schema, map_diagnostics
 from endoexplain_core import files
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.kernels import baselines, cams, deletion, map_priors, metrics, threshold
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.models import networks, training
-from endoexplain_core.data.datasets import load_manifest, resize_rgb, to_normalised_tensor
-from endoexplain_core.data.imageio import read_image_and_mask, same_frame
+from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.numerics import resolve_device
 
 TARGET = "polyp_family positive logit"
 CALIBRATION_STATUS = "scaled"
 CENTRE_SIGMA_FRACTION = 0.25
-KEY_COLUMNS = ("dataset", "sample_id", "checkpoint_id", "method")
-
-# Column -> Arrow type of the audit table (the schema is fixed so batches stream into one file).
-AUDIT_SCHEMA = pa.schema([
-    ("dataset", pa.string()), ("sample_id", pa.string()), ("checkpoint_id", pa.string()),
-    ("arch", pa.string()), ("seed", pa.int64()), ("control", pa.string()),
-    ("target", pa.string()), ("target_layer", pa.string()), ("method", pa.string()),
-    ("top_fraction", pa.float64()), ("calibration", pa.string()), ("temperature", pa.float64()),
-    ("logit_pos", pa.float64()), ("z", pa.float64()),
-    ("raw_score", pa.float64()), ("scaled_score", pa.float64()),
-    ("peak_outside_mask", pa.bool_()), ("peak_row", pa.int64()), ("peak_col", pa.int64()),
-    ("iou", pa.float64()), ("iou_below_0_10", pa.bool_()), ("energy_in_mask", pa.float64()),
-    ("centre_of_mass_distance", pa.float64()), ("lesion_area_fraction", pa.float64()),
-    ("lesion_centre_distance", pa.float64()),
-    ("constant_map", pa.bool_()), ("max_multiplicity", pa.int64()),
-    ("boundary_ties", pa.int64()),
-    ("logit_drop", pa.float64()), ("score_drop", pa.float64()),
-    # Map-prior diagnostics (analysis.map_diagnostics): the target layer's feature grid, whether
-    # the peak's grid cell is in the grid's border ring / a corner, the IoU of the map's top set
-    # with the method's prior map (mean map over held-out negatives; NaN without a prior), and
-    # the logit drop from deleting the lesion itself (per image, repeated on every method row).
-    ("feature_grid_height", pa.int64()), ("feature_grid_width", pa.int64()),
-    ("peak_border_ring", pa.bool_()), ("peak_corner_cell", pa.bool_()),
-    ("prior_top_iou", pa.float64()), ("lesion_logit_drop", pa.float64()),
-    # Pixels from the peak to the nearest lesion pixel (0 inside; NaN for a constant map).
-    ("peak_lesion_distance", pa.float64()),
-])
-DIAGNOSTIC_COLUMNS = ("feature_grid_height", "feature_grid_width", "peak_border_ring",
-                      "peak_corner_cell", "prior_top_iou", "lesion_logit_drop", "peak_lesion_distance")
-# Old name -> name: audit tables written before the top fraction had one name ("threshold"
-# meant it here, a score level in the sensitivity table and an IoU level in 07) stay readable.
-LEGACY_COLUMNS = {"threshold": "top_fraction"}
-# Tables written before the diagnostics existed (and hand-made test tables) stay valid.
-REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_COLUMNS)
-
-
-class AuditTableError(ValueError):
-    """An audit table breaks one of the validation rules (docs/protocol.md, "Audit-table validation")."""
-
-
-def random_deletion_schema(repetitions: int) -> pa.Schema:
-    """Per-image random-deletion table: the ``repetitions`` logit drops and their means."""
-    fields = [("dataset", pa.string()), ("sample_id", pa.string()),
-              ("checkpoint_id", pa.string()), ("top_fraction", pa.float64()),
-              ("repetitions", pa.int64())]
-    fields += [(f"logit_drop_{r:02d}", pa.float64()) for r in range(repetitions)]
-    fields += [("logit_drop_mean", pa.float64()), ("score_drop_mean", pa.float64())]
-    return pa.schema(fields)
 
 
 def sigmoid(values: torch.Tensor) -> torch.Tensor:
     """Logistic function, float64 for stable score differences."""
     return torch.sigmoid(values.double())
-
-
-# --- inputs -----------------------------------------------------------------------------------
-
-def masked_pool(manifest: pd.DataFrame) -> pd.DataFrame:
-    """Manifest rows of the masked audit pool: role ``spatial_audit`` with a ``mask_path``."""
-    if "mask_path" not in manifest.columns:
-        raise ValueError("manifest has no mask_path column: cannot find the masked audit pool")
-    pool = manifest[(manifest["role"] == "spatial_audit") & (manifest["mask_path"] != "")]
-    return pool.reset_index(drop=True)
-
-
-def manifest_cases(pool: pd.DataFrame, data_root: str | Path, *, decode_size: int | None
-                   ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Yield (sample_id, uint8 (h, w, 3) RGB image, bool (H, W) mask) for each pool row.
-
-    ``decode_size``: the model input side the images go to (large JPEGs decoded at a reduced
-    scale, as in training: ``imageio.read_rgb``); None for the full frame (h, w = H, W).
-    Files are read lazily, one at a time, so memory does not grow with the pool; unreadable
-    files and mask/image size mismatches raise errors naming the files.
-    """
-    data_root = Path(data_root)
-    for row in pool.itertuples(index=False):
-        image, mask = read_image_and_mask(data_root / row.path, data_root / row.mask_path,
-                                          decode_size=decode_size)
-        yield str(row.sample_id), image, mask
-
-
-def input_digest(pool: pd.DataFrame, data_root: str | Path, negatives: pd.DataFrame | None = None) -> str:
-    """SHA-256 over the bytes of every file an audit reads: each pool image and its mask, and
-    each held-out negative image (``negatives``), in pool order. Part of the audit's reuse key,
-    so changing one byte of one mask makes the next run re-audit (the manifest records image
-    digests only)."""
-    data_root = Path(data_root)
-    lines = [f"{row.sample_id}:{files.sha256_file(data_root / row.path)}:"
-             f"{files.sha256_file(data_root / row.mask_path)}" for row in pool.itertuples(index=False)]
-    if negatives is not None:
-        lines += [f"{row.sample_id}:{files.sha256_file(data_root / row.path)}:"
-                  for row in negatives.itertuples(index=False)]
-    return files.sha256_bytes("\n".join(lines).encode())
-
-
-def prepare_case(sample_id: str, image: np.ndarray, mask: np.ndarray, image_size: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Resize one case: float32 (3, S, S) normalised image and bool (S, S) mask. The image
-    is the mask's frame, at full size or decoded at a reduced scale (``imageio.same_frame``)."""
-    if not same_frame(image.shape, mask.shape):
-        raise ValueError(f"sample {sample_id}: mask size {mask.shape[:2]} differs from "
-                         f"image size {image.shape[:2]}")
-    resized_mask = cv2.resize(mask.astype(np.uint8), (image_size, image_size),
-                              interpolation=cv2.INTER_NEAREST).astype(bool)
-    return to_normalised_tensor(resize_rgb(image, image_size)), torch.from_numpy(resized_mask)
-
-
-def pool_images(pool: pd.DataFrame, data_root: str | Path, image_size: int) -> tuple[list[str], torch.Tensor]:
-    """(sample ids, normalised float32 (N, 3, S, S) images) of a masked pool, as the audit
-    prepares them; cases whose mask is empty at this size are left out, as in the audit."""
-    ids, images = [], []
-    for sample_id, image, mask in manifest_cases(pool, data_root, decode_size=image_size):
-        tensor, resized_mask = prepare_case(sample_id, image, mask, image_size)
-        if resized_mask.any():
-            ids.append(sample_id)
-            images.append(tensor)
-    return ids, torch.stack(images)
-
-
-def prepared_batches(cases: Iterable, image_size: int, batch_size: int, excluded: list[str]):
-    """Group prepared cases into batches; empty masks go to ``excluded`` instead.
-
-    Yields ``(sample_ids, images (B, 3, S, S), masks (B, S, S) bool)`` with B <= batch_size.
-    """
-    ids, images, masks = [], [], []
-    for sample_id, image, mask in cases:
-        image_tensor, mask_tensor = prepare_case(sample_id, image, mask, image_size)
-        if not mask_tensor.any():
-            excluded.append(sample_id)
-            continue
-        ids.append(sample_id)
-        images.append(image_tensor)
-        masks.append(mask_tensor)
-        if len(ids) == batch_size:
-            yield ids, torch.stack(images), torch.stack(masks)
-            ids, images, masks = [], [], []
-    if ids:
-        yield ids, torch.stack(images), torch.stack(masks)
 
 
 # --- the audit --------------------------------------------------------------------------------
@@ -326,7 +191,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                  "control": str(metadata.get("control", "none")), "target": TARGET,
                  "target_layer": layer_name, "top_fraction": float(top_fraction),
                  "calibration": CALIBRATION_STATUS, "temperature": float(temperature)}
-    deletion_schema = random_deletion_schema(repetitions)
+    deletion_schema = audit_schema.random_deletion_schema(repetitions)
 
     table_path, random_deletion_path = Path(table_path), Path(random_deletion_path)
     table_path.parent.mkdir(parents=True, exist_ok=True)
@@ -337,17 +202,17 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     excluded: list[str] = []
     n_audited = 0
     try:
-        with pq.ParquetWriter(temporary_table, AUDIT_SCHEMA) as table_writer, \
+        with pq.ParquetWriter(temporary_table, audit_schema.AUDIT_SCHEMA) as table_writer, \
                 pq.ParquetWriter(temporary_deletion, deletion_schema) as deletion_writer, \
                 progress_bar(total=total, desc=checkpoint_id, unit="img") as bar:
-            for ids, images, masks in prepared_batches(cases, image_size, batch_size, excluded):
+            for ids, images, masks in audit_inputs.prepared_batches(cases, image_size, batch_size, excluded):
                 rows, random_table = audit_batch(
                     model, layer_module, images.to(torch_device), masks.to(torch_device), ids,
                     temperature=temperature, top_fraction=top_fraction, repetitions=repetitions,
                     grid=grid, priors=priors)
                 n_rows = len(rows["sample_id"])
                 rows.update({k: [v] * n_rows for k, v in constants.items()})
-                table_writer.write_table(pa.Table.from_pydict(rows, schema=AUDIT_SCHEMA))
+                table_writer.write_table(pa.Table.from_pydict(rows, schema=audit_schema.AUDIT_SCHEMA))
                 random_table.update({"dataset": [dataset] * len(ids),
                                      "checkpoint_id": [checkpoint_id] * len(ids),
                                      "top_fraction": [float(top_fraction)] * len(ids),
@@ -358,7 +223,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
         if n_audited == 0:
             raise ValueError(f"checkpoint {checkpoint_id}: no case with a non-empty mask to audit "
                              f"({len(excluded)} empty masks excluded)")
-        validate_audit_table(pd.read_parquet(temporary_table), source=str(table_path))
+        audit_schema.validate_audit_table(pd.read_parquet(temporary_table), source=str(table_path))
         os.replace(temporary_table, table_path)
         os.replace(temporary_deletion, random_deletion_path)
     finally:
@@ -368,59 +233,6 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
             "n_empty_masks_excluded": len(excluded), "excluded_sample_ids": excluded,
             "table_path": str(table_path), "random_deletion_path": str(random_deletion_path),
             "seconds": round(time.perf_counter() - started, 2)}
-
-
-# --- validation -------------------------------------------------------------------------------
-
-def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd.DataFrame:
-    """Check the rules every audit table obeys; raise ``AuditTableError`` saying what is wrong.
-
-    Rules: all required columns present; no duplicate (dataset, sample_id, checkpoint_id,
-    method) rows; every method covers the same images (per dataset and checkpoint); a single
-    top fraction; one scaled score per image and checkpoint. Returns the table, with the
-    column names of older tables brought up to date (``LEGACY_COLUMNS``).
-    """
-    table = table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
-                                  if old in table.columns and new not in table.columns})
-    missing = [column for column in REQUIRED_COLUMNS if column not in table.columns]
-    if missing:
-        raise AuditTableError(f"{source}: missing columns {missing}")
-    if table.empty:
-        raise AuditTableError(f"{source}: has no rows")
-    duplicated = table.duplicated(list(KEY_COLUMNS), keep=False)
-    if duplicated.any():
-        examples = table.loc[duplicated, list(KEY_COLUMNS)].drop_duplicates().head(3)
-        raise AuditTableError(f"{source}: {int(duplicated.sum())} duplicate "
-                              f"(dataset, sample_id, checkpoint_id, method) rows, e.g. "
-                              f"{examples.to_dict('records')}")
-    top_fractions = sorted(table["top_fraction"].unique())
-    if len(top_fractions) != 1:
-        raise AuditTableError(f"{source}: mixed top fractions {top_fractions}; one per table")
-    for (dataset, checkpoint_id), group in table.groupby(["dataset", "checkpoint_id"]):
-        images = {m: frozenset(g["sample_id"]) for m, g in group.groupby("method")}
-        union = frozenset().union(*images.values())
-        unpaired = {m: len(union - ids) for m, ids in images.items() if ids != union}
-        if unpaired:
-            raise AuditTableError(f"{source}: methods do not cover the same images for "
-                                  f"{dataset}/{checkpoint_id}; images missing per method: {unpaired}")
-        scores = group.groupby("sample_id")["scaled_score"].nunique()
-        if (scores > 1).any():
-            raise AuditTableError(f"{source}: {dataset}/{checkpoint_id} has more than one scaled "
-                                  f"score for images {list(scores[scores > 1].index[:3])}")
-    return table
-
-
-def read_audit_table(path: str | Path) -> pd.DataFrame:
-    """Read and validate an audit Parquet file; errors name the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"audit table {path} does not exist")
-    try:
-        table = pd.read_parquet(path)
-    except (OSError, ValueError, pa.ArrowException) as error:  # e.g. truncated by a crash
-        raise AuditTableError(f"{path}: not a readable Parquet file ({path.stat().st_size} bytes; "
-                              f"truncated or damaged?): {error}") from error
-    return validate_audit_table(table, source=str(path))
 
 
 # --- one registered checkpoint of a run ---------------------------------------------------------
@@ -446,16 +258,6 @@ def load_calibrated_model(run_dir: str | Path, checkpoint_id: str, image_size: i
     return model, metadata, temperature
 
 
-def read_cases(pool: pd.DataFrame, data_root: str | Path, sample_ids, *,
-               decode_size: int | None) -> dict:
-    """sample_id -> (uint8 RGB image, bool mask) for the requested pool members
-    (``decode_size`` as in ``manifest_cases``)."""
-    wanted = set(sample_ids)
-    return {sample_id: (image, mask) for sample_id, image, mask
-            in manifest_cases(pool[pool["sample_id"].isin(wanted)], data_root,
-                              decode_size=decode_size)}
-
-
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 image_size: int, top_fraction: float, repetitions: int,
                                 batch_size: int = 16, device: str = "cpu",
@@ -475,17 +277,17 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
     layout = RunLayout(run_dir)
     entry = layout.registry_entry(checkpoint_id)
     manifest = load_manifest(layout.manifest)
-    pool = masked_pool(manifest)
+    pool = audit_inputs.masked_pool(manifest)
     paths = layout.audit_paths(dataset, checkpoint_id)
     negatives = map_diagnostics.held_out_negatives(manifest, prior_negatives)
     settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
                 "repetitions": int(repetitions), "image_size": int(image_size),
                 "pool": sorted(pool["sample_id"].astype(str)), "prior_negatives": int(prior_negatives),
-                "inputs_sha256": input_digest(pool, data_root, negatives)}
+                "inputs_sha256": audit_inputs.input_digest(pool, data_root, negatives)}
     if reuse and paths["summary"].is_file() and paths["table"].is_file():
         previous = json.loads(paths["summary"].read_text())
         if previous.get("settings") == settings and paths["random_deletion"].is_file():
-            read_audit_table(paths["table"])
+            audit_schema.read_audit_table(paths["table"])
             return {**previous, "reused": True}
     model, metadata, temperature = load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     priors = None
@@ -501,7 +303,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
         files.write_parquet_atomic(negative_rows.assign(checkpoint_id=checkpoint_id),
                                       paths["negatives"])
     summary = audit_checkpoint(model, metadata, temperature,
-                               manifest_cases(pool, data_root, decode_size=image_size),
+                               audit_inputs.manifest_cases(pool, data_root, decode_size=image_size),
                                dataset=dataset, image_size=image_size,
                                table_path=paths["table"],
                                random_deletion_path=paths["random_deletion"],
@@ -558,6 +360,6 @@ def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir
     tables, deletions = [], []
     for checkpoint_id in checkpoint_ids:
         paths = RunLayout(run_dir).audit_paths(dataset, checkpoint_id)
-        tables.append(read_audit_table(paths["table"]))
+        tables.append(audit_schema.read_audit_table(paths["table"]))
         deletions.append(pd.read_parquet(paths["random_deletion"]))
     return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)

@@ -11,7 +11,7 @@ the masked polyps), ``negative_class_c_scores`` the negative class's (maps for c
 held-out test negatives); every C-Score row says its ``class`` ("polyp", "negative").
 
 Conventions (every table carries them in its ``note``):
-- Images and masks are prepared as in the audit (``audit.prepare_case``: model input size,
+- Images and masks are prepared as in the audit (``audit_inputs.prepare_case``: model input size,
   masks nearest-neighbour; empty masks after resizing are excluded and counted).
 - The field of view B is ``localisation.field_of_view`` of the normalised input joined with
   the mask. Energy lift and pointing are taken inside B; IoU and the top-k sweep over the frame,
@@ -47,7 +47,7 @@ from scipy import stats as scipy_stats
 
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, map_diagnostics, stats
+from endoexplain_core.analysis import audit, audit_inputs, map_diagnostics, stats
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import baselines, cams, deletion, localisation
 from endoexplain_core.methods import (
@@ -186,7 +186,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                      total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Extended scores of one checkpoint on one masked cohort.
 
-    ``cases``: iterable of (sample_id, uint8 RGB, bool mask) as ``audit.manifest_cases`` yields.
+    ``cases``: iterable of (sample_id, uint8 RGB, bool mask) as ``audit_inputs.manifest_cases`` yields.
     Returns (case table: one row per image x ``EXTENDED_METHODS``; C-Score rows of the polyp
     class (``class`` "polyp"): one per method over the gold list; run summary with timings:
     ``cam_seconds`` (the fused CAM pass and logits) and ``metric_seconds`` (field of view, DoG,
@@ -199,7 +199,7 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
     excluded: list[str] = []
     frames, gold = [], GoldList()
     cam_seconds = metric_seconds = 0.0
-    for ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
+    for ids, images, masks in audit_inputs.prepared_batches(cases, image_size, batch_size, excluded):
         images, masks = images.to(torch_device), masks.to(torch_device)
         started = time.perf_counter()
         maps, logits = cams.compute_cams(model, layer, images, target_class=1,
@@ -308,8 +308,8 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     ``cases`` and ``case_iterator`` (e.g. ``cohorts.iter_cases``; called with ``decode_size``)
     for an external cohort."""
     if cases is None:
-        cases = audit.masked_pool(load_manifest(RunLayout(run_dir).manifest))
-        case_iterator = audit.manifest_cases
+        cases = audit_inputs.masked_pool(load_manifest(RunLayout(run_dir).manifest))
+        case_iterator = audit_inputs.manifest_cases
     model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     return score_checkpoint(model, metadata, temperature,
                             case_iterator(cases, data_root, decode_size=image_size),
@@ -360,14 +360,14 @@ def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint
     snapshots = training.epoch_snapshots(layout.checkpoints_dir, checkpoint_id)
     if not snapshots:
         return pd.DataFrame()
-    cases = audit.masked_pool(load_manifest(layout.manifest))
+    cases = audit_inputs.masked_pool(load_manifest(layout.manifest))
     temperature = layout.temperature(checkpoint_id)
     digest = layout.manifest_digest()
     rows = []
     for epoch, path in snapshots:
         model, metadata = training.load_model(path, digest, image_size, resolve_device(device))
         _, c_rows, _ = score_checkpoint(model, {**metadata, "checkpoint_id": checkpoint_id}, temperature,
-                                        audit.manifest_cases(cases, data_root, decode_size=image_size),
+                                        audit_inputs.manifest_cases(cases, data_root, decode_size=image_size),
                                         dataset="hyperkvasir",
                                         image_size=image_size, settings=settings,
                                         replicates=replicates, seed=seed, batch_size=batch_size,

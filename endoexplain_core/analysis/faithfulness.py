@@ -39,7 +39,7 @@ import torch
 
 from endoexplain_core import config
 from endoexplain_core.config import LocalisationSettings
-from endoexplain_core.analysis import audit, stats
+from endoexplain_core.analysis import audit, audit_inputs, stats
 from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
                                       randomisation, reliance, road, threshold)
 from endoexplain_core.methods import CAM_METHODS
@@ -93,9 +93,9 @@ class PreparedCases:
 
 
 def prepare_cases(cases: Iterable, image_size: int) -> PreparedCases:
-    """Resize (sample_id, uint8 RGB, bool mask) cases with ``audit.prepare_case``."""
+    """Resize (sample_id, uint8 RGB, bool mask) cases with ``audit_inputs.prepare_case``."""
     excluded: list[str] = []
-    batches = list(audit.prepared_batches(cases, image_size, batch_size=2**31, excluded=excluded))
+    batches = list(audit_inputs.prepared_batches(cases, image_size, batch_size=2**31, excluded=excluded))
     if not batches:
         raise ValueError("no case with a non-empty mask at the model's input size")
     ids, images, masks = batches[0]

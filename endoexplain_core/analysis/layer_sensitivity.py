@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, summaries
+from endoexplain_core.analysis import audit, audit_inputs, audit_schema, summaries
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import cams
 from endoexplain_core.methods import CAM_METHODS, method_label
@@ -136,22 +136,22 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
     model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
     protocol = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
     neighbour = networks.resolve_target_layer(model, metadata["arch"], NEIGHBOUR_LAYERS[metadata["arch"]])
-    pool = audit.masked_pool(load_manifest(layout.manifest))
+    pool = audit_inputs.masked_pool(load_manifest(layout.manifest))
     paths = layout.audit_paths(f"hyperkvasir_layer_{neighbour[0]}", checkpoint_id)
     audit.audit_checkpoint(model, metadata, temperature,
-                           audit.manifest_cases(pool, data_root, decode_size=image_size),
+                           audit_inputs.manifest_cases(pool, data_root, decode_size=image_size),
                            dataset="hyperkvasir", image_size=image_size, table_path=paths["table"],
                            random_deletion_path=paths["random_deletion"], top_fraction=top_fraction,
                            repetitions=1, batch_size=batch_size, device=device,
                            target_layer=neighbour, total=len(pool))
-    neighbour_table = audit.read_audit_table(paths["table"])
+    neighbour_table = audit_schema.read_audit_table(paths["table"])
     # the scores do not depend on the layer, so both layers' panels hold the same images
     panels = {protocol[0]: summaries.table4(primary, random_deletion, score_threshold, replicates, seed),
               neighbour[0]: summaries.table4(neighbour_table, pd.read_parquet(paths["random_deletion"]),
                                              score_threshold, replicates, seed)}
     torch_device = next(model.parameters()).device
-    batches = (images.to(torch_device) for _, images, _ in audit.prepared_batches(
-        audit.manifest_cases(pool, data_root, decode_size=image_size), image_size, batch_size,
+    batches = (images.to(torch_device) for _, images, _ in audit_inputs.prepared_batches(
+        audit_inputs.manifest_cases(pool, data_root, decode_size=image_size), image_size, batch_size,
         excluded=[]))
     # the layers' weights over every audit image (one decode for both layers)
     diagnostics = layer_diagnostics(model, dict((protocol, neighbour)), batches)

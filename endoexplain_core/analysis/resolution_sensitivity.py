@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from endoexplain_core.analysis import audit, summaries
+from endoexplain_core.analysis import audit, audit_inputs, audit_schema, summaries
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.run_layout import RunLayout
 
@@ -30,10 +30,10 @@ def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
     layout = RunLayout(run_dir)
     dataset = f"hyperkvasir_{check_size}px"
     model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, native_size, device)
-    pool = audit.masked_pool(load_manifest(layout.manifest))
+    pool = audit_inputs.masked_pool(load_manifest(layout.manifest))
     paths = layout.audit_paths(dataset, checkpoint_id)
     summary = audit.audit_checkpoint(
-        model, metadata, temperature, audit.manifest_cases(pool, data_root, decode_size=check_size),
+        model, metadata, temperature, audit_inputs.manifest_cases(pool, data_root, decode_size=check_size),
         dataset=dataset,
         image_size=check_size, table_path=paths["table"], random_deletion_path=paths["random_deletion"],
         top_fraction=top_fraction, repetitions=repetitions, batch_size=batch_size, device=device,
@@ -76,7 +76,7 @@ def run_resolution_check(run_dir: str | Path, data_root: str | Path, primary: pd
                              repetitions=repetitions, batch_size=batch_size, device=device)
     paths = RunLayout(run_dir).audit_paths(check["dataset"], checkpoint_id)
     tables = {native_size: (primary, random_deletion),
-              check_size: (audit.read_audit_table(paths["table"]), pd.read_parquet(paths["random_deletion"]))}
+              check_size: (audit_schema.read_audit_table(paths["table"]), pd.read_parquet(paths["random_deletion"]))}
     table = resolution_table(tables, summaries.high_score_ids(primary, score_threshold),
                              replicates=replicates, seed=seed)
     return table, {"table": paths["table"], "random_deletion": paths["random_deletion"]}

@@ -1,7 +1,7 @@
 """Summaries of audit tables: Table 4 panels, paired tests, sensitivity analyses (the adjusted
 model of Table 5 is ``adjusted_model``).
 
-Every function takes validated audit tables (``audit.validate_audit_table``) and returns a
+Every function takes validated audit tables (``audit_schema.validate_audit_table``) and returns a
 tidy ``pandas.DataFrame``. Conventions:
 - "Failure" is ``peak_outside_mask`` (pointing-game failure, first row-major maximum).
 - One denominator per panel: every method of a panel is scored on the same images, so

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, stats
+from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
 from endoexplain_core.data.datasets import load_manifest
@@ -160,7 +160,7 @@ def audit_cohorts(model, metadata: dict, temperature: float, cohort_cases: dict[
                            labels=[f"{dataset}/{checkpoint_id}" for dataset in cohort_cases])
     tables, runs = [], []
     for (dataset, cases), run in zip(cohort_cases.items(), results):
-        tables.append(audit.read_audit_table(run["table_path"]))
+        tables.append(audit_schema.read_audit_table(run["table_path"]))
         runs.append({"dataset": DATASET_LABELS.get(dataset, dataset), "checkpoint_id": checkpoint_id,
                      "temperature": temperature, "cases": len(cases),
                      "n_audited": run["n_audited"],
@@ -205,7 +205,7 @@ def transfer_summary(audit_table: pd.DataFrame, *, score_threshold: float, top_f
     uniformly random top-area set, ``chance_top_fraction_iou`` at ``top_fraction``). Each
     method's bootstrap uses the same seed, hence the same resampled images within a cohort.
     """
-    audit.validate_audit_table(audit_table, source="transfer audit tables")
+    audit_schema.validate_audit_table(audit_table, source="transfer audit tables")
     if audit_table["checkpoint_id"].nunique() != 1:
         raise ValueError("transfer summary expects the tables of one (frozen) checkpoint, got "
                          f"{sorted(audit_table['checkpoint_id'].unique())}")

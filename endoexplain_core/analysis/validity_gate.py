@@ -70,7 +70,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from endoexplain_core.analysis import audit, stats
+from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core import config, marks
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import to_normalised_tensor
@@ -384,7 +384,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
             random_deletion_path=output_dir / f"{checkpoint_id}_random_deletion.parquet",
             top_fraction=top_fraction, repetitions=settings.random_deletion_repetitions,
             batch_size=batch_size, total=len(cases))
-        table = audit.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
+        table = audit_schema.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
         tables.append(table.assign(gate_seed=seed, model=name))
     rows = pd.concat(tables, ignore_index=True)
     return add_cue_columns(rows, cue_masks)

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from endoexplain_core.analysis import summaries, validity_gate
+
 from endoexplain_core.figures import case_figures
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.models import networks
@@ -54,7 +55,7 @@ def audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, model: tor
                   layer_name: str, *, arch: str, score_threshold: float, replicates: int, seed: int,
                   gate: pd.DataFrame | None = None, mark_gate: bool = True,
                   methods: Sequence[str] | None = None) -> AuditSummary:
-    """The numbers of one checkpoint's audit (``table``: ``audit.read_audit_table``'s rows).
+    """The numbers of one checkpoint's audit (``table``: ``audit_schema.read_audit_table``'s rows).
 
     ``replicates``/``seed``: the image bootstrap of the summary's intervals. ``mark_gate``: add
     the validity-gate column and daggers from ``gate`` (03's table; None: "not run"); False

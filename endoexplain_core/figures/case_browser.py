@@ -10,7 +10,7 @@ baseline, random heatmap) on one colour scale, with the peak, the top-area outli
 in the mask and the deletion logit drop beside this image's random-deletion reference.
 
 Numbers come from the audit tables; the panels are the maps recomputed from the checkpoint in
-the audit's batches (``audit.prepared_batches``), drawn as one small JPEG strip per case. The
+the audit's batches (``audit_inputs.prepared_batches``), drawn as one small JPEG strip per case. The
 peak marker is the table's peak, so a badge and its picture never disagree.
 """
 
@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from endoexplain_core import files
-from endoexplain_core.analysis import audit
+from endoexplain_core.analysis import audit, audit_inputs, audit_schema
 from endoexplain_core.kernels import threshold
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.figures.case_figures import _display_rgb
@@ -155,7 +155,7 @@ def case_strips(model: torch.nn.Module, target_layer: torch.nn.Module, cases, ta
     peaks = {(s, m): (int(r), int(c)) for s, m, r, c, k in zip(
         table["sample_id"], table["method"], table["peak_row"], table["peak_col"], table["constant_map"]) if not k}
     names, excluded = {}, []
-    for sample_ids, images, masks in audit.prepared_batches(cases, image_size, batch_size, excluded):
+    for sample_ids, images, masks in audit_inputs.prepared_batches(cases, image_size, batch_size, excluded):
         maps, _ = audit.batch_maps(model, target_layer, images.to(device), sample_ids)
         for index, sample_id in enumerate(sample_ids):
             rgb, mask = _display_rgb(images[index]), masks[index].cpu().numpy()
@@ -358,9 +358,9 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
              if layout.audit_paths(n, primary_id)["table"].is_file()]
     sources = {}
     if layout.audit_paths("hyperkvasir", primary_id)["table"].is_file():
-        pool = audit.masked_pool(load_manifest(layout.manifest))
+        pool = audit_inputs.masked_pool(load_manifest(layout.manifest))
         pool_label = "Synthetic HyperKvasir-like (audit pool)" if synthetic else "HyperKvasir (audit pool)"
-        sources["hyperkvasir"] = (pool_label, audit.manifest_cases(pool, cohort_root, decode_size=image_size))
+        sources["hyperkvasir"] = (pool_label, audit_inputs.manifest_cases(pool, cohort_root, decode_size=image_size))
     external = transfer.external_cases(run_dir, cohort_root, names)
     for name, cases in external.items():
         sources[name] = (style.cohort_label(name, synthetic=synthetic), cohorts.iter_cases(cases, cohort_root, decode_size=image_size))
@@ -369,7 +369,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
     records, labels = [], {}
     for name, (label, cases) in sources.items():
         paths = layout.audit_paths(name, primary_id)
-        table = audit.read_audit_table(paths["table"])
+        table = audit_schema.read_audit_table(paths["table"])
         strips = case_strips(model, layer, cases, table, image_size=image_size,
                              top_fraction=top_fraction, batch_size=batch_size,
                              out_dir=out_dir / "strips" / name, device=device)

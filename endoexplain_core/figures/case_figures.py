@@ -30,7 +30,8 @@ import pandas as pd
 import torch
 
 from endoexplain_core.kernels import metrics, threshold
-from endoexplain_core.analysis.audit import batch_maps, prepare_case
+from endoexplain_core.analysis.audit import batch_maps
+from endoexplain_core.analysis.audit_inputs import prepare_case
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD

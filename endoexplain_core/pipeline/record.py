@@ -483,7 +483,7 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
     verdict colours the gate box), the primary's HyperKvasir audit summary (images audited),
     Table 4's panel A n and the transfer table ((cohort, cases, eligible) per external cohort).
     Missing optional parts (no gate, no transfer) are left out of the figure, never invented."""
-    from endoexplain_core.analysis import audit, validity_gate
+    from endoexplain_core.analysis import audit_inputs, validity_gate
     from endoexplain_core.data import roles as roles_module
     from endoexplain_core.figures import workflow_figure
 
@@ -503,7 +503,7 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
     audit_summary = json.loads(layout.audit_paths("hyperkvasir", layout.primary_id())["summary"].read_text())
     table4 = pd.read_csv(figures_dir / "table4_spatial_audit.csv")
     panel_a = table4.loc[table4["panel"] == "A", "n"]
-    flow = workflow_figure.exclusion_flow(role_counts, len(audit.masked_pool(manifest)),
+    flow = workflow_figure.exclusion_flow(role_counts, len(audit_inputs.masked_pool(manifest)),
                                           int(audit_summary["n_audited"]),
                                           int(panel_a.max()) if len(panel_a) else 0, score_threshold)
     return steps, flow, external
