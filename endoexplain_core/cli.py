@@ -3,9 +3,9 @@
 ``endoexplain audit`` runs the paper's spatial audit on a user's own classifier and folder of
 masked frames, with the same code the notebooks use: ``analysis.audit.audit_checkpoint`` (fused
 CAMs, top-area rule, metrics, deletion and its random control, streamed to a validated
-Parquet case table), ``analysis.summaries.table4`` (Table 4 with image-bootstrap CIs,
-``tie_counts``, ``identical_statement``), ``figures.case_figures`` (the rule-selected case
-figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure``.
+Parquet case table), ``figures.audit_report`` (the one report notebook 04 also uses: Table 4
+with image-bootstrap CIs, map ties, methods identical by construction, and the rule-selected
+case figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure``.
 
 Before any output is written the inputs are checked (folders, every image header and mask,
 the weights' tensors, one probe forward pass at the input size). The run then holds an

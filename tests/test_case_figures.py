@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 from endoexplain_core.figures import case_figures  # noqa: E402
 
-from endoexplain_core.analysis import audit, audit_schema
+from endoexplain_core.analysis import audit, audit_schema, case_maps
 from endoexplain_core.methods import CAM_METHODS  # noqa: E402
 
 
@@ -54,10 +54,17 @@ def test_selection_rule_on_a_crafted_table():
     assert case_figures.format_score(0.9996) == ">0.999" and case_figures.format_score(0.97) == "0.970"
 
 
+def render_figure3(table, selection, model, layer, cases, image_size, top_fraction, batch_size=None):
+    """Redraw and check the selected cases' maps (analysis), then draw them (figures)."""
+    drawn, checks = case_maps.redraw_cases(table, selection, model, layer, cases, image_size,
+                                           top_fraction, batch_size=batch_size)
+    return case_figures.draw_figure3(drawn, roles=tuple(selection), top_fraction=top_fraction), checks
+
+
 def test_selection_with_no_eligible_case_returns_none():
     selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.999)
     assert selection == {"miss": None, "discordant": None, "consensus": None}
-    fig, checks = case_figures.render_figure3(selection_table(), selection, None, None, {}, 8, 0.2)
+    fig, checks = render_figure3(selection_table(), selection, None, None, {}, 8, 0.2)
     assert checks.empty and fig is not None
 
 
@@ -91,20 +98,20 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
                            target_layer=("features", model.features))
     table = audit_schema.read_audit_table(tmp_path / "a.parquet")
     selection = {"discordant": "x1", "consensus": "x2"}
-    fig, checks = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2)
+    fig, checks = render_figure3(table, selection, model, model.features, cases, 16, 0.2)
     assert len(checks) == 14 and checks["peak_matches"].all()          # 5 CAMs + 2 baselines per case
     np.testing.assert_allclose(checks["rendered_iou"], checks["table_iou"], atol=1e-6)
     assert len(fig.axes) >= 16
     # Recomputed in the audit's own batch (batch 2 here), the maps equal the table's exactly.
-    assert case_figures.audit_batch_ids(table, "x2", 2) == ["x1", "x2"]
-    assert case_figures.audit_batch_ids(table, "x2", 1) == ["x2"]
-    _, in_batch = case_figures.render_figure3(table, selection, model, model.features, cases, 16, 0.2,
+    assert case_maps.audit_batch_ids(table, "x2", 2) == ["x1", "x2"]
+    assert case_maps.audit_batch_ids(table, "x2", 1) == ["x2"]
+    _, in_batch = render_figure3(table, selection, model, model.features, cases, 16, 0.2,
                                               batch_size=2)
     assert (in_batch["rendered_iou"] == in_batch["table_iou"]).all() and in_batch["peak_matches"].all()
     tampered = table.copy()
     tampered.loc[(tampered["sample_id"] == "x2") & (tampered["method"] == "hirescam"), "iou"] += 0.01
-    with pytest.raises(case_figures.RenderedIoUMismatch, match="x2/hirescam"):
-        case_figures.render_figure3(tampered, selection, model, model.features, cases, 16, 0.2)
+    with pytest.raises(case_maps.RenderedIoUMismatch, match="x2/hirescam"):
+        render_figure3(tampered, selection, model, model.features, cases, 16, 0.2)
 
 
 def test_figure4_draws_three_panels_with_each_checkpoints_random_deletion_control():

@@ -68,7 +68,7 @@ def test_temperature_at_bound_reaches_table4_and_the_table5_footnote():
     assert summaries.temperature_at_bound(pinned) and not summaries.temperature_at_bound(inside)
     assert summaries.temperature_statement(pinned).startswith("WARNING")
     assert "inside its search bounds" in summaries.temperature_statement(inside)
-    shown = summaries.format_table4(pd.DataFrame({
+    shown = summaries.format_spatial_audit_summary(pd.DataFrame({
         "panel": ["A"], "label": ["Grad-CAM"], "n": [3], "temperature_at_bound": [True],
         **{f"{o}{s}": [0.5] for o in ("peak_failure", "iou", "energy_in_mask", "logit_drop")
            for s in ("", "_ci_low", "_ci_high")}}))

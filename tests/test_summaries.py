@@ -57,7 +57,7 @@ def random_deletion_rows(n, checkpoint_id="efficientnet_b0_s1"):
 
 def test_table4_panels_use_the_right_images_and_hand_means():
     table = crafted_table(SCORES, FAILURES)
-    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.90, replicates=200, seed=SEED)
+    result = summaries.spatial_audit_summary(table, random_deletion_rows(6), score_threshold=0.90, replicates=200, seed=SEED)
     panel_a = result[result["panel"] == "A"].set_index("method")
     panel_b = result[result["panel"] == "B"].set_index("method")
     assert (panel_a["n"] == 3).all() and (panel_b["n"] == 6).all()       # images 0, 1, 4
@@ -74,7 +74,7 @@ def test_table4_panels_use_the_right_images_and_hand_means():
 
 def test_an_empty_high_score_panel_is_reported_not_raised():
     table = crafted_table(SCORES, FAILURES)
-    result = summaries.table4(table, random_deletion_rows(6), score_threshold=0.99, replicates=50, seed=SEED)
+    result = summaries.spatial_audit_summary(table, random_deletion_rows(6), score_threshold=0.99, replicates=50, seed=SEED)
     panel_a = result[result["panel"] == "A"]
     assert (panel_a["n"] == 0).all() and panel_a["peak_failure"].isna().all()
 
@@ -187,10 +187,10 @@ def test_tie_counts_count_maps_with_ties():
     assert (result["maps"] == 6).all()
 
 
-def test_format_table4_prints_estimates_with_intervals_and_dashes():
-    table = summaries.table4(crafted_table(SCORES, FAILURES), random_deletion_rows(6), 0.90,
+def test_format_spatial_audit_summary_prints_estimates_with_intervals_and_dashes():
+    table = summaries.spatial_audit_summary(crafted_table(SCORES, FAILURES), random_deletion_rows(6), 0.90,
                              replicates=50, seed=SEED)
-    shown = summaries.format_table4(table).set_index(["Panel", "Map"])
+    shown = summaries.format_spatial_audit_summary(table).set_index(["Panel", "Map"])
     assert shown.loc[("A", "Grad-CAM"), "Peak failure"].startswith("0.333 (")
     assert shown.loc[("A", "Random deletion"), "Peak failure"] == "\u2013"
     assert shown.loc[("B", "Centre baseline"), "Logit drop"] == "\u2013"

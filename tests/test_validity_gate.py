@@ -328,7 +328,7 @@ def test_constant_maps_count_as_failures_in_table4_and_the_defined_rate_is_besid
         stats.wilson_interval(3, 4))
     grad = panel.set_index("method").loc["gradcam"]
     assert grad["n_constant"] == 0 and grad["peak_failure"] == 0.5
-    shown = summaries.format_table4(panel.assign(panel="A"))
+    shown = summaries.format_spatial_audit_summary(panel.assign(panel="A"))
     assert "Constant maps" in shown.columns
 
 

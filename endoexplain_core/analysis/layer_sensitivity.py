@@ -85,7 +85,7 @@ def layer_diagnostics(model: torch.nn.Module, layers: dict[str, torch.nn.Module]
 
 def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[str, dict],
                             identical: dict[str, list]) -> pd.DataFrame:
-    """One row per (layer, panel, CAM): Table 4 columns (``summaries.table4``: panel A, the
+    """One row per (layer, panel, CAM): Table 4 columns (``summaries.spatial_audit_summary``: panel A, the
     high-score images, and B, all images) beside the layer's weight diagnostics. ``panels``,
     ``diagnostics``, ``identical``: layer name -> Table 4 frame / ``layer_diagnostics`` dict /
     groups identical by construction there.
@@ -146,8 +146,8 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
                            target_layer=neighbour, total=len(pool))
     neighbour_table = audit_schema.read_audit_table(paths["table"])
     # the scores do not depend on the layer, so both layers' panels hold the same images
-    panels = {protocol[0]: summaries.table4(primary, random_deletion, score_threshold, replicates, seed),
-              neighbour[0]: summaries.table4(neighbour_table, pd.read_parquet(paths["random_deletion"]),
+    panels = {protocol[0]: summaries.spatial_audit_summary(primary, random_deletion, score_threshold, replicates, seed),
+              neighbour[0]: summaries.spatial_audit_summary(neighbour_table, pd.read_parquet(paths["random_deletion"]),
                                              score_threshold, replicates, seed)}
     torch_device = next(model.parameters()).device
     batches = (images.to(torch_device) for _, images, _ in audit_inputs.prepared_batches(

@@ -157,10 +157,10 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
     return result
 
 
-def table4(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: float,
-           replicates: int, seed: int
-           ) -> pd.DataFrame:
-    """Panel A (scaled score >= ``score_threshold``) stacked on panel B (all images)."""
+def spatial_audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, score_threshold: float,
+                          replicates: int, seed: int) -> pd.DataFrame:
+    """The spatial audit's per-method summary (the paper's Table 4): panel A (scaled score >=
+    ``score_threshold``) stacked on panel B (all images), ``panel_summary`` for each."""
     panels = []
     for panel, ids in (("A", high_score_ids(table, score_threshold)),
                        ("B", sorted(table["sample_id"].unique()))):
@@ -197,7 +197,7 @@ def temperature_statement(table: pd.DataFrame) -> str:
     return f"Scaled scores use the validation-fitted temperature T = {text} (inside its search bounds)."
 
 
-def format_table4(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+def format_spatial_audit_summary(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Table 4 as printed: panel, map label, n, and each outcome as "estimate (CI)"."""
     shown = pd.DataFrame({"Panel": table["panel"], "Map": table["label"], "n": table["n"]})
     for outcome, title in (("peak_failure", "Peak failure"), ("iou", "Top-20% IoU"),

@@ -66,6 +66,14 @@ def to_normalised_tensor(rgb: np.ndarray) -> torch.Tensor:
     return (scaled - mean) / std
 
 
+def denormalised_rgb(image_tensor: torch.Tensor) -> np.ndarray:
+    """Normalised float (3, S, S) -> float (S, S, 3) RGB in [0, 1]: ``to_normalised_tensor``
+    undone (ImageNet mean/std), for drawing a model input."""
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    return (image_tensor.cpu() * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
+
+
 def training_augmentation() -> A.Compose:
     """Flips and mild brightness/contrast (each transform applied with probability 0.5)."""
     return A.Compose([

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from endoexplain_core.analysis import summaries, validity_gate
+from endoexplain_core.analysis import case_maps, summaries, validity_gate
 
 from endoexplain_core.figures import case_figures
 from endoexplain_core.methods import CAM_METHODS
@@ -30,7 +30,7 @@ CaseReader = Callable[[list[str]], dict[str, tuple[np.ndarray, np.ndarray]]]
 @dataclass
 class AuditSummary:
     """What one audit shows in numbers. ``summary``: one row per panel x method
-    (``summaries.table4``); ``formatted``: the same for reading (estimate with interval);
+    (``summaries.spatial_audit_summary``); ``formatted``: the same for reading (estimate with interval);
     ``ties``: constant maps and top-area boundary ties per method; ``identical``: groups of CAM
     methods equal by construction at the audited layer, with ``identical_statement``."""
 
@@ -62,14 +62,14 @@ def audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, model: tor
     leaves the summary unmarked (a model audited outside a run has no gate of its own).
     ``methods``: the CAM methods to report (None: all); baselines are always kept.
     """
-    summary = summaries.table4(table, random_deletion, score_threshold, replicates=replicates, seed=seed)
+    summary = summaries.spatial_audit_summary(table, random_deletion, score_threshold, replicates=replicates, seed=seed)
     if methods is not None:
         kept = [m for m in summary["method"].unique() if m not in CAM_METHODS or m in methods]
         summary = summary[summary["method"].isin(kept)].reset_index(drop=True)
     if mark_gate:
         summary = validity_gate.mark_table(summary, gate)
     identical = networks.identical_methods(model, layer_name)
-    return AuditSummary(summary=summary, formatted=summaries.format_table4(summary),
+    return AuditSummary(summary=summary, formatted=summaries.format_spatial_audit_summary(summary),
                         ties=summaries.tie_counts(table), identical=identical,
                         identical_statement=summaries.identical_statement(identical, arch, layer_name))
 
@@ -84,8 +84,10 @@ def case_figure(table: pd.DataFrame, model: torch.nn.Module, layer: torch.nn.Mod
     table's to the last bit), and per drawn map the table's IoU beside the redrawn one."""
     selection = case_figures.select_figure3_cases(table, score_threshold, image_size=image_size)
     needed = {i for chosen in selection.values() if chosen
-              for i in case_figures.audit_batch_ids(table, chosen, batch_size)}
-    figure, iou_check = case_figures.render_figure3(
-        table, selection, model.to(device), layer, read_cases(sorted(needed)), image_size,
-        top_fraction, device=device, batch_size=batch_size, not_validated=not_validated)
+              for i in case_maps.audit_batch_ids(table, chosen, batch_size)}
+    drawn, iou_check = case_maps.redraw_cases(table, selection, model.to(device), layer,
+                                              read_cases(sorted(needed)), image_size, top_fraction,
+                                              device=device, batch_size=batch_size)
+    figure = case_figures.draw_figure3(drawn, roles=tuple(selection) or ("miss", "discordant", "consensus"),
+                                       top_fraction=top_fraction, not_validated=not_validated)
     return selection, figure, iou_check

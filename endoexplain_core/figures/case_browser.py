@@ -32,7 +32,7 @@ from endoexplain_core import files
 from endoexplain_core.analysis import audit, audit_inputs, audit_schema
 from endoexplain_core.kernels import threshold
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
-from endoexplain_core.figures.case_figures import _display_rgb
+from endoexplain_core.data.datasets import denormalised_rgb
 from endoexplain_core.figures import style
 from endoexplain_core.figures.style import HEATMAP_CMAP
 
@@ -158,7 +158,7 @@ def case_strips(model: torch.nn.Module, target_layer: torch.nn.Module, cases, ta
     for sample_ids, images, masks in audit_inputs.prepared_batches(cases, image_size, batch_size, excluded):
         maps, _ = audit.batch_maps(model, target_layer, images.to(device), sample_ids)
         for index, sample_id in enumerate(sample_ids):
-            rgb, mask = _display_rgb(images[index]), masks[index].cpu().numpy()
+            rgb, mask = denormalised_rgb(images[index]), masks[index].cpu().numpy()
             panels = [draw_panel(rgb, mask, None, None, None)]
             for method in MAP_METHODS:
                 heatmap = maps[method][index].detach()

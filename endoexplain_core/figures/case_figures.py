@@ -1,4 +1,4 @@
-"""Figure 3 (rule-selected cases, with rendered-IoU verification) and Figure 4 (robustness).
+"""Figure 3 (rule-selected cases) and Figure 4 (robustness).
 
 Figure 3 selection rule (docs/protocol.md), applied to the primary checkpoint's audit table
 before anything is drawn, among high-score images (scaled score >= threshold), CAMs only:
@@ -10,12 +10,9 @@ before anything is drawn, among high-score images (scaled score >= threshold), C
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;
 - consensus: all five CAM peaks inside; maximise the mean IoU;
 - remaining ties: the smallest sample id.
-The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint;
-the IoU of each rendered map with the rendered mask must equal the table's within
-``IOU_TOLERANCE`` or rendering raises.
-
-Size: over 400 lines on purpose: case selection, map recomputation and the rendering check of
-Figure 3 share one row format; Figure 4 shares its panel helpers.
+The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint
+and checked against the table by ``analysis.case_maps.redraw_cases``; this module only selects
+and draws.
 """
 
 from __future__ import annotations
@@ -27,27 +24,17 @@ import matplotlib.pyplot as plt
 from matplotlib import patheffects
 import numpy as np
 import pandas as pd
-import torch
 
-from endoexplain_core.kernels import metrics, threshold
-from endoexplain_core.analysis.audit import batch_maps
-from endoexplain_core.analysis.audit_inputs import prepare_case
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import EIGEN_FOOTNOTE
-from endoexplain_core.data.datasets import IMAGENET_MEAN, IMAGENET_STD
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
                                             DOUBLE_COLUMN_INCHES, HEATMAP_CMAP, PEAK_COLOUR,
                                             RANDOM_REFERENCE, checkpoint_label, footnote, panel_title,
                                             two_line_label)
 
-IOU_TOLERANCE = 0.002
 HEATMAP_ALPHA = 0.55
 MISS_MARGIN_FRACTION = 0.05   # a typical miss: median CAM peak this share of the side outside
 FIGURE3_WIDTH_INCHES = 7.2    # 183 mm, a journal's double column
-
-
-class RenderedIoUMismatch(AssertionError):
-    """A rendered CAM's IoU differs from the audit table by more than the tolerance."""
 
 
 def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
@@ -97,24 +84,6 @@ def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str |
     return most.sort_values(["off", "sample_id"])["sample_id"].iloc[0]
 
 
-def _display_rgb(image_tensor: torch.Tensor) -> np.ndarray:
-    """Normalised float (3, S, S) -> float (S, S, 3) RGB in [0, 1] (undo ImageNet scaling)."""
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    return (image_tensor.cpu() * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
-
-
-def verify_rendered_iou(rendered_map: np.ndarray, rendered_mask: np.ndarray, table_iou: float,
-                        top_fraction: float, label: str) -> float:
-    """IoU of the top area of the drawn map with the drawn mask; raise if off the table."""
-    keep = threshold.top_fraction_mask(torch.from_numpy(rendered_map)[None], top_fraction)
-    rendered_iou = float(metrics.top_fraction_iou(keep, torch.from_numpy(rendered_mask)[None])[0])
-    if abs(rendered_iou - table_iou) > IOU_TOLERANCE:
-        raise RenderedIoUMismatch(f"{label}: rendered IoU {rendered_iou:.4f} differs from the "
-                                  f"audit table's {table_iou:.4f} by more than {IOU_TOLERANCE}")
-    return rendered_iou
-
-
 ROLE_TITLES = {"miss": "Typical high-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
@@ -127,81 +96,6 @@ MISSING_ROW_REASONS = {
 def format_score(score: float) -> str:
     """A scaled score for a caption: three decimals, never a rounded "1.000"."""
     return ">0.999" if score > 0.999 else "<0.001" if score < 0.001 else f"{score:.3f}"
-
-
-def audit_batch_ids(table: pd.DataFrame, sample_id: str, batch_size: int | None) -> list[str]:
-    """The sample ids of the audit batch that held ``sample_id``: the audit writes its table
-    batch by batch in pool order, so the batches are the table's sample ids in order of first
-    appearance, cut every ``batch_size``. ``None``: just ``[sample_id]``."""
-    if batch_size is None:
-        return [sample_id]
-    order = list(dict.fromkeys(table["sample_id"]))
-    start = order.index(sample_id) // batch_size * batch_size
-    return order[start:start + batch_size]
-
-
-def render_figure3(table: pd.DataFrame, selection: dict[str, str | None], model: torch.nn.Module,
-                   target_layer: torch.nn.Module, cases: dict, image_size: int,
-                   top_fraction: float, device: str | torch.device = "cpu",
-                   batch_size: int | None = None, not_validated=()):
-    """Recompute the selected cases' maps, verify them and draw Figure 3; return (figure, checks).
-
-    ``cases``: sample_id -> (uint8 (H, W, 3) RGB, bool (H, W) mask) for the selected ids and,
-    with ``batch_size`` (the audit's), for every id of their audit batches
-    (``audit_batch_ids``): the maps are then recomputed in the very batch the audit used, so
-    they equal the table's to the last bit (convolution kernels block their work by batch
-    size; a map recomputed alone can move a near-tie across the top-area boundary). The
-    centre baseline and the random heatmap (seeded by sample id) are drawn beside the CAMs.
-    The verification table lists, per drawn map with a table row, the table IoU and the
-    rendered IoU (checked within ``IOU_TOLERANCE``; a constant map is checked like any other)
-    and whether the drawn peak equals the table's (a constant map has no peak: True when the
-    table also says constant). Drawing is ``draw_figure3`` (``not_validated``: methods whose
-    titles carry the validity gate's mark).
-    """
-    drawn, checks = [], []
-    for role, sample_id in selection.items():
-        if sample_id is None:
-            continue
-        batch_ids = audit_batch_ids(table, sample_id, batch_size)
-        prepared = {i: prepare_case(i, *cases[i], image_size) for i in batch_ids}
-        image_tensor, mask_tensor = prepared[sample_id]
-        batch = torch.stack([prepared[i][0] for i in batch_ids]).to(device)
-        maps, _ = batch_maps(model, target_layer, batch, batch_ids)
-        at = batch_ids.index(sample_id)
-        maps = {method: maps[method][at][None].detach().cpu() for method in MAP_METHODS}
-        mask_array = mask_tensor.numpy()
-        rows = table[table["sample_id"] == sample_id].set_index("method")
-        rendered_maps, map_rows, tops = {}, {}, {}
-        for method in MAP_METHODS:
-            rendered = maps[method][0].numpy()
-            distance = float(metrics.peak_lesion_distance(maps[method], mask_tensor[None])[0])
-            keep = threshold.top_fraction_mask(maps[method], top_fraction)[0].numpy()
-            constant = float(np.ptp(rendered)) == 0.0
-            peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
-            outside = not bool(mask_array[peak_row, peak_col])
-            if method in rows.index:
-                recorded = rows.loc[method]
-                rendered_iou = verify_rendered_iou(rendered, mask_array, float(recorded["iou"]),
-                                                   top_fraction, f"{sample_id}/{method}")
-                constant = constant or bool(recorded.get("constant_map", False))
-                outside = bool(recorded["peak_outside_mask"])
-                checks.append({"case": role, "sample_id": sample_id, "method": method,
-                               "table_iou": float(recorded["iou"]), "rendered_iou": rendered_iou,
-                               "peak_matches": (peak_row, peak_col) == (int(recorded["peak_row"]),
-                                                                        int(recorded["peak_col"]))})
-            else:
-                rendered_iou = float(metrics.top_fraction_iou(torch.from_numpy(keep)[None],
-                                                              mask_tensor[None])[0])
-            rendered_maps[method], tops[method] = rendered, keep
-            map_rows[method] = {"iou": rendered_iou, "constant_map": constant,
-                                "peak_outside_mask": outside, "distance": distance}
-        drawn.append({"role": role, "sample_id": sample_id,
-                      "score": float(rows["scaled_score"].iloc[0]), "rgb": _display_rgb(image_tensor),
-                      "mask": mask_array, "maps": rendered_maps, "tops": tops, "rows": map_rows})
-    figure = draw_figure3(drawn, roles=tuple(selection) or ("miss", "discordant", "consensus"),
-                          top_fraction=top_fraction, not_validated=not_validated)
-    return figure, pd.DataFrame(checks, columns=["case", "sample_id", "method", "table_iou",
-                                                 "rendered_iou", "peak_matches"])
 
 
 PANEL_TITLES = {"random": "Random", "centre": "Centre"}   # Figure 3's narrow columns
