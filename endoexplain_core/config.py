@@ -221,7 +221,7 @@ class TrainingSettings(Section):
 
 
 class TrainingStageSettings(StageSettings):
-    uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "architectures",
+    uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
                                               "training_seeds", "scheduler",
                                               "allow_insecure_scheduler", "channels_last")
     training_settings: dict[str, Any] = Field(default_factory=dict,
@@ -229,6 +229,8 @@ class TrainingStageSettings(StageSettings):
     arch_overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-architecture replacements of training_settings")
     control_seed: int = Field(1129, description="shuffled-label control: seed and permutation")
+    bootstrap_replicates: int = Field(
+        5000, ge=100, description="image-bootstrap replicates for the test-split metric intervals")
     imagenet_weights: Literal["none", "auto"] | dict[str, str] = Field(
         "none", description="none | auto (local torchvision cache) | {arch: path}")
     mixed_precision: bool = Field(
