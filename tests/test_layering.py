@@ -140,15 +140,21 @@ def test_the_circle_check_finds_a_circle_inside_a_layer_even_through_a_local_imp
     assert import_circles(graph) == [["endoexplain_core.analysis.first", "endoexplain_core.analysis.second"]]
 
 
-def long_functions(paths=MODULES, limit: int = 80) -> list[str]:
-    """Functions over ``limit`` lines whose docstring does not say why ("Long on purpose: ...")."""
-    found = []
+def functions(paths):
+    """(path, function node) for every function and method defined in ``paths``."""
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1
-                if length > limit and "Long on purpose:" not in (ast.get_docstring(node) or ""):
-                    found.append(f"{path.name}:{node.name} ({length} lines)")
+                yield path, node
+
+
+def long_functions(paths=MODULES, limit: int = 80) -> list[str]:
+    """Functions over ``limit`` lines whose docstring does not say why ("Long on purpose: ...")."""
+    found = []
+    for path, node in functions(paths):
+        length = node.end_lineno - node.lineno + 1
+        if length > limit and "Long on purpose:" not in (ast.get_docstring(node) or ""):
+            found.append(f"{path.name}:{node.name} ({length} lines)")
     return found
 
 
@@ -181,21 +187,16 @@ FIXED_DEFINITIONS = {"DEFAULT_IOU_THRESHOLDS", "TOP_K_FRACTIONS", "TOST_ALPHA"}
 def protocol_defaults(paths=MODULES) -> list[str]:
     """``module:function(parameter=default)`` for every protocol parameter with a default."""
     found = []
-    for path in paths:
-        if path.name == "config.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            args = node.args
-            positional = args.posonlyargs + args.args
-            pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
-            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
-            for arg, default in pairs:
-                text = ast.unparse(default)
-                if (arg.arg in PROTOCOL_PARAMETERS and text != "None"
-                        and text.split(".")[-1] not in FIXED_DEFINITIONS):
-                    found.append(f"{path.name}:{node.name}({arg.arg}={text})")
+    for path, node in functions(p for p in paths if p.name != "config.py"):
+        args = node.args
+        positional = args.posonlyargs + args.args
+        pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        for arg, default in pairs:
+            text = ast.unparse(default)
+            if (arg.arg in PROTOCOL_PARAMETERS and text != "None"
+                    and text.split(".")[-1] not in FIXED_DEFINITIONS):
+                found.append(f"{path.name}:{node.name}({arg.arg}={text})")
     return found
 
 
