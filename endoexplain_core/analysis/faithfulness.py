@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from endoexplain_core import config
+from endoexplain_core import config, files
+from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.analysis import audit, audit_inputs, stats
 from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
@@ -219,6 +220,32 @@ def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared:
     timings["total_s"] = time.perf_counter() - started
     result["timings"] = timings
     return result
+
+
+TABLE_PARTS = ("road", "srg", "lsr", "shape")
+
+
+def faithfulness_registered(run_dir, checkpoint_ids, prepared: PreparedCases, *,
+                            settings: FaithfulnessSettings, image_size: int, batch_size: int,
+                            device: str = "cpu") -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
+    """``faithfulness_checkpoint`` for registered checkpoints of a run on its audit pool.
+
+    Each checkpoint is loaded with its temperature (``audit.load_calibrated_model``). Returns
+    (tables, timings): ``TABLE_PARTS`` name -> the checkpoints' rows stacked, each also written
+    to ``RunLayout.faithfulness_dir/<name>.parquet``; checkpoint_id -> its timings
+    (``cost_table``'s input).
+    """
+    results = {}
+    for checkpoint_id in checkpoint_ids:
+        model, metadata, temperature = audit.load_calibrated_model(run_dir, checkpoint_id, image_size, device)
+        results[checkpoint_id] = faithfulness_checkpoint(
+            model, metadata, temperature, prepared, dataset="hyperkvasir", settings=settings,
+            batch_size=batch_size, device=device)
+    tables = {name: pd.concat([r[name] for r in results.values()], ignore_index=True) for name in TABLE_PARTS}
+    out_dir = RunLayout(run_dir).faithfulness_dir
+    for name, table in tables.items():
+        files.write_parquet_atomic(table, out_dir / f"{name}.parquet")
+    return tables, {checkpoint_id: r["timings"] for checkpoint_id, r in results.items()}
 
 
 IMPUTING_PARTS = ("road", "lsr")
