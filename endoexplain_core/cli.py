@@ -445,8 +445,6 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     Long on purpose: the command's steps in their order, each writing into the staging folder
     that is committed as a whole.
     """
-    import pandas as pd
-
     from endoexplain_core import artefacts
     from endoexplain_core.analysis import audit, audit_schema
     from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
@@ -483,7 +481,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     style.apply()
     table = audit_schema.read_audit_table(table_path)
     report = audit_report.audit_summary(
-        table, pd.read_parquet(deletion_path), model, layer_name, arch=args.arch,
+        table, audit_schema.read_random_deletion(deletion_path), model, layer_name, arch=args.arch,
         score_threshold=args.score_threshold, replicates=args.bootstrap_replicates, seed=args.seed,
         mark_gate=False, methods=methods)  # a model outside a run: no validity gate of its own
     by_id = {case.sample_id: case for case in cases}

@@ -152,6 +152,12 @@ def test_an_audit_table_written_before_the_rename_reads_with_top_fraction(tmp_pa
     table = audit_schema.read_audit_table(path)
     assert "threshold" not in table.columns and set(table["top_fraction"]) == {0.2}
     pd.testing.assert_frame_equal(table, valid_table().reset_index(drop=True), check_like=True)
+    deletion = pd.DataFrame({"dataset": ["unit"], "sample_id": ["a"], "checkpoint_id": ["m"],
+                             "threshold": [0.2], "repetitions": [1], "logit_drop_00": [0.5]})
+    deletion.to_parquet(tmp_path / "old_random.parquet")
+    read_back = audit_schema.read_random_deletion(tmp_path / "old_random.parquet")
+    assert list(read_back.columns) == ["dataset", "sample_id", "checkpoint_id", "top_fraction",
+                                       "repetitions", "logit_drop_00"]
 
 
 def test_audit_is_deterministic_and_independent_of_batch_size(tmp_path):

@@ -361,5 +361,5 @@ def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir
     for checkpoint_id in checkpoint_ids:
         paths = RunLayout(run_dir).audit_paths(dataset, checkpoint_id)
         tables.append(audit_schema.read_audit_table(paths["table"]))
-        deletions.append(pd.read_parquet(paths["random_deletion"]))
+        deletions.append(audit_schema.read_random_deletion(paths["random_deletion"]))
     return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)

@@ -4,7 +4,8 @@ One row per (dataset, sample_id, checkpoint_id, method), with the columns of ``A
 (fixed, so batches stream into one Parquet file); the per-image random-deletion table has
 ``random_deletion_schema``. ``validate_audit_table`` checks the rules of docs/protocol.md
 ("Audit-table validation") and ``read_audit_table`` reads a file with them, naming the file in
-every error.
+every error; ``read_random_deletion`` reads the second table. Both readers rename the columns
+of older tables (``LEGACY_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -113,3 +114,14 @@ def read_audit_table(path: str | Path) -> pd.DataFrame:
         raise AuditTableError(f"{path}: not a readable Parquet file ({path.stat().st_size} bytes; "
                               f"truncated or damaged?): {error}") from error
     return validate_audit_table(table, source=str(path))
+
+
+def read_random_deletion(path: str | Path) -> pd.DataFrame:
+    """Read a per-image random-deletion table (``random_deletion_schema``), older column names
+    brought up to date (``LEGACY_COLUMNS``); errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"random-deletion table {path} does not exist")
+    table = pd.read_parquet(path)
+    return table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
+                                 if old in table.columns and new not in table.columns})

@@ -147,7 +147,7 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
     neighbour_table = audit_schema.read_audit_table(paths["table"])
     # the scores do not depend on the layer, so both layers' panels hold the same images
     panels = {protocol[0]: summaries.spatial_audit_summary(primary, random_deletion, score_threshold, replicates, seed),
-              neighbour[0]: summaries.spatial_audit_summary(neighbour_table, pd.read_parquet(paths["random_deletion"]),
+              neighbour[0]: summaries.spatial_audit_summary(neighbour_table, audit_schema.read_random_deletion(paths["random_deletion"]),
                                              score_threshold, replicates, seed)}
     torch_device = next(model.parameters()).device
     batches = (images.to(torch_device) for _, images, _ in audit_inputs.prepared_batches(

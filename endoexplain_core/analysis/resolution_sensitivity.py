@@ -76,7 +76,7 @@ def run_resolution_check(run_dir: str | Path, data_root: str | Path, primary: pd
                              repetitions=repetitions, batch_size=batch_size, device=device)
     paths = RunLayout(run_dir).audit_paths(check["dataset"], checkpoint_id)
     tables = {native_size: (primary, random_deletion),
-              check_size: (audit_schema.read_audit_table(paths["table"]), pd.read_parquet(paths["random_deletion"]))}
+              check_size: (audit_schema.read_audit_table(paths["table"]), audit_schema.read_random_deletion(paths["random_deletion"]))}
     table = resolution_table(tables, summaries.high_score_ids(primary, score_threshold),
                              replicates=replicates, seed=seed)
     return table, {"table": paths["table"], "random_deletion": paths["random_deletion"]}

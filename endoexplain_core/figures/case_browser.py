@@ -373,7 +373,7 @@ def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, ima
         strips = case_strips(model, layer, cases, table, image_size=image_size,
                              top_fraction=top_fraction, batch_size=batch_size,
                              out_dir=out_dir / "strips" / name, device=device)
-        rows = case_rows(table, pd.read_parquet(paths["random_deletion"]), name, score_threshold)
+        rows = case_rows(table, audit_schema.read_random_deletion(paths["random_deletion"]), name, score_threshold)
         for row in rows:
             row["strip"] = f"strips/{name}/{strips[row['sample_id']]}"
         records += rows
