@@ -65,6 +65,12 @@ def random_deletion_schema(repetitions: int) -> pa.Schema:
     return pa.schema(fields)
 
 
+def with_current_names(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the column names of older tables brought up to date (``LEGACY_COLUMNS``)."""
+    return table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
+                                 if old in table.columns and new not in table.columns})
+
+
 def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd.DataFrame:
     """Check the rules every audit table obeys; raise ``AuditTableError`` saying what is wrong.
 
@@ -73,8 +79,7 @@ def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd
     top fraction; one scaled score per image and checkpoint. Returns the table, with the
     column names of older tables brought up to date (``LEGACY_COLUMNS``).
     """
-    table = table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
-                                  if old in table.columns and new not in table.columns})
+    table = with_current_names(table)
     missing = [column for column in REQUIRED_COLUMNS if column not in table.columns]
     if missing:
         raise AuditTableError(f"{source}: missing columns {missing}")
@@ -122,6 +127,4 @@ def read_random_deletion(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"random-deletion table {path} does not exist")
-    table = pd.read_parquet(path)
-    return table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
-                                 if old in table.columns and new not in table.columns})
+    return with_current_names(pd.read_parquet(path))
