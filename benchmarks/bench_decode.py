@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from endoexplain_core import config
 from endoexplain_core.data import imageio, synthetic
 from endoexplain_core.data.datasets import decode_resized, resize_rgb
 
@@ -50,13 +51,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder) / "mirror"
-        synthetic.generate_cohort(root, seed=1, frame_size=128, layout="mirror",
-                                  category_counts={"cecum": 4, "dyed-lifted-polyps": 4},
-                                  n_segmented=4, n_development_polyps=1, n_audit_near_duplicates=1,
-                                  n_development_duplicates=1, n_development_near_duplicates=0,
-                                  etis_count=2, etis_duplicates=0, polypgen_counts=[4, 1, 1, 4, 1, 4],
-                                  polypgen_empty_per_centre=0, polypgen_duplicates=0,
-                                  polypdb_per_cell=1)
+        design = config.RolesSettings(
+            frame_size=128, synthetic_layout="mirror", category_counts={"cecum": 4, "dyed-lifted-polyps": 4},
+            n_segmented=4, n_development_polyps=1, n_audit_near_duplicates=1, n_development_duplicates=1,
+            n_development_near_duplicates=0, etis_count=2, etis_duplicates=0, polypgen_counts=[4, 1, 1, 4, 1, 4],
+            polypgen_empty_per_centre=0, polypgen_duplicates=0, polypdb_per_cell=1)
+        synthetic.generate_cohort(root, seed=1, design=design)
         paths = largest_jpegs(root, args.frames)
         sizes = sorted({Image.open(p).size for p in paths})
         print(f"{len(paths)} mirror JPEG frames, sizes (W x H): "

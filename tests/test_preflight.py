@@ -17,7 +17,7 @@ from tests.test_synthetic import TINY
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("preflight") / "data"
-    synthetic.generate_cohort(root, seed=3, **TINY)
+    synthetic.generate_cohort(root, seed=3, design=TINY)
     return root
 
 

@@ -48,7 +48,8 @@ def mirror(tmp_path_factory):
     weights under torchvision's file names."""
     base = tmp_path_factory.mktemp("rehearsal")
     data_root = base / "data"
-    synthetic.generate_cohort(data_root, seed=20260721, layout="mirror", **MIRROR_COUNTS)
+    synthetic.generate_cohort(data_root, seed=20260721,
+                              design=config.RolesSettings(synthetic_layout="mirror", **MIRROR_COUNTS))
     torch_home = base / "torch"
     environment = {**os.environ, "TORCH_HOME": str(torch_home)}
     code = ("import torch, torchvision, sys\n"

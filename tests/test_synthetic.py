@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from endoexplain_core import config
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.imageio import read_mask
 
-TINY = dict(frame_size=48, category_counts={"cecum": 4, "bbps-2-3": 3, "dyed-lifted-polyps": 4,
-                                            "dyed-resection-margins": 3},
-            n_segmented=3, n_development_polyps=1, n_audit_near_duplicates=1,
-            n_development_duplicates=1, n_development_near_duplicates=1, etis_count=3,
-            etis_duplicates=1, polypgen_counts=(2, 1, 1, 1, 1, 1), polypgen_empty_per_centre=1,
-            polypgen_duplicates=1, polypdb_per_cell=1)
+# A tiny cohort design: the 00 profile section, its other keys at their config defaults.
+TINY = config.RolesSettings(
+    frame_size=48, category_counts={"cecum": 4, "bbps-2-3": 3, "dyed-lifted-polyps": 4, "dyed-resection-margins": 3},
+    n_segmented=3, n_development_polyps=1, n_audit_near_duplicates=1, n_development_duplicates=1,
+    n_development_near_duplicates=1, etis_count=3, etis_duplicates=1, polypgen_counts=[2, 1, 1, 1, 1, 1],
+    polypgen_empty_per_centre=1, polypgen_duplicates=1, polypdb_per_cell=1)
 
 
 def _tree_digests(root):
@@ -66,11 +67,11 @@ def test_bad_knobs_are_rejected():
 
 
 def test_cohort_is_byte_deterministic_and_has_the_real_layouts(tmp_path):
-    summary = synthetic.generate_cohort(tmp_path / "a", seed=42, **TINY)
-    synthetic.generate_cohort(tmp_path / "b", seed=42, **TINY)
+    summary = synthetic.generate_cohort(tmp_path / "a", seed=42, design=TINY)
+    synthetic.generate_cohort(tmp_path / "b", seed=42, design=TINY)
     first, second = _tree_digests(tmp_path / "a"), _tree_digests(tmp_path / "b")
     assert first == second
-    synthetic.generate_cohort(tmp_path / "c", seed=43, **TINY)
+    synthetic.generate_cohort(tmp_path / "c", seed=43, design=TINY)
     assert first != _tree_digests(tmp_path / "c")
 
     paths = set(first)
@@ -88,7 +89,7 @@ def test_cohort_is_byte_deterministic_and_has_the_real_layouts(tmp_path):
 
 def test_cohort_mirrors_the_study_structure(tmp_path):
     root = tmp_path / "cohort"
-    synthetic.generate_cohort(root, seed=7, **TINY)
+    synthetic.generate_cohort(root, seed=7, design=TINY)
     digests = _tree_digests(root)
     polyps = {p: d for p, d in digests.items() if "/pathological-findings/polyps/" in p}
     segmented = {p: d for p, d in digests.items() if "segmented-images/images/" in p}
@@ -114,12 +115,12 @@ def test_existing_foreign_folder_is_not_overwritten(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "precious.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
-        synthetic.generate_cohort(tmp_path / "mine", seed=1, **TINY)
+        synthetic.generate_cohort(tmp_path / "mine", seed=1, design=TINY)
     assert (tmp_path / "mine" / "precious.txt").read_text() == "keep"
 
 
 def test_contact_sheet_is_written(tmp_path):
-    synthetic.generate_cohort(tmp_path / "cohort", seed=1, **TINY)
+    synthetic.generate_cohort(tmp_path / "cohort", seed=1, design=TINY)
     out = synthetic.contact_sheet(tmp_path / "cohort", tmp_path / "sheet.png", per_row=2, thumb=24)
     with Image.open(out) as sheet:
         assert sheet.width == 190 + 2 * 26

@@ -67,7 +67,7 @@ POSITION_BOX_GREEN = np.array([0.15, 0.85, 0.25], dtype=np.float32)
 LIGHT_DIRECTION = np.array([-0.7, -0.7], dtype=np.float32)  # light from the upper left
 
 # HyperKvasir lower-GI categories: (group folder, category folder) -> render_frame knobs.
-# Counts in the real dataset are summarised in docs/protocol.md ("Dataset layouts"); DEFAULT_CATEGORY_COUNTS scales them.
+# Counts in the real dataset are summarised in docs/protocol.md ("Dataset layouts"); the profiles' category_counts scale them.
 CATEGORY_STYLES: dict[tuple[str, str], dict[str, Any]] = {
     ("anatomical-landmarks", "cecum"): {"fold_strength": 0.8},
     ("anatomical-landmarks", "ileum"): {"villi": True, "fold_strength": 0.3},
@@ -85,18 +85,6 @@ CATEGORY_STYLES: dict[tuple[str, str], dict[str, Any]] = {
     ("quality-of-mucosal-views", "impacted-stool"): {"stool": 1.0},
     ("therapeutic-interventions", "dyed-lifted-polyps"): {"lesion": True, "dye": True},
     ("therapeutic-interventions", "dyed-resection-margins"): {"dye": True, "scar": True},
-}
-
-# Labelled counts per category except `polyps` (whose count is derived from the segmented and
-# development-polyp counts). Roughly 1/6 of the real dataset, dyed-lifted polyps kept
-# proportionally large so that training sees enough positives.
-DEFAULT_CATEGORY_COUNTS: dict[str, int] = {
-    "cecum": 170, "ileum": 3, "retroflex-rectum": 65, "hemorrhoids": 2,
-    "ulcerative-colitis-grade-0-1": 6, "ulcerative-colitis-grade-1": 34,
-    "ulcerative-colitis-grade-1-2": 3, "ulcerative-colitis-grade-2": 74,
-    "ulcerative-colitis-grade-2-3": 5, "ulcerative-colitis-grade-3": 22,
-    "bbps-0-1": 108, "bbps-2-3": 190, "impacted-stool": 22,
-    "dyed-lifted-polyps": 220, "dyed-resection-margins": 165,
 }
 
 # External cohorts: centre/modality-specific colour multipliers and frame sizes (relative to
@@ -492,16 +480,7 @@ class _TreeWriter:
         self.written.append(relative)
 
 
-def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
-                    category_counts: dict[str, int] | None = None, n_segmented: int = 150,
-                    n_development_polyps: int = 5, n_audit_near_duplicates: int = 3,
-                    n_development_duplicates: int = 2, n_development_near_duplicates: int = 2,
-                    conspicuity: float = 0.85, dye_strength: float = 0.8,
-                    lesion_radius: tuple[float, float] = (0.07, 0.18),
-                    position_box_rate: float = 0.5, etis_count: int = 40,
-                    etis_duplicates: int = 2, polypgen_counts: Sequence[int] = (12, 12, 12, 8, 8, 6),
-                    polypgen_empty_per_centre: int = 1, polypgen_duplicates: int = 1,
-                    polypdb_per_cell: int = 6, layout: str = "embedded") -> dict[str, Any]:
+def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings) -> dict[str, Any]:
     """Write the synthetic cohort under ``root`` and return a summary of what was written.
 
     Layout (see docs/architecture.md): ``hyper-kvasir/labeled-images/lower-gi-tract/<group>/
@@ -510,13 +489,15 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     ``PolypGen/data_C<k>/{images_C<k>/<stem>.jpg, masks_C<k>/<stem>_mask.jpg}``,
     ``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}/<stem>.jpg|png``.
 
-    Parameters (counts are numbers of files; sizes are pixels)
-    ----------
-    seed : master seed; every stream is derived from it and a stream name.
+    ``seed``: master seed; every stream is derived from it and a stream name. ``design``: the
+    cohort's design, 00's profile section (``config.RolesSettings``; its defaults, bounds and
+    descriptions live there). What the design's keys mean here (counts are numbers of files;
+    sizes are pixels):
+
     frame_size : HyperKvasir frames are ``frame_size`` x ``frame_size``; external cohorts use
         centre-specific multiples of it.
     category_counts : labelled count per category other than ``polyps`` (keys: category
-        folder names); default ``DEFAULT_CATEGORY_COUNTS``. Missing categories get 0 files.
+        folder names). Missing categories get 0 files.
     n_segmented : polyps with a mask; each is written once under ``polyps`` and once, byte for
         byte, under ``segmented-images/images`` with another name.
     n_development_polyps : standard polyps that are not in the segmented set.
@@ -533,8 +514,8 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     polypgen_counts : frames per centre C1..C6, of which ``polypgen_empty_per_centre`` show no
         polyp (empty mask); plus ``polypgen_duplicates`` byte copies in C1.
     polypdb_per_cell : frames per (centre, modality) of ``POLYPDB_CENTRE_MODALITIES``.
-    layout : "embedded" (frames as rendered, ``frame_size`` squares) or "mirror" (the same
-        content dressed as the real downloads look: published frame sizes, black surround,
+    synthetic_layout : "embedded" (frames as rendered, ``frame_size`` squares) or "mirror" (the
+        same content dressed as the real downloads look: published frame sizes, black surround,
         screen text, 3-channel PolypGen masks, stray files, ``sequenceData`` and PolypDB's
         modality-wise tree; see ``data.mirror``). The embedded bytes do not depend on it.
 
@@ -545,7 +526,15 @@ def generate_cohort(root: str | Path, *, seed: int, frame_size: int = 160,
     Long on purpose: parameter checks, then one call per dataset, collected into one summary.
     """
     root = Path(root)
-    counts = dict(DEFAULT_CATEGORY_COUNTS if category_counts is None else category_counts)
+    frame_size, layout, counts = design.frame_size, design.synthetic_layout, dict(design.category_counts)
+    n_segmented, n_development_polyps = design.n_segmented, design.n_development_polyps
+    n_audit_near_duplicates = design.n_audit_near_duplicates
+    n_development_duplicates = design.n_development_duplicates
+    n_development_near_duplicates = design.n_development_near_duplicates
+    conspicuity, dye_strength, lesion_radius = design.conspicuity, design.dye_strength, design.lesion_radius
+    position_box_rate, etis_count, etis_duplicates = design.position_box_rate, design.etis_count, design.etis_duplicates
+    polypgen_counts, polypgen_empty_per_centre = design.polypgen_counts, design.polypgen_empty_per_centre
+    polypgen_duplicates, polypdb_per_cell = design.polypgen_duplicates, design.polypdb_per_cell
     known = {category for _, category in CATEGORY_STYLES}
     unknown = sorted(set(counts) - known | ({"polyps"} & set(counts)))
     if unknown:
