@@ -42,12 +42,16 @@ def _execution_count() -> int | None:
     return len(history) - 1 if history else None
 
 
+# Modules that only pass a table on to be saved: the writer is whoever called them.
+_RELAYS = {__name__, "endoexplain_core.presentation"}
+
+
 def _writer() -> str:
-    """``module:function`` of the first caller outside this module (``__main__:<module>`` for
-    a notebook cell)."""
+    """``module:function`` of the first caller outside this module and ``presentation.report``
+    (``__main__:<module>`` for a notebook cell)."""
     for frame in inspect.stack()[1:]:
         module = frame.frame.f_globals.get("__name__", "?")
-        if module != __name__:
+        if module not in _RELAYS:
             return f"{module}:{frame.function}"
     return "?"
 

@@ -116,6 +116,9 @@ class SharedSettings(Section):
         False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
     prior_negatives: int = Field(
         48, ge=0, description="held-out test negatives behind each method's prior map (04 and 05)")
+    audit_batch_size: int = Field(
+        16, ge=1, description="images per CAM/deletion batch of the audits (04-07) and of the case "
+                              "browser's redraws (09): one value, so the browser redraws the audited maps exactly")
     decision_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="scaled-score decision boundary t (02's source-category "
                                          "audit; 08's correctness and margin |z - t|/T)")
@@ -265,8 +268,8 @@ class CalibrationSettings(StageSettings):
 
 class SpatialAuditSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
-                                              "score_threshold", "top_fraction", "prior_negatives")
-    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+                                              "score_threshold", "top_fraction", "prior_negatives",
+                                              "audit_batch_size")
     random_deletion_repetitions: int = Field(20, ge=1,
                                              description="exact-area random deletions per image")
     bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
@@ -287,7 +290,7 @@ class ValidityGateSettings(StageSettings):
     margin: float = Field(0.25, gt=0, lt=1, description="rate above chance a method must clear")
     min_accuracy: float = Field(0.90, gt=0.5, le=1, description="held-out accuracy the lesion and shortcut models need")
     max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="held-out accuracy the shuffled control must not exceed")
-    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+    pool_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch of the gate's pool audit (memory)")
     random_deletion_repetitions: int = Field(2, ge=1, description="random deletions per pool image")
     shuffled_control_per_replicate: bool = Field(
         True, description="a shuffled-label control per replicate (false: the first replicate's, reused)")
@@ -296,8 +299,7 @@ class ValidityGateSettings(StageSettings):
 class RobustnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
                                               "top_fraction", "scheduler",
-                                              "allow_insecure_scheduler", "prior_negatives")
-    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
+                                              "allow_insecure_scheduler", "prior_negatives", "audit_batch_size")
     other_random_deletion_repetitions: int = Field(
         20, ge=1, description="random deletions per image, the checkpoints other than the primary (its audit is 04's)")
     bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
@@ -323,12 +325,11 @@ class RobustnessSettings(StageSettings):
 class TransferSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
                                               "top_fraction", "scheduler",
-                                              "allow_insecure_scheduler")
+                                              "allow_insecure_scheduler", "audit_batch_size")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts audited (must exist)")
     optional_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["kvasir_seg", "cvc_clinicdb"], description="audited only when their folder exists")
-    audit_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch (memory)")
     random_deletion_repetitions: int = Field(20, ge=1,
                                              description="exact-area random deletions per image")
     figure_bootstrap_replicates: int = Field(5000, ge=100,
@@ -339,8 +340,7 @@ class TransferSettings(StageSettings):
 
 class ExtendedLocalisationSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
-                                              "top_fraction", "localisation")
-    audit_batch_size: int = Field(16, ge=1, description="images per CAM batch (memory)")
+                                              "top_fraction", "localisation", "audit_batch_size")
     matrix_checkpoints: bool = Field(True, description="score every learned checkpoint of the matrix, not only the primary")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts the primary is scored on (if present)")
@@ -379,12 +379,11 @@ class FaithfulnessSettings(StageSettings):
 
 
 class FiguresSettings(StageSettings):
-    uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "score_threshold", "top_fraction")
+    uses_shared: ClassVar[tuple[str, ...]] = ("image_size", "device", "score_threshold", "top_fraction",
+                                              "audit_batch_size")
     table_digits: int = Field(3, ge=0, le=8, description="decimals in the final tables")
     case_browser: bool = Field(True, description="write the case browser (runs/<profile>/cases/): "
                                "every audited image of the primary, its maps recomputed")
-    case_browser_batch_size: int = Field(16, ge=1, description="images per CAM batch of the case "
-                                         "browser (the audit's batch size redraws its maps exactly)")
 
 
 # One model per stage; a notebook without an entry here cannot be configured.
@@ -434,7 +433,11 @@ def short_value(value: Any, limit: int = 40) -> str:
 # Stage keys that now have one shared home: a profile that still sets one is told where it went.
 MOVED_KEYS = {**{key: f"shared.localisation.{key}" for key in LocalisationSettings.model_fields},
               "tolerance_radius_fraction": "shared.localisation.pointing_radius_fraction",
-              "decision_threshold": "shared.decision_threshold"}
+              "decision_threshold": "shared.decision_threshold",
+              "audit_batch_size": "shared.audit_batch_size",
+              "case_browser_batch_size": "shared.audit_batch_size"}
+# Stage keys renamed inside their own stage: (stage, old key) -> new key.
+RENAMED_KEYS = {("03_validity_gate", "audit_batch_size"): "pool_batch_size"}
 
 
 def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
@@ -444,6 +447,10 @@ def _format_error(path: Path, prefix: str, error: ValidationError, model: type[B
         location = ".".join(str(part) for part in (prefix, *problem["loc"]))
         if problem["type"] == "extra_forbidden":
             key = problem["loc"][-1]
+            renamed = RENAMED_KEYS.get((prefix.removeprefix("stages."), key))
+            if renamed:
+                lines.append(f"{path}: {location}: this key is now {prefix}.{renamed}")
+                continue
             if prefix.startswith("stages.") and key in MOVED_KEYS:
                 lines.append(f"{path}: {location}: this key moved to {MOVED_KEYS[key]} (one "
                              f"home for the stages that use it)")

@@ -14,6 +14,9 @@ code digest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import pandas as pd
 
 from endoexplain_core import artefacts
@@ -153,3 +156,44 @@ def install_notebook_tables(shell=None) -> bool:
     formatter.for_type(pd.DataFrame, to_html)
     formatter.for_type(pd.Series, to_html)
     return True
+
+
+# --- one notebook section ----------------------------------------------------------------------
+
+@dataclass
+class Section:
+    """What one notebook section reports, built by a tested core function and shown by ``report``.
+
+    ``tables``: name -> table saved under ``figures_dir`` (``artefacts.save_table``);
+    ``float_formats``: name -> ``float_format`` for the tables that need more digits;
+    ``figures``: name -> Matplotlib figure saved as PNG + PDF and shown;
+    ``files``: run-folder files the section's computation wrote (recorded, not shown);
+    ``views``: what a reader sees, in order (tables, or text shown as Markdown);
+    ``statement``: the section's finding in words (Markdown), shown last."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    float_formats: dict[str, str] = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    views: list = field(default_factory=list)
+    statement: str = ""
+
+
+def report(section: Section, written: "artefacts.Written", *, footer: str = "") -> None:
+    """Save ``section``'s tables and figures through ``written`` (figures with ``footer``),
+    record its files, then show its figures, its views and its statement in that order."""
+    from IPython.display import Markdown, display
+    import matplotlib.pyplot as plt
+
+    for name, table in section.tables.items():
+        options = {"float_format": section.float_formats[name]} if name in section.float_formats else {}
+        written.table(table, name, **options)
+    written.add(*section.files)
+    for name, figure in section.figures.items():
+        written.figure(figure, name, footer=footer)
+        display(figure)
+        plt.close(figure)  # shown once, not again at the cell's end
+    for view in section.views:
+        display(Markdown(view) if isinstance(view, str) else view)
+    if section.statement:
+        display(Markdown(section.statement))

@@ -227,7 +227,7 @@ def test_no_stage_key_repeats_another_stages_key_without_a_reason():
     """A key name in two stage sections is one quantity with two homes, unless it is a
     per-stage budget or choice: memory per batch, bootstrap replicates, random deletions of
     that stage's own pool (gate pool, audit pool, external cohorts), the cohorts it scores."""
-    per_stage = {"audit_batch_size", "bootstrap_replicates", "random_deletion_repetitions",
+    per_stage = {"bootstrap_replicates", "random_deletion_repetitions",
                  "external_cohorts"}
     seen: dict[str, list[str]] = {}
     for stage, model in config.STAGE_SETTINGS.items():
@@ -241,11 +241,28 @@ def test_no_stage_key_repeats_another_stages_key_without_a_reason():
     ("07_extended_localisation", "energy_alpha", "shared.localisation.energy_alpha"),
     ("08_faithfulness", "tolerance_radius_fraction", "shared.localisation.pointing_radius_fraction"),
     ("02_calibration", "decision_threshold", "shared.decision_threshold"),
+    ("05_robustness", "audit_batch_size", "shared.audit_batch_size"),
+    ("09_figures", "case_browser_batch_size", "shared.audit_batch_size"),
 ])
 def test_a_key_that_moved_to_shared_is_named_with_its_new_home(tmp_path, stage, key, home):
     path = write_profile(tmp_path, lambda raw: raw["stages"][stage].update({key: 0.5}))
     with pytest.raises(config.ProfileError, match=f"stages.{stage}.{key}: this key moved to {home}"):
         config.load_profile(path)
+
+
+def test_the_gates_own_batch_size_is_named_with_its_new_key(tmp_path):
+    path = write_profile(tmp_path, lambda raw: raw["stages"]["03_validity_gate"].update({"audit_batch_size": 8}))
+    with pytest.raises(config.ProfileError, match="stages.03_validity_gate.audit_batch_size: this key is now "
+                                                  "stages.03_validity_gate.pool_batch_size"):
+        config.load_profile(path)
+
+
+def test_the_audits_and_the_case_browser_read_one_batch_size():
+    """The browser redraws 04's and 06's maps to the last bit only in the audits' batches: one key."""
+    users = sorted(s for s, model in config.STAGE_SETTINGS.items() if "audit_batch_size" in model.uses_shared)
+    assert users == ["04_spatial_audit", "05_robustness", "06_transfer", "07_extended_localisation", "09_figures"]
+    assert all("batch_size" not in key or key in ("pool_batch_size", "faithfulness_batch_size", "batch_size")
+               for model in config.STAGE_SETTINGS.values() for key in model.model_fields)
 
 
 def test_stage_section_rebuilds_a_notebooks_typed_section_and_refuses_gaps():
