@@ -137,3 +137,23 @@ def test_a_disabled_check_is_a_statement_and_nothing_saved():
                                              batch_size=4, device="cpu", replicates=10, seed=SEED)
     for section in (layer, resolution):
         assert not section.tables and not section.figures and "disabled" in section.statement
+
+
+def test_subgroup_gaps_section_saves_the_four_subgroup_tables_and_counts_the_m1_rows():
+    from endoexplain_core.analysis import subgroup_audit
+    from endoexplain_core.sections import faithfulness as faithfulness_sections
+    from tests.test_subgroup_controls import case_frame
+
+    cases = case_frame(n=40, checkpoints=("a", "b"), seed=5)
+    randomised = cases.assign(energy_lift=0.0, pointing_hit=0.0)
+    section = faithfulness_sections.subgroup_gaps(cases, randomised, None, "a", (), min_images=8)
+    gaps, crude, controls, skipped = subgroup_audit.subgroup_table(cases, min_images=8, randomised=randomised,
+                                                                   faithfulness=None, faithfulness_checkpoint="a")
+    for name, expected in (("table_s_faithfulness_subgroups", gaps), ("table_s_faithfulness_subgroups_crude", crude),
+                           ("table_s_faithfulness_subgroup_controls", controls),
+                           ("table_s_faithfulness_subgroups_skipped", skipped)):
+        pd.testing.assert_frame_equal(section.tables[name], expected)
+    main = gaps[(gaps["model"] == "M1") & (gaps["slopes"] == "shared")]
+    assert section.statement.startswith(f"M1: {int(main['gap'].notna().sum())} of {len(main)} gaps estimable")
+    assert list(section.figures) == ["figure_s_faithfulness_subgroups"]
+    plt.close("all")

@@ -148,7 +148,7 @@ CONTROL_COLUMNS = ["contrast", "control", "outcome", "method", "gap", "ci_low", 
                    "n_subgroup", "n_reference"]
 
 
-def subgroup_gaps(outcomes: pd.DataFrame, randomised: pd.DataFrame, reliance: dict[str, pd.DataFrame],
+def subgroup_gaps(outcomes: pd.DataFrame, randomised: pd.DataFrame, reliance: dict[str, pd.DataFrame] | None,
                   primary_id: str, not_validated, *, min_images: int) -> Section:
     """The subgroup gaps of the GEE models M0-M3, their crude gaps, the controls and the skipped
     contrasts (``subgroup_audit.subgroup_table``), with the M1 forest plot."""
