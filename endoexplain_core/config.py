@@ -33,8 +33,10 @@ from endoexplain_core.run_layout import RunLayout
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 PROFILES = ("smoke", "default", "paper")
-# Classifiers the training matrix can build (models.networks builds exactly these).
-ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
+# Classifiers the training matrix can build (models.networks builds exactly these): the paper's
+# three, then two that train from scratch on two CPU cores (the default profile's matrix).
+PAPER_ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
+ARCHITECTURES = PAPER_ARCHITECTURES + ("resnet18", "mobilenet_v3_large")
 EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
 # Keys that choose where work runs, not what it computes: left out of stage digests.
 EXECUTION_KEYS = ("scheduler", "allow_insecure_scheduler")
@@ -102,7 +104,7 @@ class SharedSettings(Section):
     image_size: int = Field(128, ge=32, description="model input size in pixels")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="cpu | cuda | auto")
     architectures: list[Literal[ARCHITECTURES]] = Field(  # type: ignore[valid-type]
-        list(ARCHITECTURES), min_length=1, description="torchvision classifiers of the matrix")
+        list(PAPER_ARCHITECTURES), min_length=1, description="torchvision classifiers of the matrix")
     training_seeds: list[int] = Field([1129, 2089, 3253], min_length=1,
                                       description="one checkpoint per architecture and seed")
     score_threshold: float = Field(0.90, gt=0.0, lt=1.0,
@@ -159,8 +161,10 @@ class RolesSettings(StageSettings):
     n_development_near_duplicates: int = Field(1, ge=0, description="re-encoded negative copies")
     conspicuity: float = Field(0.85, ge=0.0, le=1.0, description="polyp visibility 0..1")
     dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
-    lesion_radius: FloatPair = Field((0.07, 0.18),
-                                               description="polyp radius range, share of the side")
+    lesion_area: FloatPair = Field((0.13, 0.80), description="polyp area share of the square on "
+                                   "the shorter side: log-normal median and log standard deviation")
+    lesion_offset_sd: float = Field(0.19, ge=0.0, le=0.5, description="polyp centre offset from the "
+                                    "frame centre: standard deviation per axis, share of the side")
     position_box_rate: float = Field(0.5, ge=0.0, le=1.0,
                                      description="share of frames with the green position box")
     etis_count: int = Field(8, ge=0, description="synthetic ETIS frames")
@@ -183,12 +187,12 @@ class RolesSettings(StageSettings):
             raise ValueError(f"counts must be >= 0, got {negative}")
         return counts
 
-    @field_validator("lesion_radius")
+    @field_validator("lesion_area")
     @classmethod
-    def _radius_range(cls, radius: tuple[float, float]) -> tuple[float, float]:
-        if not 0 < radius[0] <= radius[1] < 0.5:
-            raise ValueError(f"need 0 < low <= high < 0.5, got {list(radius)}")
-        return radius
+    def _area_distribution(cls, area: tuple[float, float]) -> tuple[float, float]:
+        if not (0 < area[0] < 0.5 and 0 <= area[1] <= 2):
+            raise ValueError(f"need 0 < median < 0.5 and 0 <= log_sd <= 2, got {list(area)}")
+        return area
 
     @field_validator("split_fractions")
     @classmethod

@@ -24,7 +24,8 @@ from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.methods import METHOD_LABELS, method_label
 
 ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
-               "convnext_tiny": "ConvNeXt-Tiny"}
+               "convnext_tiny": "ConvNeXt-Tiny", "resnet18": "ResNet-18",
+               "mobilenet_v3_large": "MobileNetV3-Large"}
 
 CI_SUFFIXES = ("_ci_low", "_ci_high")
 

@@ -20,7 +20,8 @@ from tests.kernel_fixtures import nondegenerate_model, seeded_images
 IMAGE_SIZE = 96  # last feature map 3x3; the "other" layers give 6x6
 # ConvNeXt's stage outputs (features.1/3/5) feed a LayerNorm, which is scale invariant, so
 # sum_c g_c A_c = 0 there and HiResCAM is pure rounding noise: use a downsampling output.
-OTHER_LAYERS = {"efficientnet_b0": "features.5", "resnet34": "layer3.5", "convnext_tiny": "features.4"}
+OTHER_LAYERS = {"efficientnet_b0": "features.5", "resnet34": "layer3.5", "convnext_tiny": "features.4",
+                "resnet18": "layer3.1", "mobilenet_v3_large": "features.12"}
 LIBRARY = {"gradcam": GradCAM, "gradcampp": GradCAMPlusPlus, "xgradcam": XGradCAM, "hirescam": HiResCAM}
 
 _MODELS: dict[str, torch.nn.Module] = {}
@@ -233,3 +234,46 @@ def test_cuda_matches_cpu():
     for method in cams.CAM_METHODS:
         assert gpu[method].device.type == "cuda"
         assert (gpu[method].cpu() - cpu[method]).abs().max() <= 1e-3
+
+
+def _planted_patch_model() -> torch.nn.Module:
+    """Hand-set weights with torchvision's stride-32 geometry: a grey-level 1x1 convolution, then
+    five 3x3 convolutions of stride 2 and padding 1 that average their input (the chain every
+    stride-32 torchvision trunk follows), global average pooling and a head whose positive logit
+    is the pooled value. Its only evidence is wherever the image is bright."""
+    convolutions = [torch.nn.Conv2d(3, 1, 1, bias=False)]
+    convolutions += [torch.nn.Conv2d(1, 1, 3, stride=2, padding=1, bias=False) for _ in range(5)]
+    head = torch.nn.Linear(1, 2)
+    with torch.no_grad():
+        convolutions[0].weight.fill_(1 / 3)
+        for convolution in convolutions[1:]:
+            convolution.weight.fill_(1 / 9)
+        head.weight.copy_(torch.tensor([[0.0], [1.0]]))
+        head.bias.zero_()
+    return torch.nn.Sequential(torch.nn.Sequential(*convolutions), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), head)
+
+
+def _patch_misses(size: int, patch: int, step: int) -> int:
+    """Positions (every ``step`` px in both axes) where the planted model's Grad-CAM peak lies
+    outside the bright ``patch`` x ``patch`` square."""
+    model = _planted_patch_model()
+    positions = [(top, left) for top in range(0, size - patch + 1, step)
+                 for left in range(0, size - patch + 1, step)]
+    images = torch.zeros(len(positions), 3, size, size)
+    for index, (top, left) in enumerate(positions):
+        images[index, :, top:top + patch, left:left + patch] = 1.0
+    maps = cams.compute_cams(model, model[0][-1], images, methods=("gradcam",))["gradcam"]
+    misses = 0
+    for index, (top, left) in enumerate(positions):
+        row, col = divmod(int(maps[index].flatten().argmax()), size)
+        misses += not (top <= row < top + patch and left <= col < left + patch)
+    return misses
+
+
+def test_a_planted_patch_is_where_the_upsampled_peak_lands():
+    """docs/protocol.md, "CAM grid and resolution": at the default 136 px a 48 px patch anywhere
+    in the frame gets its upsampled peak; at 160 px (a multiple of 32) the half-pixel-centred
+    resize draws the grid half a cell off and peaks miss, so the check can fail."""
+    assert _patch_misses(136, 48, step=4) == 0
+    assert _patch_misses(160, 48, step=8) > 0

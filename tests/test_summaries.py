@@ -286,6 +286,29 @@ def test_firth_table_reports_a_fit_that_did_not_converge_instead_of_stopping(mon
     assert (firth["interval"] == "not converged in 200 iterations").all()
 
 
+def test_firth_table_reports_a_rank_deficient_design_as_not_estimable():
+    """Three images, all with the same score: the score term is collinear with the intercept
+    (the 3-image panel A of another machine's default run). Firth is not estimable, the stage
+    goes on."""
+    frame = _separated_frame(n_images=3)
+    frame["score_per_0_10"] = frame["score_per_0_10"].iloc[0]
+    firth = adjusted_model.firth_odds_ratios(frame)
+    assert firth["odds_ratio"].isna().all()
+    assert firth["interval"].str.startswith("not estimable: design rank 7 of 8").all()
+
+
+def test_firth_table_reports_a_solver_refusal_as_not_estimable(monkeypatch):
+    import firthmodels
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("Weighted design matrix is rank deficient")
+
+    monkeypatch.setattr(firthmodels.FirthLogisticRegression, "fit", refuse)
+    firth = adjusted_model.firth_odds_ratios(_separated_frame())
+    assert firth["odds_ratio"].isna().all()
+    assert (firth["interval"] == "not estimable: Weighted design matrix is rank deficient").all()
+
+
 def test_lesion_strata_cut_the_high_score_subset_at_full_pool_cut_points():
     areas = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]          # tertiles: {1,2}, {3,4}, {5,6}
     scores = [0.95, 0.5, 0.97, 0.96, 0.2, 0.91]           # high score: images 0, 2, 3, 5

@@ -273,8 +273,9 @@ def firth_odds_ratios(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL
     the rows as independent although each image contributes five CAM rows, so they are
     narrower than an image-cluster interval would be. Columns: term, odds_ratio, ci_low,
     ci_high, separated_in_mle (the ordinary MLE of this term is infinite), interval.
-    Empty frame or constant outcome: NaN rows ("not fitted"); a fit that does not converge:
-    NaN rows whose interval says so.
+    Empty frame or constant outcome: NaN rows ("not fitted"); a rank-deficient design (a term
+    constant or collinear in these rows), a fit the solver refuses or one that does not
+    converge: NaN rows whose interval says "not estimable" or "not converged" and why.
     """
     from firthmodels import FirthLogisticRegression  # optional dependency of this one table
 
@@ -291,12 +292,19 @@ def firth_odds_ratios(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL
                               "interval": "not fitted"})
     if frame.empty or frame["failure"].nunique() < 2:
         return nan_table
-    model = FirthLogisticRegression(max_iter=200, backend="numpy")
     x = frame[terms].to_numpy(dtype=float)
-    model.fit(x, frame["failure"].to_numpy(dtype=int))
-    if not model.converged_:   # a sensitivity analysis that cannot be fitted is reported, not used
-        return nan_table.assign(interval=f"not converged in {model.max_iter} iterations")
-    bounds = model.conf_int(alpha=1.0 - level, method="pl")[: len(terms)]
+    design_rank = np.linalg.matrix_rank(np.column_stack([np.ones(len(x)), x]))
+    if design_rank < len(terms) + 1:   # a constant or collinear term: no fit can separate it
+        return nan_table.assign(interval=f"not estimable: design rank {design_rank} of "
+                                         f"{len(terms) + 1} (a term is constant or collinear here)")
+    model = FirthLogisticRegression(max_iter=200, backend="numpy")
+    try:
+        model.fit(x, frame["failure"].to_numpy(dtype=int))
+        if not model.converged_:   # a sensitivity analysis that cannot be fitted is reported, not used
+            return nan_table.assign(interval=f"not converged in {model.max_iter} iterations")
+        bounds = model.conf_int(alpha=1.0 - level, method="pl")[: len(terms)]
+    except (ValueError, np.linalg.LinAlgError) as error:  # e.g. a rank-deficient weighted design
+        return nan_table.assign(interval=f"not estimable: {str(error).splitlines()[0]}")
     with np.errstate(over="ignore"):
         return pd.DataFrame({"term": labels, "odds_ratio": np.exp(model.coef_),
                              "ci_low": np.exp(bounds[:, 0]), "ci_high": np.exp(bounds[:, 1]),

@@ -35,7 +35,8 @@ from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models import networks
 
 NEIGHBOUR_LAYERS = {"efficientnet_b0": "features.8", "resnet34": "layer4.1",
-                    "convnext_tiny": "features.7.1"}
+                    "convnext_tiny": "features.7.1", "resnet18": "layer4.0",
+                    "mobilenet_v3_large": "features.16"}
 NEAR_ZERO_FRACTION = 0.01
 ILL_POSED_SHARE = 0.05
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from endoexplain_core.models.learning import learning_table
+from endoexplain_core.models.learning import learning_table, with_map_check
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups
@@ -29,8 +29,8 @@ FAITHFULNESS_MODELS = ("M0", "M1")   # SRG/LSR: crude as the model sees it, and 
 
 def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     """Checkpoints whose maps enter the subgroup models, the primary first: ``"primary"``, or
-    ``"learned"``: also every other checkpoint of the registry that learned (the rule of
-    ``learning.learning_status``) and is no control (a shuffled-label model's maps carry
+    ``"learned"``: also every other checkpoint of the registry that learned (AUPRC and maps,
+    ``learning.with_map_check`` on the audits of 04 and 05) and is no control (a shuffled-label model's maps carry
     no subgroup effect worth pooling)."""
     if which not in ("primary", "learned"):
         raise ValueError(f"subgroup_checkpoints must be 'primary' or 'learned'; got {which!r}")
@@ -40,6 +40,8 @@ def subgroup_checkpoint_ids(run_dir: str | Path, which: str) -> list[str]:
     if which == "primary":
         return [primary_id]
     learning = learning_table(registry, load_manifest(layout.manifest))
+    audited = [c for c in learning["checkpoint_id"] if c == primary_id or layout.audit_paths("hyperkvasir", c)["table"].is_file()]
+    learning = with_map_check(learning, audit.read_audits(run_dir, audited)[0])
     chosen = learning["learned"].astype(bool) & (learning["control"] == "none")
     return [primary_id, *[c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]]
 

@@ -22,7 +22,9 @@ as the audit mask. Per CAM method the gate reports:
 - ``lesion_rate``: share of the lesion model's maps whose peak lies inside the polyp;
 - ``cue_rate``: share of the shortcut model's maps whose peak lies on the cue;
 - the chance levels: the mean area share of the polyp and of the cue (a uniformly random peak
-  lands on them with exactly that probability);
+  lands on them with exactly that probability), and the centre baseline's rates;
+- the resolution ceiling of each: how often the CAM grid's node nearest the region's centre
+  lies inside it (``kernels.grid``), i.e. what the grid allows a perfect coarse map;
 - the same two rates for each control.
 
 Rates are over maps with a defined peak: a constant map has no peak and is counted apart
@@ -35,7 +37,9 @@ held-out accuracy rule (``min_accuracy``), or whose shuffled control passed
 replicates (each has its own pool of frames) with Wilson 95% intervals, and the per-replicate
 rates are reported beside them (``gate_replicate_table``) so a reader sees the spread.
 
-**Verdict** per method, with bar = chance + ``margin`` for the lesion and for the cue:
+**Verdict** per method, with bar = the larger of chance + ``margin`` and the centre
+baseline's rate on the same frames, for the lesion and for the cue (a method must beat a map
+that only prefers the middle of the frame):
 
 - **passes** when the lower bound of the lesion model's and of the shortcut model's rate clear
   their bars and the upper bound of every control rate stays below them;
@@ -47,8 +51,9 @@ rates are reported beside them (``gate_replicate_table``) so a reader sees the s
 
 Downstream tables treat "inconclusive" as not validated (dagger). A verdict that an interval
 straddles the bar is not read either way: one frame more or less, or last-bit noise in training,
-must not turn "finds planted truth" into "does not". The margin defaults to 0.25: the chance
-levels are area shares of 0.02-0.10, so passing needs at least a quarter of all maps to peak on
+must not turn "finds planted truth" into "does not". The margin is 0.25 in every profile: the chance
+levels are the lesion's area share (about 0.16 with the synthetic geometry) and the cue's
+(about 0.05), so passing needs at least a quarter of all maps to peak on
 the planted evidence beyond what a random peak achieves; a smaller margin would let position
 priors that overlap the lesion distribution pass, a larger one would demand more than coarse
 (4x4-7x7) feature grids can deliver. Why both models: a fixed prior map (e.g. a corner) cannot
@@ -74,6 +79,7 @@ from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core import config, marks
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import to_normalised_tensor
+from endoexplain_core.kernels import grid
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.models import networks, training
@@ -88,6 +94,11 @@ VERDICTS = ("passes", "fails", "inconclusive")
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
 CUE_RADIUS = (0.20, 0.26)           # cue radius range, frame units (1 = half the shorter side)
 CUE_CLEARANCE = 0.08                # minimum gap between cue and polyp, frame units
+# Planted polyps have the study's area distribution but are spread over the whole field of
+# view (centre offset sd 0.35 of the side, against 0.19 in the cohorts): with the cohorts'
+# central placement the centre baseline and the untrained and shuffled controls peak inside
+# the polyp about 40% of the time, so no control could be shown to stay below the bar.
+GATE_LESION_OFFSET_SD = 0.35
 
 
 @dataclass(frozen=True)
@@ -189,10 +200,12 @@ def planted_frame(rng: np.random.Generator, size: int, *, lesion: bool, cue: boo
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One planted frame: uint8 (S, S, 3) RGB, bool lesion mask, bool cue mask (S, S).
 
-    The polyp is fully conspicuous (``conspicuity=1``); no dye cushion, no position box, so the
-    cue is the only blue structure. Masks are all False when the finding is absent.
+    The polyp is fully conspicuous (``conspicuity=1``), placed anywhere in the field
+    (``GATE_LESION_OFFSET_SD``); no dye cushion, no position box, so the cue is the only blue
+    structure. Masks are all False when the finding is absent.
     """
-    image, lesion_mask = synthetic.render_frame(rng, size, lesion=lesion, conspicuity=1.0)
+    image, lesion_mask = synthetic.render_frame(rng, size, lesion=lesion, conspicuity=1.0,
+                                                lesion_offset_sd=GATE_LESION_OFFSET_SD)
     cue_mask = paint_cue(rng, image, lesion_mask) if cue else np.zeros_like(lesion_mask)
     return image, lesion_mask, cue_mask
 
@@ -368,11 +381,17 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
 
     Each model's audit table goes to ``<output_dir>/gate_<model>.parquet``. Added columns:
     ``gate_seed``, ``model``, ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
-    ``peak_on_cue`` (float 1/0, NaN without a defined peak), ``cue_area_fraction``.
+    ``peak_on_cue`` (float 1/0, NaN without a defined peak), ``cue_area_fraction``, and the
+    resolution ceilings ``lesion_node_inside`` / ``cue_node_inside`` at the layer's CAM grid.
     """
     output_dir = Path(output_dir)
     cue_masks = {case["sample_id"]: case["cue_mask"] for case in pool}
     cases = [(case["sample_id"], case["image"], case["lesion_mask"]) for case in pool]
+    grid_shape = networks.cam_grid_shape(models["lesion"], layer_name, settings.image_size)
+    lesion_ceiling = grid.nearest_node_inside(np.stack([case["lesion_mask"] for case in pool]), grid_shape)
+    cue_ceiling = grid.nearest_node_inside(np.stack([case["cue_mask"] for case in pool]), grid_shape)
+    ceilings = {case["sample_id"]: (bool(on_lesion), bool(on_cue))
+                for case, on_lesion, on_cue in zip(pool, lesion_ceiling, cue_ceiling)}
     tables = []
     for name, model in models.items():
         checkpoint_id = f"gate_{name}"
@@ -387,16 +406,24 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
         table = audit_schema.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
         tables.append(table.assign(gate_seed=seed, model=name))
     rows = pd.concat(tables, ignore_index=True)
-    return add_cue_columns(rows, cue_masks)
+    return add_cue_columns(rows, cue_masks, ceilings)
 
 
-def add_cue_columns(rows: pd.DataFrame, cue_masks: dict[str, np.ndarray]) -> pd.DataFrame:
-    """Add ``peak_defined``, ``peak_inside_lesion``, ``peak_on_cue`` and ``cue_area_fraction``.
+def add_cue_columns(rows: pd.DataFrame, cue_masks: dict[str, np.ndarray],
+                    ceilings: dict[str, tuple[bool, bool]] | None = None) -> pd.DataFrame:
+    """Add ``peak_defined``, ``peak_inside_lesion``, ``peak_on_cue`` and ``cue_area_fraction``,
+    and with ``ceilings`` the resolution-ceiling columns ``lesion_node_inside`` and
+    ``cue_node_inside``.
 
     ``rows``: audit case rows (peak_row, peak_col, peak_outside_mask, constant_map,
-    sample_id); ``cue_masks``: sample_id -> bool (S, S) at the audited size.
+    sample_id); ``cue_masks``: sample_id -> bool (S, S) at the audited size; ``ceilings``:
+    sample_id -> (the CAM-grid node nearest the lesion centroid lies in the lesion, the same
+    for the cue) (``kernels.grid.nearest_node_inside``).
     """
     rows = rows.copy()
+    if ceilings is not None:
+        rows["lesion_node_inside"] = rows["sample_id"].map({s: float(c[0]) for s, c in ceilings.items()})
+        rows["cue_node_inside"] = rows["sample_id"].map({s: float(c[1]) for s, c in ceilings.items()})
     defined = ~rows["constant_map"].astype(bool)
     on_cue = np.array([bool(cue_masks[s][r, c]) for s, r, c in
                        zip(rows["sample_id"], rows["peak_row"], rows["peak_col"])])
@@ -458,7 +485,11 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
     replicates_agree (NaN with fewer than two usable replicates), reason.
     Baseline maps (random, centre) are judged by the same rule as references: the random
-    heatmap's rates sit at chance, so it fails.
+    heatmap's rates sit at chance, so it fails; the centre baseline's own rate is part of the
+    bar, so it cannot pass. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre
+    baseline's rates on the same frames; ``lesion_ceiling`` / ``cue_ceiling``: the resolution
+    ceiling (share of frames whose CAM-grid node nearest the region's centroid lies inside it,
+    ``kernels.grid``; NaN for rows without it).
 
     Long on purpose: the pass rule per method (chance levels, bars, each model's interval, the
     verdict and its reasons) reads top to bottom in one place.
@@ -481,12 +512,19 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
         images = per_model["lesion"].groupby(["gate_seed", "sample_id"])
         lesion_chance = float(images["lesion_area_fraction"].first().mean())
         cue_chance = float(images["cue_area_fraction"].first().mean())
-        bars = {"lesion": lesion_chance + margin, "cue": cue_chance + margin}
+        centre = _centre_rates(pooled)
+        # A method must clear chance by the margin and beat the centre baseline on the same
+        # frames: a map that only prefers the middle of the frame is no evidence of either.
+        bars = {"lesion": max(lesion_chance + margin, centre["lesion"]),
+                "cue": max(cue_chance + margin, centre["cue"])}
         row = {"method": method, "label": method_label(method),
                "n": len(per_model["lesion"]), "n_replicates": len(seeds),
                "replicates_used": len(usable), "margin": margin, "models_ok": bool(usable),
                "lesion_chance": lesion_chance, "cue_chance": cue_chance,
-               "lesion_bar": bars["lesion"], "cue_bar": bars["cue"]}
+               "centre_lesion_rate": centre["lesion"], "centre_cue_rate": centre["cue"],
+               "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
+               "lesion_ceiling": _ceiling(images, "lesion_node_inside"),
+               "cue_ceiling": _ceiling(images, "cue_node_inside")}
         failing, open_reasons = [], []
         checks = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
                   ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
@@ -537,13 +575,33 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                    reason="; ".join(reasons))
         rows.append(row)
     columns = ["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
-               "lesion_ci_high", "lesion_chance", "lesion_bar", "cue_rate", "cue_ci_low",
-               "cue_ci_high", "cue_chance", "cue_bar"]
+               "lesion_ci_high", "lesion_chance", "centre_lesion_rate", "lesion_bar",
+               "lesion_ceiling", "cue_rate", "cue_ci_low", "cue_ci_high", "cue_chance",
+               "centre_cue_rate", "cue_bar", "cue_ceiling"]
     columns += [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
                 for k in ("rate", "ci_low", "ci_high")]
     columns += ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
     columns += ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
     return pd.DataFrame(rows)[columns]
+
+
+def _centre_rates(rows: pd.DataFrame) -> dict[str, float]:
+    """The centre baseline's peak-in-lesion and peak-on-cue rates on the lesion model's frames
+    (the baseline does not depend on the model); 0 when the rows hold no centre baseline."""
+    centre = rows[(rows["method"] == "centre") & (rows["model"] == "lesion")]
+    rates = {}
+    for target, column in (("lesion", "peak_inside_lesion"), ("cue", "peak_on_cue")):
+        hits, n, _ = _count(centre, column)
+        rates[target] = hits / n if n else 0.0
+    return rates
+
+
+def _ceiling(images, column: str) -> float:
+    """Mean of a per-frame resolution-ceiling column over the frames (NaN without it)."""
+    frame = images.obj
+    if column not in frame.columns:
+        return float("nan")
+    return float(images[column].first().mean())
 
 
 def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str]:
@@ -576,7 +634,8 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
         frames.append(table)
     keep = ["method", "label", "gate_seed", "models_ok", "verdict", "lesion_rate", "cue_rate",
             "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
-            "shuffled_cue_rate", "lesion_bar", "cue_bar", "n"]
+            "shuffled_cue_rate", "centre_lesion_rate", "lesion_bar", "cue_bar",
+            "lesion_ceiling", "cue_ceiling", "n"]
     return pd.concat(frames, ignore_index=True)[keep]
 
 

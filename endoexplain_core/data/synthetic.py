@@ -51,7 +51,7 @@ from endoexplain_core import config, files
 from endoexplain_core.data import mirror
 from endoexplain_core.data.imageio import is_image_file, read_mask, read_rgb
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 MARKER_FILE = config.SYNTHETIC_MARKER
 LAYOUTS = ("embedded", "mirror")
 JPEG_QUALITY = 92
@@ -181,9 +181,47 @@ def _spots(image: np.ndarray, y: np.ndarray, x: np.ndarray, centres: np.ndarray,
 # One frame
 # ---------------------------------------------------------------------------------------------
 
+# Polyp geometry, chosen to match the masked images of the paper's spatial audit (docs/protocol.md,
+# "Synthetic lesion geometry"): mean area share about 0.15 (a random heatmap's peak misses in
+# about 83% of frames), the frame centre inside the polyp in about half of the frames, far more
+# often for large polyps than for small ones.
+LESION_AREA = (0.13, 0.80)          # log-normal area share: median, log standard deviation
+LESION_AREA_RANGE = (0.015, 0.45)   # clip of the area share
+LESION_OFFSET_SD = 0.19             # centre offset per axis, share of the shorter side
+LESION_CENTRE_REACH = 0.80          # polyp centre at most this far out, frame units
+ETIS_LESION_AREA = (0.04, 0.70)     # ETIS: the small polyps of its wide frames
+
+
+def lesion_geometry(rng: np.random.Generator, area: tuple[float, float], offset_sd: float
+                    ) -> tuple[float, float, float]:
+    """Draw one polyp's radius and centre (frame units: 1 = half the shorter side, centre 0).
+
+    The area share (of the square on the shorter side) is log-normal with median ``area[0]``
+    and log standard deviation ``area[1]``, clipped to ``LESION_AREA_RANGE``; the radius of the
+    disc with that area follows. The centre is a 2-D Gaussian offset with standard deviation
+    ``offset_sd`` of the shorter side per axis, scaled back radially when it lies further out
+    than ``LESION_CENTRE_REACH``. Always three normal draws, in this order: area, offset y, offset x, so
+    the stream stays aligned whatever the values.
+    """
+    median, log_sd = area
+    if not (0.0 < median < 1.0 and log_sd >= 0.0 and offset_sd >= 0.0):
+        raise ValueError(f"lesion geometry needs 0 < median area < 1, log_sd >= 0 and "
+                         f"offset_sd >= 0, got area={tuple(area)}, offset_sd={offset_sd}")
+    share = float(np.clip(median * np.exp(log_sd * rng.normal()), *LESION_AREA_RANGE))
+    radius = 2.0 * np.sqrt(share / np.pi)
+    offset_y, offset_x = 2.0 * offset_sd * rng.normal(size=2)
+    distance = np.hypot(offset_y, offset_x)
+    if distance > LESION_CENTRE_REACH:
+        offset_y, offset_x = (offset_y * LESION_CENTRE_REACH / distance,
+                              offset_x * LESION_CENTRE_REACH / distance)
+    return radius, float(offset_y), float(offset_x)
+
+
 def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
                  lesion: bool = True, dye: bool = False, conspicuity: float = 0.85,
-                 dye_strength: float = 0.8, lesion_radius: tuple[float, float] = (0.07, 0.18),
+                 dye_strength: float = 0.8,
+                 lesion_area: tuple[float, float] = LESION_AREA,
+                 lesion_offset_sd: float = LESION_OFFSET_SD,
                  scar: bool = False, inflammation: float = 0.0, stool: float = 0.0,
                  villi: bool = False, scope_shaft: bool = False, fold_strength: float = 0.5,
                  position_box: bool = False,
@@ -201,9 +239,12 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
         rim shadow, highlight). At 0 the polyp is invisible but its mask is still returned,
         which lets a dataset carry the label without any lesion signal.
     dye_strength : 0..1, opacity of the dye.
-    lesion_radius : (min, max) polyp radius as a fraction of the frame's shorter side; the
-        radius is drawn uniformly in this range. The polyp centre is drawn uniformly in
-        distance from the frame centre, so lesion size and centrality both vary.
+    lesion_area : (median, log_sd) of the polyp's area as a share of the square on the frame's
+        shorter side: log-normal, clipped to ``LESION_AREA_RANGE`` (``lesion_geometry``).
+    lesion_offset_sd : standard deviation of the polyp centre's offset from the frame centre,
+        per axis, as a share of the shorter side (a 2-D Gaussian, pulled in so that the polyp
+        centre stays inside the field of view). Size and position are drawn independently,
+        so the frame centre lies inside large polyps far more often than inside small ones.
     scar : pale, flat resection scar in the middle of the dye patch (resection margins).
     inflammation : 0..1, ulcerative-colitis severity (redness, lost vessels, granularity,
         fibrin-covered erosions, bleeding).
@@ -235,11 +276,8 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     radius_from_centre = np.sqrt(x * x + y * y)
 
     # Geometry first: the polyp (if any), then the lumen on the far side so it never hides it.
-    lesion_r = 2.0 * rng.uniform(*lesion_radius)  # frame units (1 = half the shorter side)
-    centre_distance = rng.uniform(0.0, max(0.0, 0.78 - 1.15 * lesion_r))
-    centre_angle = rng.uniform(0.0, 2 * np.pi)
-    lesion_cy = centre_distance * np.sin(centre_angle)
-    lesion_cx = centre_distance * np.cos(centre_angle)
+    lesion_r, lesion_cy, lesion_cx = lesion_geometry(rng, lesion_area, lesion_offset_sd)
+    centre_angle = np.arctan2(lesion_cy, lesion_cx)
     lumen_r = rng.uniform(0.16, 0.30)
     lumen_angle = centre_angle + np.pi + rng.uniform(-0.8, 0.8)
     if lesion:
@@ -282,7 +320,8 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     if dye:
         if lesion:
             dye_cy, dye_cx = lesion_cy, lesion_cx
-            dye_r = lesion_r * rng.uniform(1.7, 2.5)
+            # The cushion grows with the polyp but leaves some mucosa around large ones.
+            dye_r = min(lesion_r * rng.uniform(1.7, 2.5), lesion_r + 0.5)
         else:
             dye_cy, dye_cx = rng.uniform(-0.45, 0.45, 2)
             dye_r = rng.uniform(0.25, 0.45)
@@ -505,7 +544,8 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
         (different bytes, identical average hash), so they join a segmented image's group.
     n_development_duplicates, n_development_near_duplicates : extra byte copies and re-encoded
         copies of negative frames (same category, other names): groups the split must keep whole.
-    conspicuity, dye_strength, lesion_radius : ``render_frame`` knobs; each polyp's conspicuity
+    conspicuity, dye_strength, lesion_area, lesion_offset_sd : ``render_frame`` knobs; each
+        polyp's conspicuity
         is ``conspicuity`` times a factor drawn in [0.75, 1], for standard and dyed-lifted
         polyps alike.
     position_box_rate : share of HyperKvasir frames (every category) with the green box.
@@ -531,7 +571,8 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     n_audit_near_duplicates = design.n_audit_near_duplicates
     n_development_duplicates = design.n_development_duplicates
     n_development_near_duplicates = design.n_development_near_duplicates
-    conspicuity, dye_strength, lesion_radius = design.conspicuity, design.dye_strength, design.lesion_radius
+    conspicuity, dye_strength = design.conspicuity, design.dye_strength
+    lesion_area, lesion_offset_sd = design.lesion_area, design.lesion_offset_sd
     position_box_rate, etis_count, etis_duplicates = design.position_box_rate, design.etis_count, design.etis_duplicates
     polypgen_counts, polypgen_empty_per_centre = design.polypgen_counts, design.polypgen_empty_per_centre
     polypgen_duplicates, polypdb_per_cell = design.polypgen_duplicates, design.polypdb_per_cell
@@ -557,7 +598,8 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
         "n_development_duplicates": n_development_duplicates,
         "n_development_near_duplicates": n_development_near_duplicates,
         "conspicuity": conspicuity, "dye_strength": dye_strength,
-        "lesion_radius": list(lesion_radius), "position_box_rate": position_box_rate,
+        "lesion_area": list(lesion_area), "lesion_offset_sd": lesion_offset_sd,
+        "position_box_rate": position_box_rate,
         "etis_count": etis_count, "etis_duplicates": etis_duplicates,
         "polypgen_counts": list(polypgen_counts),
         "polypgen_empty_per_centre": polypgen_empty_per_centre,
@@ -570,7 +612,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
         shutil.rmtree(partial)
     writer = _TreeWriter(partial, seed, layout)
     knobs = {"conspicuity": conspicuity, "dye_strength": dye_strength,
-             "lesion_radius": tuple(lesion_radius)}
+             "lesion_area": tuple(lesion_area), "lesion_offset_sd": lesion_offset_sd}
     summary: dict[str, Any] = {"parameters": parameters}
     summary["hyper-kvasir"] = _write_hyperkvasir(writer, seed, frame_size, counts, n_segmented,
                                                  n_development_polyps, n_audit_near_duplicates,
@@ -702,7 +744,7 @@ def _write_etis(writer: _TreeWriter, seed: int, frame_size: int, count: int, dup
     """ETIS: TIFF frames 1..N, masks ``Ground Truth/p<n>.tif``; small polyps, wide frames."""
     rng = stream(seed, "ETIS-LaribPolypDB")
     size = _scaled(frame_size, (1.0, 1.27))
-    etis_knobs = {**knobs, "lesion_radius": (0.04, 0.12)}
+    etis_knobs = {**knobs, "lesion_area": ETIS_LESION_AREA}
     frames = []
     for number in range(1, count + 1):
         image, mask = render_frame(rng, size, **_polyp_knobs(rng, etis_knobs),

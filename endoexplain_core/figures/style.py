@@ -17,8 +17,10 @@ from endoexplain_core.presentation import ARCH_LABELS  # noqa: E402 (one home fo
 
 # Architectures are told apart by marker and grey level, never by a colour that means a CAM
 # method elsewhere (ConvNeXt-Tiny used to be HiResCAM's pink).
-ARCH_COLOURS = {"efficientnet_b0": "#000000", "resnet34": "#555555", "convnext_tiny": "#999999"}
-ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^"}
+ARCH_COLOURS = {"efficientnet_b0": "#000000", "resnet34": "#555555", "convnext_tiny": "#999999",
+                "resnet18": "#555555", "mobilenet_v3_large": "#999999"}
+ARCH_MARKERS = {"efficientnet_b0": "o", "resnet34": "s", "convnext_tiny": "^", "resnet18": "s",
+                "mobilenet_v3_large": "D"}
 # Reference maps look the same in every figure: the registry's colour, dashed.
 REFERENCE_LINESTYLE = "--"
 RANDOM_REFERENCE = {"color": METHOD_COLOURS["random"], "linestyle": REFERENCE_LINESTYLE}

@@ -42,11 +42,12 @@ def randomisation_blocks(model: nn.Module) -> list[tuple[str, list[str]]]:
     if isinstance(model, torchvision.models.ResNet):
         return [("fc", ["fc"]), ("layer4", ["layer4"]), ("layer3", ["layer3"]),
                 ("layer2", ["layer2"]), ("layer1", ["layer1"]), ("stem", ["conv1", "bn1"])]
-    if isinstance(model, (torchvision.models.EfficientNet, torchvision.models.ConvNeXt)):
+    if isinstance(model, (torchvision.models.EfficientNet, torchvision.models.ConvNeXt,
+                          torchvision.models.MobileNetV3)):
         stages = [(f"features.{k}", [f"features.{k}"]) for k in reversed(range(len(model.features)))]
         return [("classifier", ["classifier"]), *stages]
     raise ValueError(f"no randomisation blocks defined for {type(model).__name__}; "
-                     "known: torchvision ResNet, EfficientNet, ConvNeXt")
+                     "known: torchvision ResNet, EfficientNet, ConvNeXt, MobileNetV3")
 
 
 def randomise_block(model: nn.Module, module_paths, *, seed: int) -> None:

@@ -27,15 +27,18 @@ from endoexplain_core.config import ARCHITECTURES  # the profile schema validate
 #   efficientnet_b0  features[-1][0]  the last 1x1 convolution, before its BatchNorm and SiLU
 #   resnet34         layer4[-1]       the last residual block (output after its ReLU)
 #   convnext_tiny    features[-1]     the last stage (residual stream, can be negative)
+#   resnet18         layer4[-1]       the last residual block, as for ResNet-34
+#   mobilenet_v3_large features[-1][0] the last 1x1 convolution, as for EfficientNet-B0
 TARGET_LAYERS = {
     "efficientnet_b0": "features.8.0",
     "resnet34": "layer4.2",
     "convnext_tiny": "features.7",
+    "resnet18": "layer4.1",
+    "mobilenet_v3_large": "features.16.0",
 }
 # Further torchvision classifiers that ``endoexplain audit`` accepts for a user's own model
 # (the pipeline never trains them); target layer by the same rule (the last residual block).
 AUDIT_ONLY_TARGET_LAYERS = {
-    "resnet18": "layer4.1",
     "resnet50": "layer4.2",
 }
 AUDITABLE_ARCHITECTURES = ARCHITECTURES + tuple(AUDIT_ONLY_TARGET_LAYERS)
@@ -90,12 +93,10 @@ def default_target_layer(arch: str) -> str:
 
 def _replace_head(model: nn.Module, arch: str, num_classes: int) -> None:
     """Swap the final linear layer for a freshly initialised one with ``num_classes`` outputs."""
-    if arch == "resnet34":
+    if isinstance(model, torchvision.models.ResNet):
         model.fc = nn.Linear(model.fc.in_features, num_classes)
-    elif arch == "efficientnet_b0":
-        model.classifier[1] = nn.Linear(model.classifier[1].in_features, num_classes)
-    else:  # convnext_tiny: classifier = LayerNorm2d, Flatten, Linear
-        model.classifier[2] = nn.Linear(model.classifier[2].in_features, num_classes)
+    else:  # EfficientNet, MobileNetV3, ConvNeXt: the classifier's last module is the linear head
+        model.classifier[-1] = nn.Linear(model.classifier[-1].in_features, num_classes)
 
 
 def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None = None) -> nn.Module:
@@ -183,7 +184,8 @@ def resolve_target_layer(model: nn.Module, arch: str, layer_name: str | None = N
 def _gap_fed_layers(model: nn.Module) -> set[str]:
     if isinstance(model, torchvision.models.ResNet):
         return {"layer4", f"layer4.{len(model.layer4) - 1}"}
-    if isinstance(model, (torchvision.models.ConvNeXt, torchvision.models.EfficientNet)):
+    if isinstance(model, (torchvision.models.ConvNeXt, torchvision.models.EfficientNet,
+                          torchvision.models.MobileNetV3)):
         return {"features", f"features.{len(model.features) - 1}"}
     return set()
 
@@ -211,6 +213,27 @@ def identical_methods(model: nn.Module, layer_name: str) -> list[tuple[str, ...]
     if layer_name not in gap_fed:
         return []
     return [("gradcam", "hirescam", "xgradcam")]
+
+
+def cam_grid_shape(model: nn.Module, layer_name: str, image_size: int) -> tuple[int, int]:
+    """(h, w) of ``layer_name``'s output for a square ``image_size`` input: the CAM grid.
+
+    One forward pass of a zero image in eval mode, without autograd (train/eval mode restored);
+    the hook is removed also on errors.
+    """
+    layer = model.get_submodule(layer_name)
+    shapes: list[tuple[int, int]] = []
+    handle = layer.register_forward_hook(lambda module, inputs, output: shapes.append(tuple(output.shape[-2:])))
+    was_training = model.training
+    try:
+        model.eval()
+        parameter = next(model.parameters())
+        with torch.no_grad():
+            model(torch.zeros(1, 3, image_size, image_size, dtype=parameter.dtype, device=parameter.device))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return shapes[0]
 
 
 def identical_methods_by_arch(architectures) -> dict[str, list[tuple[str, ...]]]:

@@ -70,11 +70,14 @@ def _training_lines(figures_dir: Path) -> list[str]:
     table = pd.DataFrame({
         "checkpoint": learning["checkpoint_id"],
         "validation AUPRC": learning["val_auprc"].map(_number),
-        "learned": learning["learned"].map(lambda v: "yes" if str(v).lower() == "true" else "no")})
+        "non-constant maps": learning["nonconstant_share"].map(_number),
+        "learned": [("yes" if str(v).lower() == "true" else f"no ({because})")
+                    for v, because in zip(learning["learned"], learning["not_learned_because"].fillna(""))]})
     primary = _primary_row(training)
     prevalence = learning["val_prevalence"].iloc[0]
-    lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = AUPRC >= "
-             f"{_number(learning['learning_threshold'].iloc[0])}):", ""] + _table(table)
+    lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = validation AUPRC >= "
+             f"{_number(learning['min_val_auprc'].iloc[0])} and every CAM non-constant on >= 95% of the "
+             f"audited images; non-constant maps: the flattest CAM's share):", ""] + _table(table)
     lines += ["", f"**Primary** {primary['checkpoint_id']}: test AUPRC "
               f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])}, "
               f"accuracy at 0.5 {_with_ci(primary['test_accuracy_at_0.5'], primary['test_accuracy_at_0.5_ci_low'], primary['test_accuracy_at_0.5_ci_high'])} "
