@@ -30,7 +30,10 @@ _MODELS: dict[str, torch.nn.Module] = {}
 def _model(arch: str) -> torch.nn.Module:
     """One perturbed model per architecture for the whole file (building them is the slow part)."""
     if arch not in _MODELS:
-        _MODELS[arch] = nondegenerate_model(arch, seed=7, image_size=IMAGE_SIZE)
+        # seed 7 leaves MobileNetV3's HiResCAM all-negative on the test images (a zero map, no
+        # test of agreement); seed 8 gives every method structure
+        _MODELS[arch] = nondegenerate_model(arch, seed=8 if arch == "mobilenet_v3_large" else 7,
+                                            image_size=IMAGE_SIZE)
     return _MODELS[arch]
 
 

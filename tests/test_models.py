@@ -19,12 +19,13 @@ def test_build_model_and_default_target_layer(arch):
     assert name == networks.TARGET_LAYERS[arch]
     # the table's paths are the DESIGN's features[-1][0], layer4[-1], features[-1]
     expected = {"efficientnet_b0": lambda m: m.features[-1][0], "resnet34": lambda m: m.layer4[-1],
-                "convnext_tiny": lambda m: m.features[-1]}[arch](model)
+                "convnext_tiny": lambda m: m.features[-1], "resnet18": lambda m: m.layer4[-1],
+                "mobilenet_v3_large": lambda m: m.features[-1][0]}[arch](model)
     assert layer is expected
 
 
 def test_unknown_architecture_and_layer_errors():
-    with pytest.raises(ValueError, match="known: efficientnet_b0, resnet34, convnext_tiny"):
+    with pytest.raises(ValueError, match="known: efficientnet_b0, resnet34, convnext_tiny, resnet18, mobilenet_v3_large"):
         networks.build_model("vgg16")
     model = networks.build_model("resnet34")
     with pytest.raises(ValueError, match="'layer5' is not a module of this resnet34"):

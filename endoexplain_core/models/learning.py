@@ -89,7 +89,7 @@ def with_map_check(learning: pd.DataFrame, audit_rows: pd.DataFrame) -> pd.DataF
             failed.append("not audited")
         elif not row.maps_ok:
             failed.append(f"{row.flattest_method} maps constant on "
-                          f"{1 - row.nonconstant_share:.0%} of {row.n_audited} images")
+                          f"{1 - row.nonconstant_share:.0%} of {int(row.n_audited)} images")
         reasons.append("; ".join(failed))
     table["not_learned_because"] = reasons
     return table
