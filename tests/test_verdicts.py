@@ -8,12 +8,13 @@ from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.pipeline import verdicts
 
 
-def _tables(verdict="passes", n_a=60, rate=0.30, low=0.20, high=0.40, learned=(True, True)):
+def _tables(verdict="passes", n_a=60, rate=0.30, low=0.20, high=0.40, learned=(True, True), primary="a"):
     gate = pd.DataFrame({"method": list(CAM_METHODS), "verdict": verdict})
     table4 = pd.DataFrame({"panel": ["A", "A", "B"], "method": ["gradcam", "random", "gradcam"],
                            "n": [n_a, n_a, 90], "peak_failure": [rate, 0.85, 0.5],
                            "peak_failure_ci_low": [low, 0.75, 0.4], "peak_failure_ci_high": [high, 0.93, 0.6]})
-    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "learned": list(learned)})
+    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "learned": list(learned),
+                             "is_primary": [primary == "a", primary == "b"]})
     return {"table_validity_gate": gate, "table4_spatial_audit": table4, "table_checkpoint_learning": learning}
 
 
@@ -27,7 +28,7 @@ def _write(folder, tables):
 def test_the_same_run_agrees_with_itself(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
     result = verdicts.compare_runs(_write(tmp_path / "run", _tables()), reference)
-    assert result["ok"].all() and len(result) == 4
+    assert result["ok"].all() and len(result) == 5
     assert verdicts.main([str(tmp_path / "run"), str(reference)]) == 0
 
 
@@ -35,6 +36,7 @@ def test_each_check_can_fail(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
     cases = {"gate verdicts": _tables(verdict="inconclusive"),
              "learned checkpoints": _tables(learned=(True, False)),
+             "primary": _tables(primary="b"),
              "panel A size": _tables(n_a=53),                      # 12% fewer images
              "Table 4 peak failure within CIs": _tables(rate=0.45, low=0.35, high=0.55)}
     for index, (check, tables) in enumerate(cases.items()):

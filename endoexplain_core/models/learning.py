@@ -36,7 +36,8 @@ def learning_status(val_auprc) -> pd.Series:
 
 
 def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame:
-    """Registry rows with the AUPRC check: ``val_prevalence`` (an uninformative score's
+    """Registry rows (and ``is_primary`` when the registry has it) with the AUPRC check:
+    ``val_prevalence`` (an uninformative score's
     AUPRC, for reference), ``min_val_auprc``, ``auprc_ok`` and ``learned`` (= ``auprc_ok``
     until ``with_map_check`` adds the maps).
 
@@ -46,7 +47,8 @@ def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFra
     val = manifest[manifest["role"] == "val"]
     if val.empty:
         raise ValueError("the manifest has no validation rows: cannot judge learning")
-    table = registry[["checkpoint_id", "arch", "seed", "control", "val_auprc"]].copy()
+    columns = ["checkpoint_id", "arch", "seed", "control", "val_auprc"]
+    table = registry[columns + (["is_primary"] if "is_primary" in registry.columns else [])].copy()
     table["val_prevalence"] = float(val["target"].mean())
     table["min_val_auprc"] = MIN_VAL_AUPRC
     table["auprc_ok"] = learning_status(table["val_auprc"].to_numpy()).to_numpy()

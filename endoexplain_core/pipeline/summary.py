@@ -24,6 +24,7 @@ from endoexplain_core.run_layout import RunLayout
 from endoexplain_core import files, numerics, presentation
 from endoexplain_core.analysis.adjusted_model import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
+from endoexplain_core.presentation import ARCH_LABELS
 
 SUMMARY_NAME = "summary.md"
 MACHINE_HEADING = "## Machine"
@@ -112,7 +113,10 @@ def _gate_lines(figures_dir: Path) -> list[str]:
              f"({', '.join(passing) or 'none'}); {int(first['replicates_used'])} of "
              f"{int(first['n_replicates'])} replicates pooled, {int(first['n'])} maps per model; "
              f"bars: lesion {_number(first['lesion_bar'])}, cue {_number(first['cue_bar'])} "
-             f"(chance + {_number(first['margin'], 2)}); Wilson 95% CIs.", ""]
+             f"(the larger of chance + {_number(first['margin'], 2)} and the centre baseline's rate); "
+             f"resolution ceiling (grid node nearest the centroid inside): lesion "
+             f"{_number(first.get('lesion_ceiling'), 2)}, cue {_number(first.get('cue_ceiling'), 2)}; "
+             f"Wilson 95% CIs.", ""]
     return lines + _table(table)
 
 
@@ -206,11 +210,20 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
                      "lesion localisation.")
         lines.append(text)
     training = _read(figures_dir, "table_s1_training")
+    learning = _read(figures_dir, "table_checkpoint_learning")
     if training is not None:
         primary = _primary_row(training)
-        lines.append(f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
-                     f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
-                     f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
+        text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
+                f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
+                f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
+        if learning is not None:
+            matrix = learning[learning["control"] == "none"]
+            architectures = ", ".join(ARCH_LABELS.get(a, a) for a in dict.fromkeys(matrix["arch"]))
+            learned = matrix["learned"].map(lambda v: str(v).lower() == "true")
+            text += (f" The matrix ({architectures}; {matrix['seed'].nunique()} seeds each): "
+                     f"{int(learned.sum())} of {len(matrix)} checkpoints learned (validation AUPRC "
+                     f">= 0.95 and non-constant maps).")
+        lines.append(text)
     table4 = _read(figures_dir, "table4_spatial_audit")
     if table4 is not None:
         panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]

@@ -6,6 +6,7 @@ reference (``tests/expected/default/`` holds the default run's headline tables) 
 
 - **gate**: every CAM method has the same validity-gate verdict;
 - **learned**: the same checkpoints learned;
+- **primary**: the same primary checkpoint;
 - **panel A**: the primary's high-score subset has the same size within 10%;
 - **Table 4**: every peak-failure rate lies inside the other run's 95% interval and vice
   versa (panel A and panel B, every map method).
@@ -56,6 +57,15 @@ def learned_check(learning: pd.DataFrame, reference: pd.DataFrame) -> dict:
             "detail": (f"differ: {', '.join(differ)}" if differ else f"{len(ours)} learned in both")}
 
 
+def primary_check(learning: pd.DataFrame, reference: pd.DataFrame) -> dict:
+    """The same primary checkpoint (``is_primary`` of the learning table)."""
+    def primary(table: pd.DataFrame) -> str:
+        chosen = table.loc[table["is_primary"].map(lambda v: str(v).lower() == "true"), "checkpoint_id"]
+        return chosen.iloc[0] if len(chosen) else "none"
+    ours, theirs = primary(learning), primary(reference)
+    return {"check": "primary", "ok": ours == theirs, "detail": f"{ours} vs {theirs}"}
+
+
 def panel_a_check(table4: pd.DataFrame, reference: pd.DataFrame,
                   tolerance: float = PANEL_A_TOLERANCE) -> dict:
     """Panel A's image count within ``tolerance`` (relative to the reference)."""
@@ -90,6 +100,7 @@ def compare_runs(figures_dir: str | Path, reference_dir: str | Path = DEFAULT_RE
     theirs = {name: _read(reference_dir, name) for name in HEADLINE_TABLES}
     rows = [gate_check(ours["table_validity_gate"], theirs["table_validity_gate"]),
             learned_check(ours["table_checkpoint_learning"], theirs["table_checkpoint_learning"]),
+            primary_check(ours["table_checkpoint_learning"], theirs["table_checkpoint_learning"]),
             panel_a_check(ours["table4_spatial_audit"], theirs["table4_spatial_audit"]),
             table4_check(ours["table4_spatial_audit"], theirs["table4_spatial_audit"])]
     return pd.DataFrame(rows, columns=["check", "ok", "detail"])
