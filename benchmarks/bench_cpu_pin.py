@@ -7,7 +7,12 @@ architecture the minimum seconds of each and the ratio pinned / native (> 1: the
 time), and whether the two weight digests differ (they do on a machine whose best instruction
 set is above AVX2; that difference is what the pin removes between machines).
 
+``--variant mkldnn`` compares, both pinned, oneDNN on against oneDNN off
+(``torch.backends.mkldnn.enabled = False``: ATen's own convolutions), the cost of giving up
+oneDNN's machine-dependent kernels altogether.
+
 Usage: python benchmarks/bench_cpu_pin.py --image-size 160 --batch 16 --steps 4 --repeats 3
+       python benchmarks/bench_cpu_pin.py --variant mkldnn --archs efficientnet_b0 --image-size 136
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import sys
 
 WORK = r"""
 import hashlib, json, sys, time
+import os
 import endoexplain_core
 import torch
+torch.backends.mkldnn.enabled = os.environ.get("ENDOEXPLAIN_BENCH_MKLDNN", "on") != "off"
 from endoexplain_core import numerics
 from endoexplain_core.kernels import cams
 from endoexplain_core.models import networks
@@ -51,10 +58,16 @@ print(json.dumps({"train_step_s": train, "cam_batch_s": cam, "digest": digest,
 """
 
 
-def run(arch: str, pin: str, args) -> dict:
+def run(arch: str, setting: str, args) -> dict:
+    """One subprocess; ``setting`` is "on"/"off": the CPU pin (variant pin) or oneDNN with the
+    pin on (variant mkldnn)."""
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "ATEN_CPU_CAPABILITY")}
-    environment["ENDOEXPLAIN_CPU_PIN"] = pin
+    if args.variant == "pin":
+        environment["ENDOEXPLAIN_CPU_PIN"] = setting
+    else:
+        environment["ENDOEXPLAIN_CPU_PIN"] = "on"
+        environment["ENDOEXPLAIN_BENCH_MKLDNN"] = setting
     out = subprocess.run([sys.executable, "-c", WORK, arch, str(args.image_size), str(args.batch),
                           str(args.steps)], env=environment, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -67,12 +80,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variant", choices=("pin", "mkldnn"), default="pin",
+                        help="pin: CPU pin on vs off; mkldnn: oneDNN on vs off, both pinned")
     args = parser.parse_args()
     from endoexplain_core import numerics
 
     cpu = numerics.detected_cpu()
     print(f"CPU: {cpu['model']} (best {cpu['best_isa']}); {args.image_size} px, batch {args.batch}, "
-          f"{args.steps} training steps, {args.repeats} interleaved rounds (minimum reported)")
+          f"{args.steps} training steps, {args.repeats} interleaved rounds (minimum reported); "
+          f"on/off = {'the CPU pin' if args.variant == 'pin' else 'oneDNN (pin on)'}")
     print(f"{'arch':16s} {'train on':>9s} {'train off':>9s} {'ratio':>6s} {'CAM on':>8s} {'CAM off':>8s} "
           f"{'ratio':>6s}  weights differ")
     for arch in args.archs:

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
@@ -346,3 +347,17 @@ def test_a_saved_figure_with_the_longest_footer_stays_within_two_columns(tmp_pat
     plt.close(figure)
     with Image.open(png) as saved:
         assert saved.size[0] / artefacts.PRINT_DPI <= style.DOUBLE_COLUMN_INCHES + 0.05
+
+
+def test_error_bars_never_raise_when_an_interval_misses_its_estimate_by_rounding():
+    """The float mean of equal values can exceed their max (0.1 x 3); a bar side is then 0."""
+    from endoexplain_core.figures.style import error_extents
+
+    mean = np.mean([0.1, 0.1, 0.1])
+    assert mean > 0.1
+    extents = error_extents([mean, 0.5], [0.1, 0.4], [0.1, 0.7])
+    assert (extents >= 0).all()
+    np.testing.assert_allclose(extents, [[mean - 0.1, 0.1], [0.0, 0.2]])
+    fig, ax = plt.subplots()
+    ax.errorbar([0, 1], [mean, 0.5], yerr=extents)   # matplotlib refuses negative yerr
+    plt.close(fig)

@@ -111,7 +111,7 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
         part = part.sort_values("score_threshold")
         if part.empty:        # an empty line would still claim a bounding box at the origin
             continue
-        errors = np.vstack([part["failure_rate"] - part["ci_low"], part["ci_high"] - part["failure_rate"]])
+        errors = style.error_extents(part["failure_rate"], part["ci_low"], part["ci_high"])
         # reference maps on top: a CAM at the random map's rate must not hide it
         ax.errorbar(part["score_threshold"] + offset, part["failure_rate"], yerr=errors, marker="o",
                     markersize=3, linewidth=1.0, capsize=1.5, elinewidth=0.6,

@@ -30,7 +30,7 @@ from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
                                             DOUBLE_COLUMN_INCHES, HEATMAP_CMAP, PEAK_COLOUR,
                                             RANDOM_REFERENCE, checkpoint_label, footnote, panel_title,
-                                            two_line_label)
+                                            error_extents, two_line_label)
 
 HEATMAP_ALPHA = 0.55
 MISS_MARGIN_FRACTION = 0.05   # a typical miss: median CAM peak this share of the side outside
@@ -255,7 +255,7 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
             seeds = of_arch.loc[of_arch[column].notna(), "checkpoint_id"].nunique()
             x = np.arange(len(CAM_METHODS)) + offsets[k]
             colour = ARCH_COLOURS.get(arch, "grey")
-            ax.errorbar(x, values["mean"], yerr=[values["mean"] - values["min"], values["max"] - values["mean"]],
+            ax.errorbar(x, values["mean"], yerr=error_extents(values["mean"], values["min"], values["max"]),
                         fmt="none", ecolor=colour, capsize=2, elinewidth=0.8, clip_on=False)
             for filled in (True, False):
                 chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
@@ -268,8 +268,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
                 # this architecture's checkpoints, each against its own random-deletion control
                 controls = of_arch.drop_duplicates("checkpoint_id")["random_deletion_mean"].dropna()
                 reference_x = len(CAM_METHODS) + 0.3 + offsets[k]
-                ax.errorbar([reference_x], [controls.mean()], yerr=[[controls.mean() - controls.min()],
-                                                                    [controls.max() - controls.mean()]],
+                ax.errorbar([reference_x], [controls.mean()],
+                            yerr=error_extents([controls.mean()], [controls.min()], [controls.max()]),
                             fmt="none", ecolor=RANDOM_REFERENCE["color"], capsize=2, elinewidth=0.8)
                 ax.plot([reference_x], [controls.mean()], linestyle="none", marker=ARCH_MARKERS.get(arch, "o"),
                         ms=4, color=RANDOM_REFERENCE["color"],

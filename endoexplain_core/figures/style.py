@@ -7,6 +7,7 @@ Eigen-CAM is class-agnostic and is labelled with an asterisk everywhere (``metho
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 
 # Method names, labels and colours live in the registry (endoexplain_core.methods), not here.
 from endoexplain_core.artefacts import wrap_to_width
@@ -51,6 +52,15 @@ def apply() -> None:
         "axes.spines.right": False,
         "pdf.fonttype": 42,
     })
+
+
+def error_extents(estimate, low, high) -> np.ndarray:
+    """matplotlib ``yerr`` (2, n) from an estimate and its interval: the distances below and
+    above, never negative. An interval need not contain its estimate to the last bit (the float
+    mean of equal values can exceed their max; a percentile interval may sit beside its mean);
+    such a side is drawn with length 0 instead of raising."""
+    estimate, low, high = (np.asarray(v, dtype=float) for v in (estimate, low, high))
+    return np.vstack([np.clip(estimate - low, 0.0, None), np.clip(high - estimate, 0.0, None)])
 
 
 def two_line_label(label: str) -> str:

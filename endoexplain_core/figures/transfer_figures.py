@@ -53,7 +53,7 @@ def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fract
     for offset, method in enumerate(drawn):
         part = summary[summary["method"] == method].set_index("dataset").reindex(datasets)
         x = np.arange(len(datasets)) - 0.42 + width * (offset + 0.5)
-        errors = np.vstack([part["mean_iou"] - part["ci_low"], part["ci_high"] - part["mean_iou"]])
+        errors = style.error_extents(part["mean_iou"], part["ci_low"], part["ci_high"])
         if method == "centre":
             look = {"color": "white", "edgecolor": "black", "hatch": "////"}
         elif method == "random":
