@@ -74,8 +74,14 @@ def test_selection_stability_counts_resamples_that_pick_the_primary():
         rows.append(pd.DataFrame({"checkpoint_id": checkpoint, "seed": seed,
                                   "sample_id": [f"v{i}" for i in range(100)], "target": targets,
                                   "logit_neg": 0.0, "logit_pos": z}))
-    result = stability.selection_stability(pd.concat(rows), "strong", replicates=200, seed=1)
+    result = stability.selection_stability(pd.concat(rows), "strong", replicates=200, seed=1, tie_auprc=0.01)
     assert result["share_same"] == 1.0 and result["replicates_used"] == 200
     tied = stability.selection_stability(pd.concat([rows[0], rows[0].assign(checkpoint_id="twin", seed=0)]),
-                                         "strong", replicates=50, seed=1)
+                                         "strong", replicates=50, seed=1, tie_auprc=0.01)
     assert tied["share_same"] == 0.0 and tied["runner_up"] == "twin"   # ties go to the lowest seed
+    # a near-twin a little better on every resample is still tied within 0.01: the lower seed wins
+    near = rows[0].assign(checkpoint_id="near", seed=0, logit_pos=strong * 1.0 - 0.0)
+    near.loc[near["target"] == 1, "logit_pos"] += 0.05
+    within = stability.selection_stability(pd.concat([rows[0].assign(seed=5), near]), "near",
+                                           replicates=50, seed=1, tie_auprc=0.01)
+    assert within["share_same"] == 1.0

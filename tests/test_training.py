@@ -270,6 +270,13 @@ def test_select_primary_best_efficientnet_ties_to_lowest_seed():
     assert training.select_primary(reordered) == "efficientnet_b0_s2089"
 
 
+def test_select_primary_treats_auprc_within_001_of_the_best_as_a_tie():
+    close = VALIDATION.assign(val_auprc=[0.993, 1.000, 0.998, 0.99, 0.999])
+    assert training.select_primary(close) == "efficientnet_b0_s1129"     # all within 0.01: lowest seed
+    apart = VALIDATION.assign(val_auprc=[0.985, 1.000, 0.998, 0.99, 0.999])
+    assert training.select_primary(apart) == "efficientnet_b0_s2089"     # s1129 is 0.015 behind
+
+
 def test_select_primary_refuses_anything_but_validation_columns():
     with_test = VALIDATION.assign(test_auprc=[0.99, 0.1, 0.1, 0.5, 0.5])
     with pytest.raises(ValueError, match="validation only.*test_auprc"):

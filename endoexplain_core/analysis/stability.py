@@ -6,7 +6,8 @@ decisive parts of the audit under a perturbed seed, using what the run already c
 - **validity gate**: each replicate's own verdict (another seed for frames, models and pool)
   beside the pooled one (``validity_gate.gate_stability``);
 - **primary selection**: the validation images resampled (bootstrap); how often the same
-  EfficientNet-B0 seed has the best validation AUPRC (ties: lowest seed, as ``select_primary``);
+  EfficientNet-B0 seed has the best validation AUPRC (ties within ``tie_auprc``: lowest seed,
+  as ``select_primary``);
 - **Table 4 panel A**: per CAM, whether its peak-failure rate lies above the centre baseline's,
   on the primary's high-score images and on each other learned EfficientNet-B0 seed's own
   (a perturbed training seed of the same recipe);
@@ -29,6 +30,7 @@ from sklearn.metrics import average_precision_score
 from endoexplain_core import marks
 from endoexplain_core.analysis import adjusted_model, stats, summaries
 from endoexplain_core.methods import CAM_METHODS, method_label
+from endoexplain_core.models.training import PRIMARY_TIE_AUPRC
 
 UNSTABLE_MARK = marks.UNSTABLE_MARK
 UNSTABLE_FOOTNOTE = marks.UNSTABLE_FOOTNOTE
@@ -36,7 +38,7 @@ SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the s
 
 
 def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates: int,
-                        seed: int) -> dict:
+                        seed: int, tie_auprc: float) -> dict:
     """How often a resampled validation set selects the same primary.
 
     ``validation``: logits rows of the candidate checkpoints on the validation split (columns
@@ -55,8 +57,9 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
         sample_targets = targets[rows]
         if sample_targets.min() == sample_targets.max():
             continue
-        auprc = [average_precision_score(sample_targets, scores[rows, j]) for j in range(len(order))]
-        picks.append(order[int(np.argmax(auprc))])   # argmax keeps the first (lowest seed) tie
+        auprc = np.array([average_precision_score(sample_targets, scores[rows, j]) for j in range(len(order))])
+        # select_primary's rule: within tie_auprc of the best is a tie, the lowest seed wins
+        picks.append(order[int(np.flatnonzero(auprc >= auprc.max() - tie_auprc)[0])])
     counts = pd.Series(picks).value_counts()
     others = counts.drop(primary_id, errors="ignore")
     return {"primary": primary_id, "share_same": float(counts.get(primary_id, 0) / len(picks)),
@@ -170,7 +173,8 @@ def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning
         panel_a[checkpoint] = panel_a_against_centre(table, score_threshold)
         signs[checkpoint] = table5_signs(table, score_threshold, replicates=20, seed=seed)
     validation = logits[(logits["role"] == "val") & logits["checkpoint_id"].isin(same_recipe)]
-    selection = selection_stability(validation, primary_id, replicates=selection_replicates, seed=seed)
+    selection = selection_stability(validation, primary_id, replicates=selection_replicates, seed=seed,
+                                    tie_auprc=PRIMARY_TIE_AUPRC)
     return stability_table(gate_stability=gate_stability, selection=selection, panel_a=panel_a,
                            table5=signs, primary_id=primary_id)
 
