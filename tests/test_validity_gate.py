@@ -228,15 +228,18 @@ def test_learning_rule_needs_auprc_095_and_non_constant_maps():
     learning = pd.DataFrame({"checkpoint_id": ["a", "b", "c", "d"], "val_auprc": [0.99, 0.97, 0.90, 0.99],
                              "auprc_ok": [True, True, False, True]})
     rows = []
-    for checkpoint_id, flat_gradcam in (("a", 0), ("b", 6), ("c", 0)):   # d: not audited
+    # a: XGrad-CAM flat on 8 of 40 (a method property, reported, not deciding); b: Grad-CAM flat on 6
+    for checkpoint_id, flat in (("a", {"xgradcam": 8}), ("b", {"gradcam": 6}), ("c", {})):   # d: not audited
         for image in range(40):
             for method in (*CAM_METHODS, "random"):
                 rows.append({"checkpoint_id": checkpoint_id, "sample_id": f"s{image}", "method": method,
-                             "constant_map": method == "gradcam" and image < flat_gradcam})
+                             "constant_map": image < flat.get(method, 0)})
     table = with_map_check(learning, pd.DataFrame(rows)).set_index("checkpoint_id")
-    assert table["nonconstant_share"].round(3).tolist()[:3] == [1.0, 0.85, 1.0]   # b: 34 of 40
+    assert table["map_check_share"].round(3).tolist()[:3] == [1.0, 0.85, 1.0]   # b: 34 of 40
+    assert table["nonconstant_share"].round(3).tolist()[:3] == [0.8, 0.85, 1.0]
+    assert table.loc["a", "flattest_method"] == "xgradcam"
     assert table["learned"].tolist() == [True, False, False, False]
-    assert table.loc["b", "not_learned_because"] == "gradcam maps constant on 15% of 40 images"
+    assert table.loc["b", "not_learned_because"] == "Grad-CAM or Eigen-CAM maps constant on 15% of 40 images"
     assert table.loc["c", "not_learned_because"] == "validation AUPRC 0.900 < 0.95"
     assert table.loc["d", "not_learned_because"] == "not audited"
     assert table.loc["a", "not_learned_because"] == ""

@@ -5,10 +5,16 @@ A checkpoint learned when both hold:
 
 - its validation AUPRC is at least ``MIN_VAL_AUPRC`` (0.95): a converged classifier, not one
   that is merely better than chance;
-- on the audited images, every CAM method gives a non-constant map on at least
-  ``MIN_NONCONSTANT_SHARE`` (95%) of them: a model whose maps are flat has nothing to point
-  with, however well it scores (a barely trained ResNet-34 once scored 0.86 with Grad-CAM
-  constant on 90 of 90 images).
+- on the audited images, its Grad-CAM (the plain gradient-weighted map) and its Eigen-CAM (the
+  activation map) are non-constant on at least ``MIN_NONCONSTANT_SHARE`` (95%) of them
+  (``MAP_CHECK_METHODS``): a model whose maps are flat has nothing to point with, however well
+  it scores (a barely trained ResNet-34 once scored 0.86 with Grad-CAM constant on 90 of 90
+  images). The other methods' constant maps are reported (``nonconstant_share``, the flattest
+  method) but do not decide: XGrad-CAM divides by each channel's spatial sum, which at a layer
+  before BatchNorm can be near zero, and Grad-CAM++ shares part of that, so their all-negative,
+  then constant, maps on a converged model (XGrad-CAM on 12-19% of the default run's images at
+  EfficientNet-B0's `features.8.0`) are a property of the method at that layer, counted as
+  peak failures in Table 4, not a sign that the model did not learn.
 
 The first check is known after training (03 shows it); the second after the audits (05 writes
 ``table_checkpoint_learning`` with both). A checkpoint that fails the first is not audited
@@ -24,8 +30,9 @@ from endoexplain_core.methods import CAM_METHODS
 
 MIN_VAL_AUPRC = 0.95
 MIN_NONCONSTANT_SHARE = 0.95
+MAP_CHECK_METHODS = ("gradcam", "eigencam")
 LEARNING_RULE = (f"a checkpoint learned when its validation AUPRC is at least {MIN_VAL_AUPRC:.2f} "
-                 f"and every CAM method's map is non-constant on at least "
+                 f"and its Grad-CAM and Eigen-CAM maps are non-constant on at least "
                  f"{MIN_NONCONSTANT_SHARE:.0%} of its audited images")
 
 
@@ -57,41 +64,44 @@ def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFra
 
 
 def nonconstant_shares(audit_rows: pd.DataFrame) -> pd.DataFrame:
-    """Per checkpoint: the smallest share, over the CAM methods, of audited images whose map is
-    not constant (``nonconstant_share``), the method that sets it (``flattest_method``) and
-    the number of audited images (``n_audited``). ``audit_rows``: audit case rows
-    (checkpoint_id, sample_id, method, constant_map)."""
+    """Per checkpoint: the share of audited images whose map is not constant for the methods
+    that decide (``map_check_share``: the smaller of Grad-CAM's and Eigen-CAM's), the smallest
+    share over all five CAMs (``nonconstant_share``) and the method that sets it
+    (``flattest_method``), and the number of audited images (``n_audited``). ``audit_rows``:
+    audit case rows (checkpoint_id, sample_id, method, constant_map)."""
     cams = audit_rows[audit_rows["method"].isin(CAM_METHODS)]
     share = (1.0 - cams.groupby(["checkpoint_id", "method"])["constant_map"].mean()).rename("share")
     rows = []
     for checkpoint_id, shares in share.groupby(level="checkpoint_id"):
-        flattest = shares.droplevel("checkpoint_id").idxmin()
-        rows.append({"checkpoint_id": checkpoint_id, "nonconstant_share": float(shares.min()),
-                     "flattest_method": flattest,
+        shares = shares.droplevel("checkpoint_id")
+        rows.append({"checkpoint_id": checkpoint_id,
+                     "map_check_share": float(shares.reindex(list(MAP_CHECK_METHODS)).min()),
+                     "nonconstant_share": float(shares.min()), "flattest_method": shares.idxmin(),
                      "n_audited": int(cams.loc[cams["checkpoint_id"] == checkpoint_id, "sample_id"].nunique())})
-    return pd.DataFrame(rows, columns=["checkpoint_id", "nonconstant_share", "flattest_method", "n_audited"])
+    return pd.DataFrame(rows, columns=["checkpoint_id", "map_check_share", "nonconstant_share",
+                                       "flattest_method", "n_audited"])
 
 
 def with_map_check(learning: pd.DataFrame, audit_rows: pd.DataFrame) -> pd.DataFrame:
-    """``learning_table`` with the map check: ``nonconstant_share``, ``flattest_method``,
-    ``n_audited``, ``maps_ok`` (share >= ``MIN_NONCONSTANT_SHARE``; False when not audited)
-    and ``learned`` = ``auprc_ok`` and ``maps_ok``; ``not_learned_because`` says which check
-    failed ("" when learned)."""
-    table = learning.drop(columns=["nonconstant_share", "flattest_method", "n_audited", "maps_ok",
-                                   "not_learned_because"], errors="ignore")
+    """``learning_table`` with the map check: the ``nonconstant_shares`` columns, ``maps_ok``
+    (``map_check_share`` >= ``MIN_NONCONSTANT_SHARE``; False when not audited) and ``learned``
+    = ``auprc_ok`` and ``maps_ok``; ``not_learned_because`` says which check failed ("" when
+    learned)."""
+    table = learning.drop(columns=["map_check_share", "nonconstant_share", "flattest_method", "n_audited",
+                                   "maps_ok", "not_learned_because"], errors="ignore")
     table = table.merge(nonconstant_shares(audit_rows), on="checkpoint_id", how="left")
-    table["maps_ok"] = (table["nonconstant_share"] >= MIN_NONCONSTANT_SHARE).fillna(False).astype(bool)
+    table["maps_ok"] = (table["map_check_share"] >= MIN_NONCONSTANT_SHARE).fillna(False).astype(bool)
     table["learned"] = table["auprc_ok"].astype(bool) & table["maps_ok"]
     reasons = []
     for row in table.itertuples():
         failed = []
         if not row.auprc_ok:
             failed.append(f"validation AUPRC {row.val_auprc:.3f} < {MIN_VAL_AUPRC:.2f}")
-        if np.isnan(row.nonconstant_share):
+        if np.isnan(row.map_check_share):
             failed.append("not audited")
         elif not row.maps_ok:
-            failed.append(f"{row.flattest_method} maps constant on "
-                          f"{1 - row.nonconstant_share:.0%} of {int(row.n_audited)} images")
+            failed.append(f"Grad-CAM or Eigen-CAM maps constant on "
+                          f"{1 - row.map_check_share:.0%} of {int(row.n_audited)} images")
         reasons.append("; ".join(failed))
     table["not_learned_because"] = reasons
     return table

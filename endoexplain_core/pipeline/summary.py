@@ -71,14 +71,14 @@ def _training_lines(figures_dir: Path) -> list[str]:
     table = pd.DataFrame({
         "checkpoint": learning["checkpoint_id"],
         "validation AUPRC": learning["val_auprc"].map(_number),
-        "non-constant maps": learning["nonconstant_share"].map(_number),
+        "non-constant maps": learning["map_check_share"].map(_number),
         "learned": [("yes" if str(v).lower() == "true" else f"no ({because})")
                     for v, because in zip(learning["learned"], learning["not_learned_because"].fillna(""))]})
     primary = _primary_row(training)
     prevalence = learning["val_prevalence"].iloc[0]
     lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = validation AUPRC >= "
-             f"{_number(learning['min_val_auprc'].iloc[0])} and every CAM non-constant on >= 95% of the "
-             f"audited images; non-constant maps: the flattest CAM's share):", ""] + _table(table)
+             f"{_number(learning['min_val_auprc'].iloc[0])} and Grad-CAM and Eigen-CAM non-constant on "
+             f">= 95% of the audited images; non-constant maps: the smaller of their two shares):", ""] + _table(table)
     lines += ["", f"**Primary** {primary['checkpoint_id']}: test AUPRC "
               f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])}, "
               f"accuracy at 0.5 {_with_ci(primary['test_accuracy_at_0.5'], primary['test_accuracy_at_0.5_ci_low'], primary['test_accuracy_at_0.5_ci_high'])} "
@@ -222,7 +222,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
             learned = matrix["learned"].map(lambda v: str(v).lower() == "true")
             text += (f" The matrix ({architectures}; {matrix['seed'].nunique()} seeds each): "
                      f"{int(learned.sum())} of {len(matrix)} checkpoints learned (validation AUPRC "
-                     f">= 0.95 and non-constant maps).")
+                     f">= 0.95 and non-constant Grad-CAM and Eigen-CAM maps).")
         lines.append(text)
     table4 = _read(figures_dir, "table4_spatial_audit")
     if table4 is not None:
