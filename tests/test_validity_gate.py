@@ -1,7 +1,7 @@
 """The validity gate, map-prior diagnostics, constant-map handling and the learning rule.
 
 Hand-made cases with known answers: a map that reads the planted lesion / cue must pass, an
-untrained-looking model and a fixed corner prior must fail; constant maps never count as a hit
+untrained-looking model and a fixed corner prior must fail; constant maps count as misses
 or a miss; prior-map and identity diagnostics on maps whose overlaps are known by hand.
 """
 
@@ -180,17 +180,20 @@ def test_a_replicate_whose_models_did_not_learn_is_left_out():
     assert validity_gate.usable_replicates(pd.concat([good[1], bad[1]])) == [1]
 
 
-def test_constant_maps_are_neither_hits_nor_misses():
-    # Half the lesion model's maps are constant: the rate is over the other half only.
+def test_constant_maps_count_as_misses_as_in_table4():
+    # Half the lesion model's maps are constant: 20 hits of 40 maps, not 20 of 20.
     models = dict(READER, lesion=lambda i, m: None if i % 2 else (8, 8))
     gate = _gate(_case_rows(models), _facts()).set_index("method")
-    assert gate.loc["gradcam", "lesion_rate"] == 1.0
+    assert gate.loc["gradcam", "lesion_rate"] == 0.5
     assert gate.loc["gradcam", "n_constant_lesion"] == 20
     all_constant = dict(READER, shortcut=lambda i, m: None)
     gate = _gate(_case_rows(all_constant), _facts()).set_index("method")
-    assert np.isnan(gate.loc["gradcam", "cue_rate"]) and gate.loc["gradcam", "verdict"] == "inconclusive"
-    assert "peak-on-cue undefined (all 40 maps constant)" in gate.loc["gradcam", "reason"]
-    assert "nan" not in gate.loc["gradcam", "reason"]
+    assert gate.loc["gradcam", "cue_rate"] == 0.0 and gate.loc["gradcam", "verdict"] == "fails"
+    assert "peak-on-cue 0.000 (0/40" in gate.loc["gradcam", "reason"]
+    # a control whose maps are half constant and half in the lesion: 20 of 40, not 20 of 20
+    flat_control = dict(READER, shuffled=lambda i, m: None if i % 2 else (8, 8))
+    gate = _gate(_case_rows(flat_control), _facts()).set_index("method")
+    assert gate.loc["gradcam", "shuffled_lesion_rate"] == 0.5
 
 
 def test_planted_frames_keep_cue_and_lesion_apart():

@@ -27,8 +27,8 @@ as the audit mask. Per CAM method the gate reports:
   lies inside it (``kernels.grid``), i.e. what the grid allows a perfect coarse map;
 - the same two rates for each control.
 
-Rates are over maps with a defined peak: a constant map has no peak and is counted apart
-(``n_constant_*``), never as a hit or a miss.
+Rates are over all maps of the pool: a constant map has no peak, so it is neither in the lesion
+nor on the cue and counts as a miss, the rule of Table 4 (``n_constant_*`` says how many).
 
 **Replicates.** The whole experiment (frames, the four models, the audited pool) is repeated
 for every seed in ``GateSettings.seeds``; a replicate whose lesion or shortcut model missed its
@@ -381,7 +381,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
 
     Each model's audit table goes to ``<output_dir>/gate_<model>.parquet``. Added columns:
     ``gate_seed``, ``model``, ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
-    ``peak_on_cue`` (float 1/0, NaN without a defined peak), ``cue_area_fraction``, and the
+    ``peak_on_cue`` (float 1/0; 0 for a constant map), ``cue_area_fraction``, and the
     resolution ceilings ``lesion_node_inside`` / ``cue_node_inside`` at the layer's CAM grid.
     """
     output_dir = Path(output_dir)
@@ -428,17 +428,19 @@ def add_cue_columns(rows: pd.DataFrame, cue_masks: dict[str, np.ndarray],
     on_cue = np.array([bool(cue_masks[s][r, c]) for s, r, c in
                        zip(rows["sample_id"], rows["peak_row"], rows["peak_col"])])
     rows["peak_defined"] = defined
-    rows["peak_inside_lesion"] = np.where(defined, (~rows["peak_outside_mask"].astype(bool)).astype(float), np.nan)
-    rows["peak_on_cue"] = np.where(defined, on_cue.astype(float), np.nan)
+    # One denominator rule with Table 4: a constant map has no peak on anything, so it is a miss.
+    rows["peak_inside_lesion"] = np.where(defined, (~rows["peak_outside_mask"].astype(bool)).astype(float), 0.0)
+    rows["peak_on_cue"] = np.where(defined, on_cue.astype(float), 0.0)
     rows["cue_area_fraction"] = rows["sample_id"].map({s: float(m.mean()) for s, m in cue_masks.items()})
     return rows
 
 
 def _count(rows: pd.DataFrame, column: str) -> tuple[int, int, int]:
-    """(hits, n defined, n constant) of a 0/1/NaN column."""
+    """(hits, n maps, n constant maps) of a 0/1 column (a constant map is a 0 there)."""
     values = rows[column]
-    defined = values.notna()
-    return int(values[defined].sum()), int(defined.sum()), int((~defined).sum())
+    counted = values.notna()
+    constant = int((~rows["peak_defined"].astype(bool)).sum()) if "peak_defined" in rows else 0
+    return int(values[counted].sum()), int(counted.sum()), constant
 
 
 def _interval(hits: int, n: int, level: float) -> tuple[float, float, float]:
