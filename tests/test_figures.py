@@ -361,3 +361,13 @@ def test_error_bars_never_raise_when_an_interval_misses_its_estimate_by_rounding
     fig, ax = plt.subplots()
     ax.errorbar([0, 1], [mean, 0.5], yerr=extents)   # matplotlib refuses negative yerr
     plt.close(fig)
+
+
+def test_figure4_without_a_learned_checkpoint_draws_its_panels_without_a_legend():
+    """The smoke run's checkpoints learn nothing (AUPRC < 0.95): Figure 4 gets no rows and must
+    still be drawn (its panels say no eligible image), never stop stage 05."""
+    table = inputs.robustness_table()
+    figure = case_figures.figure4(table.iloc[0:0], n_images=150, not_validated=NOT_VALIDATED,
+                                  left_out=sorted(table["checkpoint_id"].unique()))
+    assert not figure.legends
+    plt.close(figure)

@@ -302,8 +302,9 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
             entries.setdefault(label, handle)
     order = [ARCH_LABELS.get(a, a) for a in archs]
     labels = sorted(entries, key=lambda l: next((i for i, a in enumerate(order) if l.startswith(a)), len(order)))
-    fig.legend([entries[l] for l in labels], labels, loc="outside upper center", ncol=len(labels),
-               frameon=False, fontsize=7)
+    if labels:   # no learned checkpoint: the panels say so, there is nothing to key
+        fig.legend([entries[l] for l in labels], labels, loc="outside upper center", ncol=len(labels),
+                   frameon=False, fontsize=7)
     notes = ["Points: architecture mean over seeds; whiskers: seed minimum to maximum."]
     if has_random:
         notes.append("C, right: each checkpoint's random-deletion control (same area, random pixels), "
