@@ -321,7 +321,7 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
         notes.append("Open markers: identical by construction at the target layer ("
                      + "; ".join(groups) + ").")
     if left_out:
-        notes.append("Left out (did not learn, 03's rule): " + ", ".join(checkpoint_label(c) for c in left_out) + ".")
+        notes.append("Left out (did not learn: validation AUPRC or flat maps, table_checkpoint_learning): " + ", ".join(checkpoint_label(c) for c in left_out) + ".")
     if "temperature_at_bound" in matrix.columns and matrix["temperature_at_bound"].any():
         bound = sorted(matrix.loc[matrix["temperature_at_bound"].astype(bool), "checkpoint_id"].unique())
         notes.append("Temperature at its search bound (own subset set by the bound): "
