@@ -525,8 +525,8 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                "lesion_chance": lesion_chance, "cue_chance": cue_chance,
                "centre_lesion_rate": centre["lesion"], "centre_cue_rate": centre["cue"],
                "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
-               "lesion_ceiling": _ceiling(images, "lesion_node_inside"),
-               "cue_ceiling": _ceiling(images, "cue_node_inside")}
+               "lesion_ceiling": _ceiling(per_model["lesion"], "lesion_node_inside"),
+               "cue_ceiling": _ceiling(per_model["lesion"], "cue_node_inside")}
         failing, open_reasons = [], []
         checks = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
                   ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
@@ -598,12 +598,11 @@ def _centre_rates(rows: pd.DataFrame) -> dict[str, float]:
     return rates
 
 
-def _ceiling(images, column: str) -> float:
-    """Mean of a per-frame resolution-ceiling column over the frames (NaN without it)."""
-    frame = images.obj
-    if column not in frame.columns:
+def _ceiling(rows: pd.DataFrame, column: str) -> float:
+    """Mean of a per-frame resolution-ceiling column over the frames of ``rows`` (NaN without it)."""
+    if column not in rows.columns:
         return float("nan")
-    return float(images[column].first().mean())
+    return float(rows.groupby(["gate_seed", "sample_id"])[column].first().mean())
 
 
 def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str]:
