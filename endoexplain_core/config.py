@@ -149,9 +149,11 @@ class StageSettings(Section):
 class RolesSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
     frame_size: int = Field(128, ge=32, description="synthetic frames are frame_size x frame_size px")
-    synthetic_layout: Literal["embedded", "mirror"] = Field(
+    synthetic_layout: Literal["embedded", "mirror", "downloaded"] = Field(
         "embedded", description="embedded: small square frames; mirror: the real datasets' "
-                                "frame sizes, overlays, formats and stray files")
+                                "frame sizes, overlays, formats and stray files; downloaded: "
+                                "the mirror as unpacked downloads sit (nested folders, PraNet's "
+                                "ETIS layout, known quirks)")
     category_counts: dict[str, int] = Field(default_factory=dict,
                                             description="synthetic labelled images per category")
     n_segmented: int = Field(20, ge=1, description="synthetic polyps with a mask")

@@ -84,11 +84,69 @@ def test_etis_groundtruth_variant_and_ambiguous_folders(tmp_path):
         cohorts.read_etis(tmp_path)
 
 
-def test_missing_mask_names_the_image(tmp_path):
+def test_missing_masks_name_the_image(tmp_path):
     make_etis(tmp_path)
-    (tmp_path / "ETIS-LaribPolypDB" / "Ground Truth" / "p2.tif").unlink()
-    with pytest.raises(cohorts.CohortError, match=r"2\.tif: no mask 'p2\.\*'"):
+    for name in ("p2.tif", "p10.tif"):
+        (tmp_path / "ETIS-LaribPolypDB" / "Ground Truth" / name).unlink()
+    # 2 of 4 frames without a mask: more than one and more than MAX_UNPAIRED_SHARE
+    with pytest.raises(cohorts.CohortError, match=r"2\.tif: no mask \(2 of 4 frames"):
         cohorts.read_etis(tmp_path)
+
+
+def test_one_frame_without_a_mask_in_a_large_cohort_is_excluded_and_counted(tmp_path):
+    """The real PolypDB ships one frame without a mask: excluded with its path, as empty masks."""
+    folder = tmp_path / "PolypDB" / "PolypDB_center_wise" / "Simula" / "LCI"
+    for index in range(25):
+        write_frame(folder / "images" / f"{index}.jpg", 200 + index)
+        if index != 7:
+            write_mask(folder / "masks" / f"{index}.png", (1, 5, 1, 5))
+    problems = []
+    cases, report = cohorts.read_polypdb(tmp_path, problems)
+    assert problems == [] and len(cases) == 24 and report.rows_read == 25
+    assert report.exclusions == [("PolypDB/PolypDB_center_wise/Simula/LCI/images/7.jpg", cohorts.NO_MASK)]
+    assert report.summary()["cases"] == 24 and f"{cohorts.NO_MASK}: 1" in report.summary()["exclusion_reasons"]
+    assert len(cohorts.read_polypdb(tmp_path)[0]) == 24                     # the run reads the same
+    (folder / "masks" / "3.png").unlink()                                  # 2 of 25: more than 5%
+    problems = []
+    cases, report = cohorts.read_polypdb(tmp_path, problems)
+    assert sorted(Path(path).name for path, kind, _ in problems if kind == cohorts.UNPAIRED) == [
+        "3.jpg", "7.jpg"]
+    assert report.excluded_count(cohorts.NO_MASK) == 0 and len(cases) == 23
+
+
+def test_etis_in_pranets_images_and_masks_layout(tmp_path):
+    root = tmp_path / "ETIS-LaribPolypDB"
+    for n in (1, 2, 10):
+        write_frame(root / "images" / f"{n}.png", 60 + n)
+        write_mask(root / "masks" / f"{n}.png", (1, 6, 1, 6))
+    cases, report = cohorts.read_etis(tmp_path)
+    assert list(cases["sample_id"]) == ["1", "2", "10"] and set(cases["lesion_pixels"]) == {25}
+    assert cases.iloc[0]["mask_paths"] == ("ETIS-LaribPolypDB/masks/1.png",)
+    assert "PraNet" in report.summary()["notes"]
+    make_etis(tmp_path)                                   # both layouts: one would be read twice
+    with pytest.raises(cohorts.CohortError, match="two layouts at once"):
+        cohorts.read_etis(tmp_path)
+
+
+def test_polypgen_published_top_folder_trailing_underscore_and_spaces(tmp_path):
+    """As the v3 zip extracts: PolypGen/PolypGen2021_MultiCenterData_v3/data_C<k>; the published
+    frame 'C3_EndoCV2021_00489_.jpg' has its mask at 'C3_EndoCV2021_00489_mask.jpg'."""
+    centre = tmp_path / "PolypGen" / "PolypGen2021_MultiCenterData_v3" / "data_C3"
+    for stem, seed in (("C3_EndoCV2021_00488", 71), ("C3_EndoCV2021_00489_", 72), ("C3 frame 5", 73)):
+        write_frame(centre / "images_C3" / f"{stem}.jpg", seed)
+    write_mask(centre / "masks_C3" / "C3_EndoCV2021_00488_mask.jpg", (2, 8, 2, 8))
+    write_mask(centre / "masks_C3" / "C3_EndoCV2021_00489_mask.jpg", (2, 8, 2, 8))
+    write_mask(centre / "masks_C3" / "C3 frame 5_mask.jpg", (2, 8, 2, 8))
+    cases, report = cohorts.read_polypgen(tmp_path)
+    assert list(cases["sample_id"]) == ["C3/C3 frame 5", "C3/C3_EndoCV2021_00488",
+                                        "C3/C3_EndoCV2021_00489_"]
+    assert cases.set_index("sample_id").loc["C3/C3_EndoCV2021_00489_", "mask_paths"] == (
+        "PolypGen/PolypGen2021_MultiCenterData_v3/data_C3/masks_C3/C3_EndoCV2021_00489_mask.jpg",)
+    assert "PolypGen2021_MultiCenterData_v3" in report.summary()["notes"]
+    assert cohorts.polypgen_mask_stems("a_") == ("a__mask", "a_mask")
+    (tmp_path / "PolypGen" / "copy" / "data_C1").mkdir(parents=True)
+    with pytest.raises(cohorts.CohortError, match="several sub-folders"):
+        cohorts.read_polypgen(tmp_path)
 
 
 def test_mask_of_another_size_names_both_files(tmp_path):
@@ -103,13 +161,15 @@ def test_with_a_problems_list_every_bad_frame_is_recorded_and_the_rest_are_read(
     make_etis(tmp_path)
     masks = tmp_path / "ETIS-LaribPolypDB" / "Ground Truth"
     (masks / "p2.tif").unlink()                                            # unpaired
+    write_frame(tmp_path / "ETIS-LaribPolypDB" / "ETIS-LaribPolypDB" / "12.tif", 14)  # unpaired
     write_mask(masks / "p10.tif", (0, 4, 0, 4), size=(HEIGHT + 2, WIDTH))  # wrong size
     (tmp_path / "ETIS-LaribPolypDB" / "ETIS-LaribPolypDB" / "11.tif").write_bytes(b"broken")
     write_mask(masks / "p11.tif", (0, 4, 0, 4))                            # its frame is unreadable
     problems = []
     cases, report = cohorts.read_etis(tmp_path, problems)
     kinds = {Path(path).name: kind for path, kind, _ in problems}
-    assert kinds == {"2.tif": cohorts.UNPAIRED, "10.tif": cohorts.WRONG_SIZE, "11.tif": cohorts.UNREADABLE}
+    assert kinds == {"2.tif": cohorts.UNPAIRED, "12.tif": cohorts.UNPAIRED,
+                     "10.tif": cohorts.WRONG_SIZE, "11.tif": cohorts.UNREADABLE}
     assert list(cases["sample_id"]) == ["1"] and report.rows_read == 2     # frames 1 and 3, collapsed
     with pytest.raises(cohorts.CohortError):                               # without a list: the first one
         cohorts.read_etis(tmp_path)
@@ -122,7 +182,7 @@ def test_unknown_layout_and_missing_cohort(tmp_path):
     with pytest.raises(cohorts.CohortError, match=r"unknown layout.*data_C1.*\[images\]"):
         cohorts.read_polypgen(tmp_path)
     (tmp_path / "ETIS-LaribPolypDB" / "Ground Truth").mkdir(parents=True)
-    with pytest.raises(cohorts.CohortError, match="frame folder 'ETIS-LaribPolypDB'"):
+    with pytest.raises(cohorts.CohortError, match="frame folder 'ETIS-LaribPolypDB'.*PraNet"):
         cohorts.read_etis(tmp_path)
     with pytest.raises(cohorts.CohortError, match="unknown cohort"):
         cohorts.read_cohort("hyperkvasir", tmp_path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
-from endoexplain_core.models import networks
+from endoexplain_core.models import networks, training
 
 
 @pytest.mark.parametrize("arch", networks.ARCHITECTURES)
@@ -55,6 +57,24 @@ def test_find_local_weights_looks_only_in_the_hub_cache(tmp_path, monkeypatch):
     cached = tmp_path / "checkpoints" / "resnet34-b627a593.pth"
     cached.write_bytes(b"")
     assert networks.find_local_imagenet_weights("resnet34") == cached
+
+
+def test_weights_files_are_checked_against_the_hash_in_their_torchvision_name(tmp_path):
+    payload = b"not really weights"
+    digest = hashlib.sha256(payload).hexdigest()
+    honest = tmp_path / f"resnet34-{digest[:8]}.pth"
+    honest.write_bytes(payload)
+    assert networks.verify_weights_file(honest) == (digest, digest[:8])
+    foreign = tmp_path / "resnet34-b627a593.pth"           # torchvision's name, other bytes
+    foreign.write_bytes(payload)
+    with pytest.raises(networks.WeightsHashMismatch, match=r"resnet34-b627a593.pth: SHA-256 .* does not start with b627a593"):
+        networks.verify_weights_file(foreign)
+    with pytest.raises(networks.WeightsHashMismatch):      # the run's own lookup refuses it too
+        training.imagenet_weights_path("resnet34", {"resnet34": str(foreign)})
+    own = tmp_path / "my_resnet34.pth"                     # no hash in the name: not checkable
+    own.write_bytes(payload)
+    assert networks.verify_weights_file(own) == (digest, None)
+    assert networks.imagenet_weights_url("resnet34") == "https://download.pytorch.org/models/resnet34-b627a593.pth"
 
 
 def test_identical_methods_table():

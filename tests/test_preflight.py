@@ -91,3 +91,29 @@ def test_disk_estimate_counts_every_trained_model_exactly():
     assert disk["01_training"][0] == pytest.approx(models + preflight.RECORD_BYTES_PER_STAGE)
     browser = 30 * preflight.BROWSER_BYTES_PER_IMAGE * (256 / 128) ** 2
     assert disk["09_figures"][0] == pytest.approx(browser + preflight.RECORD_BYTES_PER_STAGE)
+
+
+def test_weight_files_are_verified_against_their_torchvision_hash(tmp_path, monkeypatch):
+    """A foreign file under torchvision's name is a problem; a file that matches the hash in its
+    name, or a file of one's own (no hash in the name), is ready with its SHA-256 printed."""
+    import hashlib
+
+    import torch
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "resnet34-b627a593.pth").write_bytes(b"truncated download")
+    payload = b"weights of my own"
+    own = tmp_path / "efficientnet_b0_mine.pth"
+    own.write_bytes(payload)
+    named = tmp_path / f"resnet18-{hashlib.sha256(payload).hexdigest()[:8]}.pth"
+    named.write_bytes(payload)
+    auto = {f.item: f for f in preflight.weight_findings(["resnet34", "mobilenet_v3_large"], "auto")}
+    assert auto["resnet34"].status == preflight.PROBLEM and "does not start with b627a593" in auto["resnet34"].detail
+    assert auto["mobilenet_v3_large"].status == preflight.MISSING
+    assert "https://download.pytorch.org/models/mobilenet_v3_large-5c1a4163.pth" in auto["mobilenet_v3_large"].detail
+    given = {f.item: f for f in preflight.weight_findings(
+        ["efficientnet_b0", "resnet18"], {"efficientnet_b0": str(own), "resnet18": str(named)})}
+    assert given["efficientnet_b0"].status == preflight.READY and "not checked" in given["efficientnet_b0"].detail
+    assert given["resnet18"].status == preflight.READY and "matches the" in given["resnet18"].detail
+    assert hashlib.sha256(payload).hexdigest()[:16] in given["resnet18"].detail

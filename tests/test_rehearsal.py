@@ -1,10 +1,11 @@
 """Dress rehearsal of the paper profile: ``./run_all.sh --profile paper`` itself, shrunk only by
 the ``--set`` overrides of ``configs/paper_rehearsal.sets`` (counts, epochs, steps, input size), on
 the synthetic generator's mirror of the real datasets (real frame sizes, JPEG/TIFF, overlays,
-3-channel masks, stray files, sequenceData, PolypDB's two trees), with random-weight files at
-the torchvision cache paths the profile expects (nothing downloaded), through every stage.
-The preflight runs on the same mirror (ready) and on a broken copy (exit 2, every problem
-listed at once)."""
+3-channel masks, stray files, sequenceData, PolypDB's two trees) and on its ``downloaded``
+layout (the same trees as unpacked downloads sit: nested folders, PraNet's ETIS, PolypGen's
+quirks, a frame without a mask), with random-weight files given as paths (nothing downloaded),
+through every stage. The preflight runs on both (ready) and on a broken copy (exit 2, every
+problem listed at once)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
-import torchvision
 
 from endoexplain_core import config
 from endoexplain_core.data import synthetic
@@ -42,36 +41,53 @@ MIRROR_COUNTS = dict(
                      "dyed-resection-margins": 14})
 
 
-@pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
-    """(data root, TORCH_HOME): the mirror and a torch hub cache holding random ImageNet-shaped
-    weights under torchvision's file names."""
-    base = tmp_path_factory.mktemp("rehearsal")
+def random_weights(base: Path) -> Path:
+    """A folder of random ImageNet-shaped weights, ``random_<arch>.pth`` (not torchvision's file
+    names: the preflight and the run check a file under torchvision's name against its hash)."""
+    folder = base / "weights"
+    code = ("import torch, torchvision, sys\n"
+            "from pathlib import Path\n"
+            "for arch in sys.argv[2:]:\n"
+            "    torch.manual_seed(0)\n"
+            "    torch.save(getattr(torchvision.models, arch)(weights=None).state_dict(),\n"
+            "               Path(sys.argv[1]) / f'random_{arch}.pth')\n")
+    folder.mkdir()
+    subprocess.run([sys.executable, "-c", code, str(folder), *ARCHITECTURES], check=True)
+    return folder
+
+
+def generated(base: Path, layout: str) -> tuple[Path, Path]:
+    """(data root, weights folder): the generator's tree in ``layout`` and random weights."""
     data_root = base / "data"
     synthetic.generate_cohort(data_root, seed=20260721,
-                              design=config.RolesSettings(synthetic_layout="mirror", **MIRROR_COUNTS))
-    torch_home = base / "torch"
-    environment = {**os.environ, "TORCH_HOME": str(torch_home)}
-    code = ("import torch, torchvision, sys\n"
-            "from endoexplain_core.models import networks\n"
-            "for arch in sys.argv[1:]:\n"
-            "    torch.manual_seed(0)\n"
-            "    path = networks.imagenet_weights_cache_path(arch)\n"
-            "    path.parent.mkdir(parents=True, exist_ok=True)\n"
-            "    torch.save(getattr(torchvision.models, arch)(weights=None).state_dict(), path)\n")
-    subprocess.run([sys.executable, "-c", code, *ARCHITECTURES], env=environment, check=True)
-    return data_root, torch_home
+                              design=config.RolesSettings(synthetic_layout=layout, **MIRROR_COUNTS))
+    return data_root, random_weights(base)
 
 
-def run_all(data_root: Path, torch_home: Path, output_root: Path, *extra: str) -> subprocess.CompletedProcess:
-    """``run_all.sh --profile paper`` on ``data_root`` with the rehearsal's ``--set``s, its own
-    reference manifest folder (adopted on first use) and ``TORCH_HOME``."""
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """(data root, weights folder): the mirror and random ImageNet-shaped weights."""
+    return generated(tmp_path_factory.mktemp("rehearsal"), "mirror")
+
+
+@pytest.fixture(scope="module")
+def downloaded(tmp_path_factory):
+    """(data root, weights folder): the mirror as the unpacked downloads sit (nested folders,
+    PraNet's ETIS layout, PolypGen's quirks, one PolypDB frame without a mask)."""
+    return generated(tmp_path_factory.mktemp("downloaded"), "downloaded")
+
+
+def run_all(data_root: Path, weights: Path, output_root: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``run_all.sh --profile paper`` on ``data_root`` with the rehearsal's ``--set``s, the
+    weights of ``weights`` given as paths, its own reference manifest folder (adopted on first
+    use) and an empty ``TORCH_HOME`` (nothing from this machine's cache)."""
+    given = ", ".join(f"{arch}: {weights / f'random_{arch}.pth'}" for arch in ARCHITECTURES)
     command = ["bash", str(REPO / "run_all.sh"), "--profile", "paper", "--data-root", str(data_root),
                "--output-root", str(output_root),
                "--manifest-reference", str(output_root / "manifest_reference"),
-               "--set-file", str(SET_FILE), *extra]
+               "--set-file", str(SET_FILE), "--set", f"01_training.imagenet_weights={{{given}}}", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=2400,
-                          env={**os.environ, "TORCH_HOME": str(torch_home)})
+                          env={**os.environ, "TORCH_HOME": str(output_root / "empty_torch_home")})
 
 
 def test_the_mirror_looks_like_the_real_downloads(mirror):
@@ -91,19 +107,33 @@ def test_the_mirror_looks_like_the_real_downloads(mirror):
 
 
 def test_preflight_on_the_mirror_is_ready_and_reports_sizes_weights_and_estimate(mirror, tmp_path):
-    data_root, torch_home = mirror
-    result = run_all(data_root, torch_home, tmp_path, "--check")
+    data_root, weights = mirror
+    result = run_all(data_root, weights, tmp_path, "--check")
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     for seen in ("HyperKvasir: ", "the paper's manifest: 7,210", "ETIS-LaribPolypDB: ", "1225x966", ".tif",
                  "PolypGen: ", "PolypDB: ", "weights efficientnet_b0: ", "weights convnext_tiny: ",
-                 "estimate 01_training: ", "disk ", "preflight: READY"):
+                 "random_convnext_tiny.pth (SHA-256 ", "estimate 01_training: ", "disk ", "preflight: READY"):
         assert seen in out, seen
     assert not (tmp_path / "runs").exists()
 
 
+def test_preflight_on_the_downloaded_layout_is_ready_and_says_what_it_found(downloaded, tmp_path):
+    data_root, weights = downloaded
+    result = run_all(data_root, weights, tmp_path, "--check")
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    segmented = MIRROR_COUNTS["n_segmented"]
+    for seen in (f"{segmented} segmented with masks (twins by SHA-256 0, by average hash {segmented})",
+                 "read from nested folders: hyper-kvasir/hyper-kvasir-labeled-images/labeled-images",
+                 "PolypDB: ", "no mask file (excluded from localisation): 1 (e.g. PolypDB/",
+                 "preflight: READY"):
+        assert seen in out, seen
+    print(out)        # the counts the preflight printed (pytest -s shows them)
+
+
 def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_path):
-    data_root, torch_home = mirror
+    data_root, weights = mirror
     broken = tmp_path / "broken"
     shutil.copytree(data_root, broken)
     shutil.rmtree(broken / "PolypDB")                                        # a missing dataset
@@ -114,10 +144,10 @@ def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_pa
     shutil.copy(next((centre / "masks_C2").glob("*.jpg")), centre / "masks_C2" / "C2_9999_mask.jpg")
     from PIL import Image
     Image.new("L", (40, 30)).save(centre / "masks_C2" / "C2_0002_mask.jpg")  # a mask of another size
-    weights = tmp_path / "torch"
-    shutil.copytree(torch_home, weights)
-    next((weights / "hub" / "checkpoints").glob("resnet34-*.pth")).unlink()  # a missing weight file
-    result = run_all(broken, weights, tmp_path / "out", "--check")
+    partial_weights = tmp_path / "weights"
+    shutil.copytree(weights, partial_weights)
+    (partial_weights / "random_resnet34.pth").unlink()                       # a missing weight file
+    result = run_all(broken, partial_weights, tmp_path / "out", "--check")
     out = result.stdout
     assert result.returncode == 2, out[-3000:] + result.stderr[-3000:]
     problems = [line for line in out.splitlines() if line.startswith(("[missing]", "[problem]"))]
@@ -126,13 +156,14 @@ def test_preflight_lists_every_problem_of_a_broken_mirror_at_once(mirror, tmp_pa
     assert any("PolypGen" in line and "unreadable file: 1 file(s)" in line and "C2_9999.jpg" in line
                for line in problems), out
     assert any("PolypGen" in line and "mask of another size: 1 file(s)" in line for line in problems), out
-    assert any("resnet34" in line and "resnet34-" in line for line in problems), out
+    assert any("resnet34" in line and "random_resnet34.pth" in line for line in problems), out
     assert "NOT READY" in out
 
 
-def test_the_shrunk_paper_profile_runs_every_stage_on_the_mirror(mirror, tmp_path):
-    data_root, torch_home = mirror
-    result = run_all(data_root, torch_home, tmp_path, "--adopt-manifest")
+@pytest.mark.parametrize("layout", ["mirror", "downloaded"])
+def test_the_shrunk_paper_profile_runs_every_stage(layout, request, tmp_path):
+    data_root, weights = request.getfixturevalue(layout)
+    result = run_all(data_root, weights, tmp_path, "--adopt-manifest")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     run_dir, figures_dir = tmp_path / "runs" / "paper", tmp_path / "figures" / "paper"
     provenance = json.loads((run_dir / "provenance.json").read_text())
@@ -163,13 +194,13 @@ def synthetic_labelled_count(data_root: Path) -> int:
 
 def test_the_paper_profile_on_generated_data_needs_its_own_reference_manifest(mirror, tmp_path):
     """data_manifest/paper is the real datasets' reference: a rehearsal may not adopt into it."""
-    data_root, torch_home = mirror
+    data_root, weights = mirror
     committed = REPO / "data_manifest" / "paper"
     before = {p.name: p.read_bytes() for p in committed.iterdir() if p.is_file()}
     command = ["bash", str(REPO / "run_all.sh"), "--profile", "paper", "--data-root", str(data_root),
                "--output-root", str(tmp_path), "--adopt-manifest"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TORCH_HOME": str(torch_home)})
+                            env={**os.environ, "TORCH_HOME": str(weights)})
     assert result.returncode == 2 and "--manifest-reference" in result.stderr, result.stderr[-2000:]
     assert {p.name: p.read_bytes() for p in committed.iterdir() if p.is_file()} == before
 

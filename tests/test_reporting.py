@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from endoexplain_core.analysis import calibration, paper_comparison, stats
-from endoexplain_core.models import training
+from endoexplain_core.models import networks, training
 
 SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
 
@@ -35,8 +35,9 @@ def test_paper_profile_without_local_weights_fails_naming_the_expected_file(tmp_
         training.imagenet_weights_path("convnext_tiny", {"resnet34": "none"})
     (tmp_path / "checkpoints").mkdir()
     cached = tmp_path / "checkpoints" / "resnet34-b627a593.pth"
-    cached.write_bytes(b"")
-    assert training.imagenet_weights_path("resnet34", "auto") == cached
+    cached.write_bytes(b"")                           # an empty (interrupted) download
+    with pytest.raises(networks.WeightsHashMismatch, match="does not start with b627a593"):
+        training.imagenet_weights_path("resnet34", "auto")
 
 
 def _scores(temperature):

@@ -104,6 +104,14 @@ def hash_audit_summary(cohort_cases: dict[str, pd.DataFrame], overlaps: pd.DataF
     return pd.DataFrame(rows)
 
 
+def exclusion_table(reports: dict[str, CohortReport]) -> pd.DataFrame:
+    """Every file an external cohort left out, one row each: dataset, path (relative to the data
+    root), reason (an empty mask, a missing mask file, an overlap with the manifest)."""
+    rows = [{"dataset": name, "path": path, "reason": reason}
+            for name, report in reports.items() for path, reason in report.exclusions]
+    return pd.DataFrame(rows, columns=["dataset", "path", "reason"])
+
+
 def exclude_manifest_overlap(cases: pd.DataFrame, overlaps: pd.DataFrame,
                              report: CohortReport) -> pd.DataFrame:
     """Drop the cases of ``report.dataset`` that overlap the HyperKvasir manifest by hash and

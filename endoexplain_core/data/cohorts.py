@@ -23,9 +23,14 @@ unknown layout still raises.
 
 Layouts (docs/architecture.md, docs/protocol.md), relative to the data root:
 ``ETIS-LaribPolypDB/ETIS-LaribPolypDB/<n>.tif`` + ``ETIS-LaribPolypDB/Ground Truth/p<n>.tif``
-(or ``GroundTruth``); ``PolypGen/data_C<k>/{images_C<k>,masks_C<k>}`` with ``<stem>_mask.jpg``;
+(or ``GroundTruth``), or PraNet's ``ETIS-LaribPolypDB/{images,masks}/<n>.png``;
+``PolypGen/data_C<k>/{images_C<k>,masks_C<k>}`` with ``<stem>_mask.jpg`` (``<stem>mask.jpg``
+when the stem ends in ``_``), directly or inside the published top folder
+(``PolypGen/PolypGen2021_MultiCenterData_v3/data_C<k>``);
 ``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}``; ``Kvasir-SEG/{images,masks}``;
-``CVC-ClinicDB/{Original,Ground Truth}``.
+``CVC-ClinicDB/{Original,Ground Truth}``. A frame without a mask is excluded and counted
+(``NO_MASK``) unless more than one and more than ``MAX_UNPAIRED_SHARE`` of the cohort's frames
+lack one.
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ import pandas as pd
 from endoexplain_core.data import imageio, roles
 
 EMPTY_MASK = "mask has no positive pixel (excluded from localisation)"
+NO_MASK = "no mask file (excluded from localisation)"
+# Real downloads miss the odd mask (PolypDB ships one LCI frame without one): such a frame is
+# excluded and counted. More than one, and more than this share of a cohort's frames, is more
+# likely an incomplete download than a quirk: every unpaired frame is then a problem that
+# blocks the run.
+MAX_UNPAIRED_SHARE = 0.05
 CASE_COLUMNS = ("dataset", "sample_id", "image_path", "mask_paths", "frame_paths", "centre",
                 "modality", "sha256", "ahash", "height", "width", "lesion_pixels")
 
@@ -133,16 +144,19 @@ def _mask_index(mask_dir: Path) -> dict[str, Path]:
 UNPAIRED, UNREADABLE, WRONG_SIZE = imageio.UNPAIRED, imageio.UNREADABLE, imageio.WRONG_SIZE
 
 
-def _match_mask(index: dict[str, Path], mask_dir: Path, stems: tuple[str, ...],
-                image: Path, problems: list | None = None) -> Path | None:
-    """The mask of ``image``: the first of the candidate ``stems`` present in ``index``; None
-    (recorded in ``problems``) when there is none."""
+def _match_mask(index: dict[str, Path], stems: tuple[str, ...]) -> Path | None:
+    """The mask among the candidate ``stems`` (first present in ``index``); None when there is
+    none (``build_cases`` excludes the frame, or refuses the cohort: ``MAX_UNPAIRED_SHARE``)."""
     for stem in stems:
         if stem in index:
             return index[stem]
-    expected = " or ".join(f"'{s}.*'" for s in stems)
-    imageio.note_problem(problems, image, CohortError(f"{image}: no mask {expected} in {mask_dir}"))
     return None
+
+
+def polypgen_mask_stems(stem: str) -> tuple[str, ...]:
+    """Mask stems of a PolypGen frame: ``<stem>_mask``; a stem that already ends in ``_``
+    (``C3_EndoCV2021_00489_``, as published) has its mask at ``<stem>mask``."""
+    return (f"{stem}_mask", f"{stem}mask") if stem.endswith("_") else (f"{stem}_mask",)
 
 
 def _one_folder(root: Path, names: tuple[str, ...], what: str) -> Path:
@@ -188,14 +202,27 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
                 report: CohortReport, problems: list | None = None) -> pd.DataFrame:
     """Hash and check every frame, collapse byte-identical frames, drop empty masks.
 
+    A frame without a mask (``mask`` None) is excluded (``NO_MASK``), or, when more than one
+    and more than ``MAX_UNPAIRED_SHARE`` of the frames lack one, a problem (raised without
+    ``problems``).
     Frames with identical SHA-256 become one case named after the first frame (in the given
     order) whose mask is the union of their masks. A case whose (union) mask has no positive
     pixel is excluded and recorded in ``report``. Mask and image must have the same size.
     """
     data_root = Path(data_root)
+    unpaired = [frame for frame in frames if frame.mask is None]
+    refuse_unpaired = len(unpaired) > max(1.0, MAX_UNPAIRED_SHARE * len(frames))
+    for frame in unpaired:
+        if refuse_unpaired:
+            imageio.note_problem(problems, frame.image, CohortError(
+                f"{frame.image}: no mask ({len(unpaired)} of {len(frames)} frames of "
+                f"{report.root} have none, more than one and more than {MAX_UNPAIRED_SHARE:.0%}: "
+                "is the mask folder complete?)"), UNPAIRED)
+        else:
+            report.exclusions.append((_relative(frame.image, data_root), NO_MASK))
     groups: dict[str, list[tuple[Frame, str, tuple[int, int], int]]] = {}
     for frame in frames:
-        if frame.mask is None:       # unpaired, already in ``problems``
+        if frame.mask is None:
             continue
         try:
             sha256, ahash, shape = content_hashes(frame.image)
@@ -205,7 +232,9 @@ def build_cases(dataset: str, data_root: Path, frames: list[Frame],
             imageio.note_problem(problems, frame.image, error)
             continue
         groups.setdefault(sha256, []).append((frame, ahash, shape, int(mask.sum())))
-    report.rows_read = sum(len(members) for members in groups.values())  # frames read (problems left out)
+    # Frames read (problems left out); a frame excluded for its missing mask counts as read.
+    report.rows_read = (sum(len(members) for members in groups.values())
+                        + (0 if refuse_unpaired else len(unpaired)))
 
     rows = []
     for sha256, members in groups.items():
@@ -267,42 +296,70 @@ def iter_cases(cases: pd.DataFrame, data_root: Path, *, decode_size: int | None
 # --------------------------------------------------------------------------- adapters
 
 def read_etis(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
-    """ETIS-LaribPolypDB: ``<n>.tif`` frames, ``Ground Truth/p<n>.tif`` masks.
+    """ETIS-LaribPolypDB as published (``ETIS-LaribPolypDB/<n>.tif`` frames, ``Ground
+    Truth/p<n>.tif`` masks) or as PraNet's test set ships it (``images/<n>.png``,
+    ``masks/<n>.png``); a folder holding both layouts is refused (one would be read twice).
 
     Byte-identical frames (the dataset holds a few) are collapsed into one case whose mask is
     the union of their masks. ``sample_id`` is the frame number.
     """
     root = _cohort_root(data_root, "etis")
-    image_dir = root / "ETIS-LaribPolypDB"
-    if not image_dir.is_dir():
-        raise CohortError(f"{root}: unknown layout: expected the frame folder "
-                          f"'ETIS-LaribPolypDB' inside it; found {_listing(root)}")
-    mask_dir = _one_folder(root, GROUND_TRUTH_NAMES, "mask")
+    original, pranet = root / "ETIS-LaribPolypDB", root / "images"
+    if original.is_dir() and pranet.is_dir():
+        raise CohortError(f"{root}: two layouts at once (the published 'ETIS-LaribPolypDB' frame "
+                          "folder and PraNet's 'images'); keep one")
+    if pranet.is_dir():
+        image_dir, mask_dir = pranet, _one_folder(root, ("masks",), "mask")
+        layout = "PraNet's images/ + masks/ layout"
+    elif original.is_dir():
+        image_dir, mask_dir = original, _one_folder(root, GROUND_TRUTH_NAMES, "mask")
+        layout = f"the published layout, masks from '{mask_dir.name}'"
+    else:
+        raise CohortError(f"{root}: unknown layout: expected the frame folder 'ETIS-LaribPolypDB' "
+                          f"(published) or 'images' + 'masks' (PraNet); found {_listing(root)}")
     masks = _mask_index(mask_dir)
-    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (f"p{image.stem}", image.stem),
-                                                   image, problems))
+    frames = [Frame(image.stem, image, _match_mask(masks, (f"p{image.stem}", image.stem)))
               for image in _images_in(image_dir)]
     if not frames:
         raise CohortError(f"{image_dir}: no image files")
     report = CohortReport("etis", root)
-    report.notes.append(f"masks read from '{mask_dir.name}'.")
+    report.notes.append(f"read as {layout}.")
     return build_cases("etis", data_root, frames, report, problems), report
 
 
+def _polypgen_centres(root: Path) -> tuple[Path, list[Path]]:
+    """The folder holding PolypGen's ``data_C<k>`` folders (``root`` itself, or the one
+    sub-folder that holds them, as the published zip extracts:
+    ``PolypGen2021_MultiCenterData_v3``) and those folders in natural order."""
+    def centres_in(folder: Path) -> list[Path]:
+        return sorted((p for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"data_C\d+", p.name)),
+                      key=lambda p: _natural_key(p.name))
+
+    if centres_in(root):
+        return root, centres_in(root)
+    nested = [p for p in sorted(root.iterdir()) if p.is_dir() and centres_in(p)]
+    if len(nested) > 1:
+        raise CohortError(f"{root}: data_C<k> folders in several sub-folders "
+                          f"({', '.join(p.name for p in nested)}); keep one")
+    if not nested:
+        raise CohortError(f"{root}: unknown layout: expected data_C1..data_C6 folders, directly "
+                          f"or in one sub-folder (PolypGen2021_MultiCenterData_v3); found {_listing(root)}")
+    return nested[0], centres_in(nested[0])
+
+
 def read_polypgen(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
-    """PolypGen single frames: ``data_C<k>/images_C<k>/<stem>.jpg`` + ``masks_C<k>/<stem>_mask.jpg``.
+    """PolypGen single frames: ``data_C<k>/images_C<k>/<stem>.jpg`` + ``masks_C<k>/<stem>_mask.jpg``
+    (``polypgen_mask_stems``), directly under ``PolypGen`` or in its published top folder.
 
     The centre label ``C<k>`` is kept; ``sample_id`` is ``C<k>/<stem>``. Empty-mask frames are
     excluded from localisation and counted; ``sequenceData`` (videos) is not indexed.
     """
     root = _cohort_root(data_root, "polypgen")
-    centre_dirs = sorted((p for p in root.iterdir() if p.is_dir() and re.fullmatch(r"data_C\d+", p.name)),
-                         key=lambda p: _natural_key(p.name))
-    if not centre_dirs:
-        raise CohortError(f"{root}: unknown layout: expected data_C1..data_C6 folders; "
-                          f"found {_listing(root)}")
+    top, centre_dirs = _polypgen_centres(root)
     report = CohortReport("polypgen", root)
-    if (root / "sequenceData").exists():
+    if top != root:
+        report.notes.append(f"read from the published top folder '{top.name}'.")
+    if (top / "sequenceData").exists() or (root / "sequenceData").exists():
         report.notes.append("sequenceData (video sequences) not indexed.")
     frames = []
     for centre_dir in centre_dirs:
@@ -311,8 +368,7 @@ def read_polypgen(data_root: Path, problems: list | None = None) -> tuple[pd.Dat
         _require_folders(centre_dir, image_dir, mask_dir)
         masks = _mask_index(mask_dir)
         frames += [Frame(f"{centre}/{image.stem}", image,
-                         _match_mask(masks, mask_dir, (f"{image.stem}_mask",), image, problems),
-                         centre=centre)
+                         _match_mask(masks, polypgen_mask_stems(image.stem)), centre=centre)
                    for image in _images_in(image_dir)]
     return build_cases("polypgen", data_root, frames, report, problems), report
 
@@ -340,7 +396,7 @@ def read_polypdb(data_root: Path, problems: list | None = None) -> tuple[pd.Data
             _require_folders(modality_dir, image_dir, mask_dir)
             masks = _mask_index(mask_dir)
             frames += [Frame(f"{centre_dir.name}/{modality_dir.name}/{image.stem}", image,
-                             _match_mask(masks, mask_dir, (image.stem,), image, problems),
+                             _match_mask(masks, (image.stem,)),
                              centre=centre_dir.name, modality=modality_dir.name)
                        for image in _images_in(image_dir)]
     if not frames:
@@ -367,7 +423,7 @@ def _paired_folders(dataset: str, data_root: Path, image_names: tuple[str, ...],
     image_dir = _one_folder(root, image_names, "image")
     mask_dir = _one_folder(root, mask_names, "mask")
     masks = _mask_index(mask_dir)
-    frames = [Frame(image.stem, image, _match_mask(masks, mask_dir, (image.stem,), image, problems))
+    frames = [Frame(image.stem, image, _match_mask(masks, (image.stem,)))
               for image in _images_in(image_dir)]
     if not frames:
         raise CohortError(f"{image_dir}: no image files")

@@ -7,6 +7,10 @@ Reads a real HyperKvasir tree and the embedded synthetic one with the same code:
     <data_root>/hyper-kvasir/segmented-images/images/<stem>.jpg
     <data_root>/hyper-kvasir/segmented-images/masks/<stem>.jpg          (white = polyp)
 
+``labeled-images`` and ``segmented-images`` may each sit one or two folders deeper (a zip
+extracted into a folder of its own name, e.g. ``hyper-kvasir/hyper-kvasir-labeled-images/
+labeled-images``): the one folder of that name is used and the summary says where it was found.
+
 Conventions:
 - One row per labelled lower-GI image. ``source`` is the canonical category folder name,
   ``group`` the canonical group folder, ``target`` (``polyp_family``) is 1 for ``polyps`` and
@@ -16,10 +20,14 @@ Conventions:
   An unrecognised category is an error (its target would be a guess).
 - Image files are recognised by extension, case-insensitively (``imageio.is_image_file``:
   .jpg/.jpeg/.png/.tif/.tiff/.bmp); hidden files are skipped, other files are counted as ignored.
-- The segmented images are matched to labelled images by SHA-256 (their names differ). The
-  mask path is recorded on the first labelled file (by path) with those bytes. A segmented
-  image with no byte-identical labelled lower-GI image is an error: it could not be kept out
-  of development.
+- The segmented images are matched to their labelled twins by content (their names differ):
+  by SHA-256, else by an identical 16x16 average hash among the polyp-family images (the same
+  pixels in other bytes; the rule that already groups near-duplicates in the roles). The
+  mask path is recorded on the first labelled file (by path) of the match. A segmented image
+  with no twin either way is left out and counted (``segmented_without_twin``): it is in no
+  role. It is an error only when a labelled image lies within ``NEAR_DUPLICATE_BITS`` of its
+  average hash without equalling it: a near-copy the roles do not group, which could carry the
+  audited picture into development.
 - Masks are thresholded at 128 (JPEG noise). A mask whose size differs from its image, or one
   with no lesion pixel, is an error, not an exclusion: in HyperKvasir every segmented image
   shows a polyp, so an empty mask means a broken file, and dropping the image silently would
@@ -80,6 +88,10 @@ CATEGORY_ALIASES: dict[str, str] = {
     "ulcerative-colitis-2-3": "ulcerative-colitis-grade-2-3",
 }
 
+# Average-hash bits (of 256) within which an unmatched segmented image and a labelled image are
+# treated as possible copies of one picture (about 8%, as imagehash's near-duplicate examples).
+NEAR_DUPLICATE_BITS = 20
+
 TABLE_COLUMNS = ("sample_id", "path", "group", "source", "target", "sha256", "ahash", "width",
                  "height", "mask_path")
 
@@ -127,10 +139,10 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
     """Index ``<data_root>/hyper-kvasir``: labelled lower-GI images, hashes, segmented masks.
 
     Hashes every labelled image (SHA-256, 16x16 average hash, size; see ``roles.hash_files``),
-    matches ``segmented-images/images`` to them by SHA-256 and checks every mask (same size as
+    matches ``segmented-images/images`` to them by content (module docstring) and checks every mask (same size as
     its image, at least one lesion pixel). Raises ``HyperKvasirError`` naming the path for a
     missing data root or folder, an unknown category, a repeated file stem, a segmented image
-    without labelled twin, a missing mask or an empty mask; ``imageio.ImageReadError`` for an
+    whose near-copy could leak (module docstring), a missing mask or an empty mask; ``imageio.ImageReadError`` for an
     unreadable image or mask; ``imageio.MaskSizeError`` for a mask of the wrong size. Given a
     ``problems`` list, unreadable labelled images and segmented images without a usable mask
     (missing, unreadable, of another size, empty) are recorded there as ``(path, kind,
@@ -140,9 +152,9 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
     if not data_root.is_dir():
         raise HyperKvasirError(f"{data_root}: data root does not exist")
     root = _require_folder(data_root / HYPERKVASIR_FOLDER, "HyperKvasir ('hyper-kvasir')")
-    labelled = _require_folder(root / "labeled-images", "HyperKvasir labeled-images")
+    labelled = _subtree(root, "labeled-images")
     lower = _require_folder(labelled / LOWER_GI, "HyperKvasir labeled-images/lower-gi-tract")
-    segmented = _require_folder(root / "segmented-images", "HyperKvasir segmented-images")
+    segmented = _subtree(root, "segmented-images")
     segmented_images = _require_folder(segmented / "images", "segmented-images/images")
     segmented_masks = _require_folder(segmented / "masks", "segmented-images/masks")
 
@@ -180,16 +192,21 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
     if (labelled / UPPER_GI).is_dir():
         upper_gi = sum(1 for p in (labelled / UPPER_GI).rglob("*")
                        if is_image_file(p))
-    matched, duplicate_segmented = _match_segmented(images, data_root, segmented_images,
-                                                    segmented_masks, progress, problems)
+    twins = _match_segmented(images, data_root, segmented_images, segmented_masks, progress, problems)
     summary = {
         "labelled_lower_gi": len(images),
         "per_category": images["source"].value_counts().sort_index().to_dict(),
         "upper_gi_excluded": upper_gi,
         "ignored_files": ignored,
-        "segmented_images": matched + duplicate_segmented,
-        "segmented_matched_by_sha256": matched,
-        "segmented_byte_duplicates": duplicate_segmented,
+        "segmented_images": twins["by_sha256"] + twins["by_ahash"] + twins["duplicates"]
+                            + len(twins["without_twin"]),
+        "segmented_with_masks": twins["by_sha256"] + twins["by_ahash"],
+        "segmented_matched_by_sha256": twins["by_sha256"],
+        "segmented_matched_by_ahash": twins["by_ahash"],
+        "segmented_byte_duplicates": twins["duplicates"],
+        "segmented_without_twin": twins["without_twin"],
+        "folders": {name: _relative(folder, data_root)
+                    for name, folder in (("labeled-images", labelled), ("segmented-images", segmented))},
     }
     return HyperKvasirIndex(images.loc[:, list(TABLE_COLUMNS)], summary)
 
@@ -200,15 +217,51 @@ def _find_mask(masks_dir: Path, stem: str) -> Path | None:
     return sorted(candidates)[0] if candidates else None
 
 
-def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, masks_dir: Path,
-                     progress: bool, problems: list | None = None) -> tuple[int, int]:
-    """Record ``mask_path`` on the labelled rows whose bytes equal a segmented image.
+def _subtree(root: Path, name: str) -> Path:
+    """``root/name``, or the one folder called ``name`` one or two levels below ``root`` (a zip
+    extracted into a folder of its own); ``HyperKvasirError`` naming what was found otherwise."""
+    if (root / name).is_dir():
+        return root / name
+    deeper = sorted(p for pattern in (f"*/{name}", f"*/*/{name}") for p in root.glob(pattern)
+                    if p.is_dir() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    if len(deeper) == 1:
+        return deeper[0]
+    if deeper:
+        raise HyperKvasirError(f"{root}: several '{name}' folders ({', '.join(str(p.relative_to(root)) for p in deeper)}); keep one")
+    found = ", ".join(sorted(p.name for p in root.iterdir() if not p.name.startswith("."))[:12])
+    raise HyperKvasirError(f"{root / name}: HyperKvasir {name} folder not found (nor one or two "
+                           f"levels deeper); {root} holds [{found}]")
 
-    Modifies ``images`` in place; returns (segmented images matched, segmented images whose
-    bytes repeat an earlier segmented image and are therefore skipped).
+
+def _pixel_twin(file: Path, candidates: pd.DataFrame, data_root: Path):
+    """Index of the labelled row (of ``candidates``, equal average hash, ordered by path) whose
+    decoded pixels equal ``file``'s, else the first: a re-encoded near-duplicate shares the
+    hash, and the audit should show the picture the mask was drawn on."""
+    if len(candidates) > 1:
+        pixels = imageio.read_rgb(file)
+        for row, path in candidates["path"].items():
+            other = imageio.read_rgb(data_root / path)
+            if other.shape == pixels.shape and (other == pixels).all():
+                return row
+    return candidates.index[0]
+
+
+def _hamming(first: str, second: str) -> int:
+    """Differing bits of two hex average hashes."""
+    return (int(first, 16) ^ int(second, 16)).bit_count()
+
+
+def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, masks_dir: Path,
+                     progress: bool, problems: list | None = None) -> dict[str, Any]:
+    """Record ``mask_path`` on the labelled twins of the segmented images (module docstring).
+
+    Modifies ``images`` in place; returns counts ``by_sha256``, ``by_ahash`` (twins found each
+    way), ``duplicates`` (segmented images whose twin already has a mask: skipped) and
+    ``without_twin`` (relative paths of segmented images left out: no twin, no near-copy).
     """
-    first_row_of_digest = (images.sort_values("path").drop_duplicates("sha256")
-                           .reset_index().set_index("sha256")["index"])
+    ordered = images.sort_values("path")
+    first_row_of_digest = ordered.drop_duplicates("sha256").reset_index().set_index("sha256")["index"]
+    polyp_family = ordered[ordered["target"] == 1]
     files = [p for p in _visible_children(images_dir) if is_image_file(p)]
     if not files:
         raise HyperKvasirError(f"{images_dir}: no segmented images found")
@@ -216,17 +269,25 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
                          problems=problems)
     readable = digests["sha256"].notna().to_numpy()          # unreadable: in problems
     files, digests = [f for f, ok in zip(files, readable) if ok], digests[readable]
-    unmatched = [str(f) for f, d in zip(files, digests["sha256"]) if d not in first_row_of_digest]
-    if unmatched:
-        raise HyperKvasirError(
-            f"{len(unmatched)} segmented image(s) have no byte-identical labelled lower-GI "
-            f"image, so they cannot be kept out of development, e.g. {unmatched[:3]}")
-    matched = duplicates = 0
-    for file, (digest, width, height) in zip(files, digests[["sha256", "width", "height"]]
-                                             .itertuples(index=False)):
-        row = first_row_of_digest[digest]
+    twins = {"by_sha256": 0, "by_ahash": 0, "duplicates": 0, "without_twin": []}
+    leaking = []
+    for file, (digest, ahash, width, height) in zip(
+            files, digests[["sha256", "ahash", "width", "height"]].itertuples(index=False)):
+        if digest in first_row_of_digest.index:
+            row, way = first_row_of_digest[digest], "by_sha256"
+        elif ahash in set(polyp_family["ahash"]):
+            row, way = _pixel_twin(file, polyp_family[polyp_family["ahash"] == ahash], data_root), "by_ahash"
+        else:
+            distances = [_hamming(ahash, other) for other in images["ahash"]]
+            closest = int(min(range(len(distances)), key=distances.__getitem__))
+            if distances[closest] <= NEAR_DUPLICATE_BITS:
+                leaking.append(f"{file} (labelled {images.at[closest, 'path']} differs in "
+                               f"{distances[closest]} of 256 average-hash bits)")
+            else:
+                twins["without_twin"].append(_relative(file, data_root))
+            continue
         if images.at[row, "mask_path"]:
-            duplicates += 1
+            twins["duplicates"] += 1
             continue
         mask_file = _find_mask(masks_dir, file.stem)
         try:
@@ -242,8 +303,13 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
             imageio.note_problem(problems, file, error, imageio.EMPTY_MASK if empty else None)
             continue
         images.at[row, "mask_path"] = _relative(mask_file, data_root)
-        matched += 1
-    return matched, duplicates
+        twins[way] += 1
+    if leaking:
+        raise HyperKvasirError(
+            f"{len(leaking)} segmented image(s) have no labelled twin (neither the same bytes "
+            "nor the same average hash) but a near-copy among the labelled images, which the "
+            f"roles would not keep out of development: {'; '.join(leaking[:3])}")
+    return twins
 
 
 def segmented_sha256(data_root: str | Path) -> list[str]:

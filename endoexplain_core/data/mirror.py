@@ -14,13 +14,23 @@ dataset where the set mixes processors); ETIS-LaribPolypDB has one size. The fra
 on purpose: they exercise the loaders' reduced-scale JPEG decoding and the preflight's size
 report with the pixels a real run reads.
 
+The ``downloaded`` layout is the mirror rearranged as people hold the real sets after
+unpacking them (``rearrange_as_downloaded``): each HyperKvasir zip extracted into a folder of
+its own name, segmented images with the same pixels as their labelled twins in other bytes,
+PolypGen inside its published top folder with its ``<stem>_`` frame and a name with spaces,
+ETIS in PraNet's ``images/`` + ``masks/`` PNG layout, and one PolypDB frame without a mask.
+
 Every draw comes from the generator passed in (the generator's ``mirror/...`` streams), so the
 content streams of the embedded layout are untouched and its bytes do not change.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
 
 import cv2
 import numpy as np
@@ -112,3 +122,67 @@ def label_csv(rows: Sequence[tuple[str, str, str]]) -> bytes:
     lines = ["Video file,Finding,Organ,Classification"]
     lines += [f"{stem},{category},Lower GI,{group}" for stem, category, group in rows]
     return ("\n".join(lines) + "\n").encode()
+
+
+POLYPGEN_TOP_FOLDER = "PolypGen2021_MultiCenterData_v3"
+
+
+def jpeg_with_comment(data: bytes, comment: bytes) -> bytes:
+    """The same JPEG with a comment segment (COM, 0xFFFE) after its start marker: other bytes
+    and another SHA-256, the same decoded pixels."""
+    if data[:2] != b"\xff\xd8":
+        raise ValueError("not a JPEG (no start-of-image marker)")
+    return data[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + data[2:]
+
+
+def rearrange_as_downloaded(root: Path) -> dict[str, Any]:
+    """Rearrange a mirror tree under ``root`` in place into the ``downloaded`` layout (module
+    docstring) and say what moved. Paths are the generator's; the readers must find every
+    case again (``tests/test_mirror_layouts.py``)."""
+    root = Path(root)
+    done: dict[str, Any] = {}
+    # HyperKvasir: each zip extracted into a folder named after it.
+    hyperkvasir = root / "hyper-kvasir"
+    for name in ("labeled-images", "segmented-images"):
+        target = hyperkvasir / f"hyper-kvasir-{name}" / name
+        target.parent.mkdir()
+        os.replace(hyperkvasir / name, target)
+    segmented = hyperkvasir / "hyper-kvasir-segmented-images" / "segmented-images" / "images"
+    rewritten = 0
+    for path in sorted(segmented.glob("*.jpg")):
+        path.write_bytes(jpeg_with_comment(path.read_bytes(), b"exported by the annotation tool"))
+        rewritten += 1
+    done["segmented_reencoded"] = rewritten
+    # PolypGen: the v3 zip's top folder; the published "<stem>_.jpg" frame; a name with spaces.
+    polypgen = root / "PolypGen"
+    top = polypgen / POLYPGEN_TOP_FOLDER
+    top.mkdir()
+    for child in sorted(polypgen.iterdir()):
+        if child != top:
+            os.replace(child, top / child.name)
+    renamed = []
+    for centre, new_stem in ((3, "{stem}_"), (2, "{stem} copy")):
+        images, masks = top / f"data_C{centre}" / f"images_C{centre}", top / f"data_C{centre}" / f"masks_C{centre}"
+        frame = sorted(p for p in images.glob("*.jpg") if not p.name.startswith("."))[-1]
+        stem = new_stem.format(stem=frame.stem)
+        mask_stem = f"{stem}mask" if stem.endswith("_") else f"{stem}_mask"
+        os.replace(masks / f"{frame.stem}_mask.jpg", masks / f"{mask_stem}.jpg")
+        os.replace(frame, images / f"{stem}.jpg")
+        renamed.append(f"{images.relative_to(root).as_posix()}/{stem}.jpg")
+    done["polypgen_renamed"] = renamed
+    # ETIS as PraNet's test set ships it: images/<n>.png, masks/<n>.png.
+    etis = root / "ETIS-LaribPolypDB"
+    for source, target, pattern in (("ETIS-LaribPolypDB", "images", "{n}"), ("Ground Truth", "masks", "p{n}")):
+        (etis / target).mkdir()
+        for path in sorted((etis / source).glob("*.tif")):
+            number = re.sub(r"^p", "", path.stem) if pattern.startswith("p") else path.stem
+            image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+            if not cv2.imwrite(str(etis / target / f"{number}.png"), image):
+                raise OSError(f"{etis / target / f'{number}.png'}: could not be written")
+        shutil.rmtree(etis / source)
+    done["etis_layout"] = "images/ + masks/ (PNG)"
+    # PolypDB: one frame without a mask, as in the real set.
+    lonely = sorted((root / "PolypDB" / "PolypDB_center_wise").glob("BKAI/LCI/masks/*.png"))[0]
+    lonely.unlink()
+    done["polypdb_without_mask"] = lonely.relative_to(root).as_posix().replace("/masks/", "/images/")[:-4] + ".jpg"
+    return done

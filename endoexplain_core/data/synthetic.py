@@ -53,7 +53,7 @@ from endoexplain_core.data.imageio import is_image_file, read_mask, read_rgb
 
 GENERATOR_VERSION = 2
 MARKER_FILE = config.SYNTHETIC_MARKER
-LAYOUTS = ("embedded", "mirror")
+LAYOUTS = ("embedded", "mirror", "downloaded")
 JPEG_QUALITY = 92
 
 # Colours in linear [0, 1] RGB.
@@ -557,7 +557,9 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     synthetic_layout : "embedded" (frames as rendered, ``frame_size`` squares) or "mirror" (the
         same content dressed as the real downloads look: published frame sizes, black surround,
         screen text, 3-channel PolypGen masks, stray files, ``sequenceData`` and PolypDB's
-        modality-wise tree; see ``data.mirror``). The embedded bytes do not depend on it.
+        modality-wise tree; see ``data.mirror``) or "downloaded" (the mirror rearranged as the
+        unpacked downloads sit on disk: nested folders, PraNet's ETIS layout, known quirks;
+        ``mirror.rearrange_as_downloaded``). The embedded bytes do not depend on it.
 
     The tree is built in ``<root>.partial`` and renamed into place, so an interrupted run
     leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
@@ -610,7 +612,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     partial = root.with_name(root.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    writer = _TreeWriter(partial, seed, layout)
+    writer = _TreeWriter(partial, seed, "mirror" if layout == "downloaded" else layout)
     knobs = {"conspicuity": conspicuity, "dye_strength": dye_strength,
              "lesion_area": tuple(lesion_area), "lesion_offset_sd": lesion_offset_sd}
     summary: dict[str, Any] = {"parameters": parameters}
@@ -627,6 +629,8 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     if writer.mirror:
         summary["mirror_extras"] = _write_mirror_extras(writer, seed, frame_size)
     summary["files"] = len(writer.written)
+    if layout == "downloaded":
+        summary["downloaded"] = mirror.rearrange_as_downloaded(partial)
     writer.write(MARKER_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     _replace_directory(partial, root)
     return summary

@@ -15,6 +15,8 @@ others, so the same seed would drop different units on different machines.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -143,12 +145,50 @@ def find_local_imagenet_weights(arch: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+# torchvision names its weight files "<name>-<first hex digits of the file's SHA-256>.pth" and
+# checks that prefix when it downloads (torch.hub's check_hash); the same rule verifies a
+# local copy, which torchvision never re-checks.
+TORCHVISION_HASH_IN_NAME = re.compile(r"-([a-f0-9]{8,})\.")
+
+
+class WeightsHashMismatch(ValueError):
+    """A weights file whose SHA-256 contradicts the hash its torchvision file name carries."""
+
+
+def imagenet_weights_url(arch: str) -> str:
+    """torchvision's download URL of ``arch``'s default ImageNet weights (nothing is fetched)."""
+    _check_arch(arch)
+    return torchvision.models.get_model_weights(arch).DEFAULT.url
+
+
+def sha256_of(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_bytes), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_weights_file(path: Path) -> tuple[str, str | None]:
+    """(SHA-256 of ``path``, the hash prefix its file name carries or None). Raises
+    ``WeightsHashMismatch`` naming the file when the name carries a torchvision hash that the
+    digest does not start with: a truncated download or another file under torchvision's name."""
+    digest = sha256_of(path)
+    named = TORCHVISION_HASH_IN_NAME.search(Path(path).name)
+    expected = named.group(1) if named else None
+    if expected is not None and not digest.startswith(expected):
+        raise WeightsHashMismatch(
+            f"{path}: SHA-256 {digest[:16]}... does not start with {expected}, the hash in its "
+            "torchvision file name: a partial download or another file; fetch it again from "
+            "torchvision's URL (README, 'ImageNet weights')")
+    return digest, expected
+
+
 def imagenet_weights_cache_path(arch: str) -> Path:
     """Where torchvision keeps ``arch``'s ImageNet weights: ``<torch hub dir>/checkpoints/<name>``
     (the file name of the weights' URL, e.g. ``resnet34-b627a593.pth``), present or not."""
-    _check_arch(arch)
-    url = torchvision.models.get_model_weights(arch).DEFAULT.url
-    return Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(imagenet_weights_url(arch)).name
 
 
 def resolve_target_layer(model: nn.Module, arch: str, layer_name: str | None = None) -> tuple[str, nn.Module]:

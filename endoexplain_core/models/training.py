@@ -524,7 +524,17 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
     arch -> file path (a value of ``"none"`` trains that architecture from scratch). Asking
     for weights that are not there is an error, never a silent fall-back to random
     initialisation: ``MissingImageNetWeights`` names the expected file and how to provide it.
+    A file whose name carries torchvision's hash must match it
+    (``networks.verify_weights_file``; ``networks.WeightsHashMismatch`` otherwise).
     """
+    path = _weights_file(arch, imagenet_weights)
+    if path is not None:
+        networks.verify_weights_file(path)
+    return path
+
+
+def _weights_file(arch: str, imagenet_weights: str | dict) -> Path | None:
+    """The file ``imagenet_weights`` points ``arch`` to (``imagenet_weights_path``), unverified."""
     if imagenet_weights == "none":
         return None
     if imagenet_weights == "auto":

@@ -448,7 +448,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if data_root and not Path(data_root).is_dir():
         raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     data_root = str(Path(data_root).resolve()) if data_root else ""
-    mirror_layout = getattr(config.stage_settings(names[0]), "synthetic_layout", "") == "mirror"
+    mirror_layout = getattr(config.stage_settings(names[0]), "synthetic_layout", "") in ("mirror", "downloaded")
     reference_dir = manifest_reference_dir(profile_name, data_root, manifest_reference,
                                            adopt=adopt_manifest, mirror_layout=mirror_layout)
 

@@ -9,7 +9,8 @@ trained or written.
            cohort the profile audits (required ones must exist; optional ones are reported):
            cases kept, files excluded by reason (the first few named, all counted), frame
            sizes and formats seen
-  weights  every ImageNet weight file the profile asks for, at its expected path
+  weights  every ImageNet weight file the profile asks for, at its expected path, its SHA-256
+           checked against the hash its torchvision file name carries
   device   the device the profile asks for (CUDA present, its memory)
   disk     free space where the run folder will be
   estimate time per stage: work counts from the profile and the data (images per split, audit
@@ -100,9 +101,21 @@ def hyperkvasir_findings(data_root: Path, *, paper_reference: Path | None = None
     beside = f" (the paper's manifest: {int(paper_rows):,})" if paper_rows else ""
     findings = [Finding("data", "HyperKvasir", READY,
                         f"{summary['labelled_lower_gi']:,} labelled lower-GI images{beside}; "
-                        f"{summary['segmented_matched_by_sha256']:,} segmented with masks; "
+                        f"{summary['segmented_with_masks']:,} segmented with masks (twins by "
+                        f"SHA-256 {summary['segmented_matched_by_sha256']:,}, by average hash "
+                        f"{summary['segmented_matched_by_ahash']:,}); "
                         f"{summary['upper_gi_excluded']:,} upper-GI left out"),
                 *problem_findings("HyperKvasir", problems, data_root)]
+    without_twin = summary["segmented_without_twin"]
+    if without_twin:
+        findings.append(Finding("data", "HyperKvasir", INFO, f"{len(without_twin)} segmented "
+                                "image(s) without a labelled twin left out (no near-copy among the "
+                                f"labelled images), e.g. {', '.join(without_twin[:NAMED_EXAMPLES])}"))
+    moved = {name: where for name, where in summary["folders"].items()
+             if where != f"{hyperkvasir.HYPERKVASIR_FOLDER}/{name}"}
+    if moved:
+        findings.append(Finding("data", "HyperKvasir", INFO, "read from nested folders: "
+                                + ", ".join(moved.values())))
     findings.append(Finding("data", "HyperKvasir categories", INFO, categories))
     if summary["ignored_files"]:
         findings.append(Finding("data", "HyperKvasir", INFO, f"{len(summary['ignored_files'])} "
@@ -179,17 +192,28 @@ def _relative_to(path: str, root: Path) -> str:
 
 
 def weight_findings(architectures, imagenet_weights) -> list[Finding]:
-    """Each architecture's ImageNet weights: the file found, from scratch, or the expected path."""
-    from endoexplain_core.models import training
+    """Each architecture's ImageNet weights: the file found with its SHA-256 checked against
+    the hash in its torchvision file name, from scratch, or the expected path and its URL."""
+    from endoexplain_core.models import networks, training
 
     findings = []
     for arch in architectures:
+        url = networks.imagenet_weights_url(arch)
         try:
             path = training.imagenet_weights_path(arch, imagenet_weights)
-        except (training.MissingImageNetWeights, FileNotFoundError, ValueError) as error:
-            findings.append(Finding("weights", arch, MISSING, str(error)))
+        except networks.WeightsHashMismatch as error:
+            findings.append(Finding("weights", arch, PROBLEM, str(error)))
             continue
-        findings.append(Finding("weights", arch, READY, f"{path}" if path else "from scratch (imagenet_weights: none)"))
+        except (training.MissingImageNetWeights, FileNotFoundError, ValueError) as error:
+            findings.append(Finding("weights", arch, MISSING, f"{error} (torchvision's file: {url})"))
+            continue
+        if path is None:
+            findings.append(Finding("weights", arch, READY, "from scratch (imagenet_weights: none)"))
+            continue
+        digest, expected = networks.verify_weights_file(path)
+        checked = (f"matches the {expected} of its torchvision name" if expected else
+                   "its name carries no torchvision hash, so it is not checked")
+        findings.append(Finding("weights", arch, READY, f"{path} (SHA-256 {digest[:16]}..., {checked})"))
     return findings
 
 
@@ -466,7 +490,7 @@ def run_preflight(config: profiles.Profile, data_root: str, run_dir: Path,
                                     "read (for the synthetic cohort: --data-root runs/<profile>/data "
                                     "after stage 00 has generated it)"))
         elif not any(f.blocks for f in findings if f.area == "device"):
-            audit_pool = int(index.summary["segmented_matched_by_sha256"])
+            audit_pool = int(index.summary["segmented_with_masks"])
             counts = WorkCounts(development=int(index.summary["labelled_lower_gi"]) - audit_pool,
                                 audit_pool=audit_pool, external=external)
             sample = [Path(data_root) / p for p in index.images["path"].head(6)]

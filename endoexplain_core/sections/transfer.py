@@ -34,16 +34,19 @@ def cohorts(run_dir: str | Path, data_root: str, data_dir: str | Path, figures_d
 
 def hash_audit(external: transfer.ExternalCohorts, manifest: pd.DataFrame) -> Section:
     """Overlaps of every cohort with the manifest and with each other
-    (``transfer.hash_audit_summary``), and what each cohort kept."""
+    (``transfer.hash_audit_summary``), what each cohort kept, and every file left out with its
+    reason (``transfer.exclusion_table``)."""
     cases, reports, overlaps = external.cases, external.reports, external.overlaps
     hash_summary = transfer.hash_audit_summary(external.read_cases, overlaps)
     cohort_table = pd.DataFrame([report.summary() for report in reports.values()])
+    excluded_files = transfer.exclusion_table(reports)
     statement = (
         f"{len(manifest)} HyperKvasir manifest images checked; "
         f"{sum(r.excluded_count(transfer.OVERLAP_REASON) for r in reports.values())} external cases overlap them "
         f"and are excluded; {int((overlaps['other_dataset'] != transfer.MANIFEST_NAME).sum())} overlapping pairs "
         f"between external cohorts; {sum(len(t) for t in cases.values())} cases remain for the audit.")
-    return Section(tables={"table_s_transfer_hash_audit": hash_summary, "table_s_transfer_cohorts": cohort_table},
+    return Section(tables={"table_s_transfer_hash_audit": hash_summary, "table_s_transfer_cohorts": cohort_table,
+                           "table_s_transfer_exclusions": excluded_files},
                    views=[hash_summary, cohort_table], statement=statement)
 
 
