@@ -28,6 +28,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 
+from endoexplain_core.files import FileTooLarge, read_bounded, short_text
 from endoexplain_core.run_layout import RunLayout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,16 +39,56 @@ PROFILES = ("smoke", "default", "paper")
 PAPER_ARCHITECTURES = ("efficientnet_b0", "resnet34", "convnext_tiny")
 ARCHITECTURES = PAPER_ARCHITECTURES + ("resnet18", "mobilenet_v3_large")
 EXTERNAL_COHORTS = ("etis", "polypgen", "polypdb", "kvasir_seg", "cvc_clinicdb")
+# HyperKvasir's 16 lower-GI categories (of its 23 classes) -> group folder (docs/protocol.md,
+# "Dataset layouts"); data.hyperkvasir reads by it and category_counts is checked against it.
+LOWER_GI_CATEGORIES: dict[str, str] = {
+    "cecum": "anatomical-landmarks",
+    "ileum": "anatomical-landmarks",
+    "retroflex-rectum": "anatomical-landmarks",
+    "hemorrhoids": "pathological-findings",
+    "polyps": "pathological-findings",
+    "ulcerative-colitis-grade-0-1": "pathological-findings",
+    "ulcerative-colitis-grade-1": "pathological-findings",
+    "ulcerative-colitis-grade-1-2": "pathological-findings",
+    "ulcerative-colitis-grade-2": "pathological-findings",
+    "ulcerative-colitis-grade-2-3": "pathological-findings",
+    "ulcerative-colitis-grade-3": "pathological-findings",
+    "bbps-0-1": "quality-of-mucosal-views",
+    "bbps-2-3": "quality-of-mucosal-views",
+    "impacted-stool": "quality-of-mucosal-views",
+    "dyed-lifted-polyps": "therapeutic-interventions",
+    "dyed-resection-margins": "therapeutic-interventions",
+}
+
 # Keys that choose where work runs, not what it computes: left out of stage digests.
 EXECUTION_KEYS = ("scheduler", "allow_insecure_scheduler")
 # Scheduler settings by shape (pipeline.tasks.parse_scheduler decides, with
 # allow_insecure_scheduler, whether a tcp:// address may be used; this layer cannot import it).
 SCHEDULER_ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:\d+$")
 
+# Upper bounds a machine can honour, so that a typo (image_size=100000000) is refused before any
+# work instead of failing hours later on memory. Generous: about 10x the paper profile's values.
+MAX_SEED = 2**32 - 1            # numpy's and torch's seed range
+MAX_IMAGE_SIZE = 2048           # pixels per side (paper: 256)
+MAX_REPLICATES = 100_000        # bootstrap replicates (paper: 5,000)
+MAX_REPETITIONS = 1_000         # random deletions per image and the like (paper: 20)
+MAX_BATCH = 4_096               # images per batch
+MAX_IMAGES = 1_000_000          # synthetic files per key, gate frames, steps
+MAX_EPOCHS = 1_000
+
 Fraction = Field(gt=0.0, lt=1.0)
 Probability = Field(ge=0.0, le=1.0)
 Count = Field(ge=0)
 Positive = Field(gt=0)
+
+
+def _distinct_items(values: list) -> list:
+    """``values`` unchanged; ValueError naming the repeats (a repeated seed or architecture
+    would train one checkpoint twice under one name)."""
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"items must be distinct; repeated: {', '.join(repeated)}")
+    return values
 
 
 class ProfileError(ValueError):
@@ -100,12 +141,12 @@ class LocalisationSettings(Section):
 
 
 class SharedSettings(Section):
-    seed: int = Field(20260721, description="master seed (bootstrap, synthetic cohort)")
-    image_size: int = Field(128, ge=32, description="model input size in pixels")
+    seed: int = Field(20260721, ge=0, le=MAX_SEED, description="master seed (bootstrap, synthetic cohort)")
+    image_size: int = Field(128, ge=32, le=MAX_IMAGE_SIZE, description="model input size in pixels")
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="cpu | cuda | auto")
     architectures: list[Literal[ARCHITECTURES]] = Field(  # type: ignore[valid-type]
         list(PAPER_ARCHITECTURES), min_length=1, description="torchvision classifiers of the matrix")
-    training_seeds: list[int] = Field([1129, 2089, 3253], min_length=1,
+    training_seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([1129, 2089, 3253], min_length=1,
                                       description="one checkpoint per architecture and seed")
     score_threshold: float = Field(0.90, gt=0.0, lt=1.0,
                                    description="panel A: temperature-scaled score >= this")
@@ -117,9 +158,9 @@ class SharedSettings(Section):
     channels_last: bool = Field(
         False, description="channels_last memory format in the optimiser steps (01 training, 03 gate models)")
     prior_negatives: int = Field(
-        48, ge=0, description="held-out test negatives behind each method's prior map (04 and 05)")
+        48, ge=0, le=MAX_IMAGES, description="held-out test negatives behind each method's prior map (04 and 05)")
     audit_batch_size: int = Field(
-        16, ge=1, description="images per CAM/deletion batch of the audits (04-07) and of the case "
+        16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the audits (04-07) and of the case "
                               "browser's redraws (09): one value, so the browser redraws the audited maps exactly")
     decision_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="scaled-score decision boundary t (02's source-category "
@@ -127,6 +168,11 @@ class SharedSettings(Section):
     localisation: LocalisationSettings = Field(
         default_factory=LocalisationSettings,
         description="pointing, DoG and energy-lift scales of 07 and 08 (fractions of the input size)")
+
+    @field_validator("architectures", "training_seeds")
+    @classmethod
+    def _distinct(cls, values: list) -> list:
+        return _distinct_items(values)
 
     @field_validator("scheduler")
     @classmethod
@@ -148,7 +194,7 @@ class StageSettings(Section):
 
 class RolesSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed",)
-    frame_size: int = Field(128, ge=32, description="synthetic frames are frame_size x frame_size px")
+    frame_size: int = Field(128, ge=32, le=MAX_IMAGE_SIZE, description="synthetic frames are frame_size x frame_size px")
     synthetic_layout: Literal["embedded", "mirror", "downloaded"] = Field(
         "embedded", description="embedded: small square frames; mirror: the real datasets' "
                                 "frame sizes, overlays, formats and stray files; downloaded: "
@@ -156,11 +202,11 @@ class RolesSettings(StageSettings):
                                 "ETIS layout, known quirks)")
     category_counts: dict[str, int] = Field(default_factory=dict,
                                             description="synthetic labelled images per category")
-    n_segmented: int = Field(20, ge=1, description="synthetic polyps with a mask")
-    n_development_polyps: int = Field(3, ge=0, description="standard polyps outside the masked set")
-    n_audit_near_duplicates: int = Field(2, ge=0, description="re-encoded copies of masked polyps")
-    n_development_duplicates: int = Field(1, ge=0, description="byte copies of negative frames")
-    n_development_near_duplicates: int = Field(1, ge=0, description="re-encoded negative copies")
+    n_segmented: int = Field(20, ge=1, le=MAX_IMAGES, description="synthetic polyps with a mask")
+    n_development_polyps: int = Field(3, ge=0, le=MAX_IMAGES, description="standard polyps outside the masked set")
+    n_audit_near_duplicates: int = Field(2, ge=0, le=MAX_IMAGES, description="re-encoded copies of masked polyps")
+    n_development_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="byte copies of negative frames")
+    n_development_near_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="re-encoded negative copies")
     conspicuity: float = Field(0.85, ge=0.0, le=1.0, description="polyp visibility 0..1")
     dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
     lesion_area: FloatPair = Field((0.13, 0.80), description="polyp area share of the square on "
@@ -169,24 +215,31 @@ class RolesSettings(StageSettings):
                                     "frame centre: standard deviation per axis, share of the side")
     position_box_rate: float = Field(0.5, ge=0.0, le=1.0,
                                      description="share of frames with the green position box")
-    etis_count: int = Field(8, ge=0, description="synthetic ETIS frames")
-    etis_duplicates: int = Field(1, ge=0, description="extra byte-identical ETIS frames")
-    polypgen_counts: list[int] = Field([3, 3, 3, 2, 2, 2], min_length=6, max_length=6,
+    etis_count: int = Field(8, ge=0, le=MAX_IMAGES, description="synthetic ETIS frames")
+    etis_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="extra byte-identical ETIS frames")
+    polypgen_counts: list[Annotated[int, Field(ge=0, le=MAX_IMAGES)]] = Field([3, 3, 3, 2, 2, 2], min_length=6, max_length=6,
                                        description="synthetic PolypGen frames per centre C1..C6")
-    polypgen_empty_per_centre: int = Field(1, ge=0, description="PolypGen frames without a polyp")
-    polypgen_duplicates: int = Field(1, ge=0, description="extra byte-identical PolypGen frames")
-    polypdb_per_cell: int = Field(2, ge=0, description="PolypDB frames per (centre, modality)")
+    polypgen_empty_per_centre: int = Field(1, ge=0, le=MAX_IMAGES, description="PolypGen frames without a polyp")
+    polypgen_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="extra byte-identical PolypGen frames")
+    polypdb_per_cell: int = Field(2, ge=0, le=MAX_IMAGES, description="PolypDB frames per (centre, modality)")
     require_real_data: bool = Field(False, description="refuse to run without data_root")
     split_fractions: FloatTriple = Field(
         (0.70, 0.15, 0.15), description="train / val / test share of non-audit images")
-    split_seed: int = Field(20260721, description="seed of the group-wise stratified split")
+    split_seed: int = Field(20260721, ge=0, le=MAX_SEED, description="seed of the group-wise stratified split")
 
     @field_validator("category_counts")
     @classmethod
-    def _non_negative_counts(cls, counts: dict[str, int]) -> dict[str, int]:
-        negative = {name: n for name, n in counts.items() if n < 0}
-        if negative:
-            raise ValueError(f"counts must be >= 0, got {negative}")
+    def _known_bounded_counts(cls, counts: dict[str, int]) -> dict[str, int]:
+        # "polyps" is derived (n_segmented, n_development_polyps, near-duplicates)
+        known = sorted(set(LOWER_GI_CATEGORIES) - {"polyps"})
+        for name in counts:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(known)}"
+                raise ValueError(f"unknown category '{name}'{hint}")
+        outside = {name: n for name, n in counts.items() if not 0 <= n <= MAX_IMAGES}
+        if outside:
+            raise ValueError(f"counts must be in [0, {MAX_IMAGES:,}], got {outside}")
         return counts
 
     @field_validator("lesion_area")
@@ -215,18 +268,18 @@ class TrainingSettings(Section):
     no effect on models without BatchNorm).
     """
 
-    epochs: int = Field(4, ge=1, description="maximum epochs (early stopping may end sooner)")
-    batch_size: int = Field(32, ge=1, description="training images per optimiser step")
+    epochs: int = Field(4, ge=1, le=MAX_EPOCHS, description="maximum epochs (early stopping may end sooner)")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="training images per optimiser step")
     learning_rate: float = Field(1e-3, gt=0.0, description="AdamW peak learning rate")
     weight_decay: float = Field(0.05, ge=0.0, description="AdamW decoupled weight decay")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps before cosine decay")
+    warmup_steps: int = Field(0, ge=0, le=MAX_IMAGES, description="linear warm-up steps before cosine decay")
     label_smoothing: float = Field(0.03, ge=0.0, lt=1.0, description="cross-entropy smoothing")
-    patience: int = Field(3, ge=1, description="epochs without a better val AUPRC before stop")
-    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap on steps per epoch")
-    eval_batch_size: int = Field(64, ge=1, description="images per evaluation forward")
-    num_workers: int = Field(0, ge=0, description="DataLoader workers")
+    patience: int = Field(3, ge=1, le=MAX_EPOCHS, description="epochs without a better val AUPRC before stop")
+    max_steps_per_epoch: int | None = Field(None, ge=1, le=MAX_IMAGES, description="cap on steps per epoch")
+    eval_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="images per evaluation forward")
+    num_workers: int = Field(0, ge=0, le=64, description="DataLoader workers")
     batchnorm_recalibration_images: int = Field(
-        128, ge=0, description="training images behind BatchNorm statistics before each validation (0: off)")
+        128, ge=0, le=MAX_BATCH, description="training images behind BatchNorm statistics before each validation (0: off)")
 
 
 class TrainingStageSettings(StageSettings):
@@ -237,9 +290,9 @@ class TrainingStageSettings(StageSettings):
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-architecture replacements of training_settings")
-    control_seed: int = Field(1129, description="shuffled-label control: seed and permutation")
+    control_seed: int = Field(1129, ge=0, le=MAX_SEED, description="shuffled-label control: seed and permutation")
     bootstrap_replicates: int = Field(
-        5000, ge=100, description="image-bootstrap replicates for the test-split metric intervals")
+        5000, ge=100, le=MAX_REPLICATES, description="image-bootstrap replicates for the test-split metric intervals")
     imagenet_weights: Literal["none", "auto"] | dict[str, str] = Field(
         "none", description="none | auto (local torchvision cache) | {arch: path}")
     mixed_precision: bool = Field(
@@ -265,39 +318,45 @@ class TrainingStageSettings(StageSettings):
 
 class CalibrationSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "decision_threshold")
-    n_bins: int = Field(10, ge=2, description="equal-width score bins for ECE and reliability")
+    n_bins: int = Field(10, ge=2, le=MAX_EPOCHS, description="equal-width score bins for ECE and reliability")
     reliability_split: Literal["val", "test"] = Field(
         "test", description="split of the reliability diagram and the source-category audit")
     bootstrap_replicates: int = Field(
-        2000, ge=100, description="image-bootstrap replicates for the mean scaled score per source category")
+        2000, ge=100, le=MAX_REPLICATES, description="image-bootstrap replicates for the mean scaled score per source category")
 
 
 class SpatialAuditSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
                                               "score_threshold", "top_fraction", "prior_negatives",
                                               "audit_batch_size")
-    random_deletion_repetitions: int = Field(20, ge=1,
+    random_deletion_repetitions: int = Field(20, ge=1, le=MAX_REPETITIONS,
                                              description="exact-area random deletions per image")
-    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+    bootstrap_replicates: int = Field(2000, ge=100, le=MAX_REPLICATES, description="image-bootstrap replicates")
 
 
 class ValidityGateSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
                                               "top_fraction", "channels_last")
-    train_images: int = Field(256, ge=8, description="planted training frames per gate model")
-    val_images: int = Field(64, ge=8, description="held-out planted frames for the accuracy rule")
-    pool_images: int = Field(48, ge=8, description="common audited pool (polyp + separate cue)")
-    replicate_seeds: list[int] = Field([1, 2, 3], min_length=1,
+    train_images: int = Field(256, ge=8, le=MAX_IMAGES, description="planted training frames per gate model")
+    val_images: int = Field(64, ge=8, le=MAX_IMAGES, description="held-out planted frames for the accuracy rule")
+    pool_images: int = Field(48, ge=8, le=MAX_IMAGES, description="common audited pool (polyp + separate cue)")
+    replicate_seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([1, 2, 3], min_length=1,
                                        description="one gate replicate (frames, models, pool) per seed")
-    steps: int = Field(60, ge=1, description="optimiser steps per trained gate model")
-    batch_size: int = Field(16, ge=2, description="frames per optimiser step")
+    steps: int = Field(60, ge=1, le=MAX_IMAGES, description="optimiser steps per trained gate model")
+    batch_size: int = Field(16, ge=2, le=MAX_BATCH, description="frames per optimiser step")
+
+    @field_validator("replicate_seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list) -> list:
+        return _distinct_items(seeds)
+
     learning_rate: float = Field(0.004, gt=0, description="AdamW peak learning rate")
-    warmup_steps: int = Field(6, ge=0, description="linear warm-up steps")
+    warmup_steps: int = Field(6, ge=0, le=MAX_IMAGES, description="linear warm-up steps")
     margin: float = Field(0.25, gt=0, lt=1, description="rate above chance a method must clear")
     min_accuracy: float = Field(0.90, gt=0.5, le=1, description="held-out accuracy the lesion and shortcut models need")
     max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="held-out accuracy the shuffled control must not exceed")
-    pool_batch_size: int = Field(16, ge=1, description="images per CAM/deletion batch of the gate's pool audit (memory)")
-    random_deletion_repetitions: int = Field(2, ge=1, description="random deletions per pool image")
+    pool_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the gate's pool audit (memory)")
+    random_deletion_repetitions: int = Field(2, ge=1, le=MAX_REPETITIONS, description="random deletions per pool image")
     shuffled_control_per_replicate: bool = Field(
         True, description="a shuffled-label control per replicate (false: the first replicate's, reused)")
 
@@ -307,14 +366,14 @@ class RobustnessSettings(StageSettings):
                                               "top_fraction", "scheduler",
                                               "allow_insecure_scheduler", "prior_negatives", "audit_batch_size")
     other_random_deletion_repetitions: int = Field(
-        20, ge=1, description="random deletions per image, the checkpoints other than the primary (its audit is 04's)")
-    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
-    cluster_bootstrap_replicates: int = Field(500, ge=50,
+        20, ge=1, le=MAX_REPETITIONS, description="random deletions per image, the checkpoints other than the primary (its audit is 04's)")
+    bootstrap_replicates: int = Field(2000, ge=100, le=MAX_REPLICATES, description="image-bootstrap replicates")
+    cluster_bootstrap_replicates: int = Field(500, ge=50, le=MAX_REPLICATES,
                                               description="image-cluster replicates for Table 5")
     score_thresholds: list[float] = Field([0.80, 0.85, 0.90, 0.95], min_length=1,
                                           description="thresholds of the sensitivity analysis")
-    resolution_check_size: int = Field(0, ge=0, description="second input size for the primary's panel A (0: skip)")
-    resolution_check_repetitions: int = Field(1, ge=1, description="random deletions per image at the second size")
+    resolution_check_size: int = Field(0, ge=0, le=MAX_IMAGE_SIZE, description="second input size for the primary's panel A (0: skip)")
+    resolution_check_repetitions: int = Field(1, ge=1, le=MAX_REPETITIONS, description="random deletions per image at the second size")
     layer_check: bool = Field(True, description="the primary's panel A at the neighbouring layer, with channel-weight diagnostics")
     audit_unlearned: bool = Field(
         True, description="also audit checkpoints that did not learn (false: listed as not audited; controls always audited)")
@@ -336,12 +395,18 @@ class TransferSettings(StageSettings):
         ["etis", "polypgen", "polypdb"], description="cohorts audited (must exist)")
     optional_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["kvasir_seg", "cvc_clinicdb"], description="audited only when their folder exists")
-    random_deletion_repetitions: int = Field(20, ge=1,
+
+    @field_validator("external_cohorts", "optional_cohorts")
+    @classmethod
+    def _distinct_cohorts(cls, cohorts: list) -> list:
+        return _distinct_items(cohorts)
+
+    random_deletion_repetitions: int = Field(20, ge=1, le=MAX_REPETITIONS,
                                              description="exact-area random deletions per image")
-    figure_bootstrap_replicates: int = Field(5000, ge=100,
+    figure_bootstrap_replicates: int = Field(5000, ge=100, le=MAX_REPLICATES,
                                              description="replicates for Figure 5 mean IoU CIs")
     breakdown_bootstrap_replicates: int = Field(
-        2000, ge=100, description="replicates for the per-centre / per-modality CIs")
+        2000, ge=100, le=MAX_REPLICATES, description="replicates for the per-centre / per-modality CIs")
 
 
 class ExtendedLocalisationSettings(StageSettings):
@@ -350,30 +415,30 @@ class ExtendedLocalisationSettings(StageSettings):
     matrix_checkpoints: bool = Field(True, description="score every learned checkpoint of the matrix, not only the primary")
     external_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="cohorts the primary is scored on (if present)")
-    bootstrap_replicates: int = Field(2000, ge=100, description="image-bootstrap replicates")
+    bootstrap_replicates: int = Field(2000, ge=100, le=MAX_REPLICATES, description="image-bootstrap replicates")
     c_score_negatives: int = Field(
-        64, ge=0, description="held-out test negatives of the negative-class C-Score (0: polyp class only)")
+        64, ge=0, le=MAX_IMAGES, description="held-out test negatives of the negative-class C-Score (0: polyp class only)")
 
 
 class FaithfulnessSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "score_threshold",
                                               "top_fraction", "localisation", "decision_threshold")
-    faithfulness_batch_size: int = Field(16, ge=1, description="images per CAM/ROAD batch (memory)")
+    faithfulness_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="images per CAM/ROAD batch (memory)")
     road_fractions: list[float] = Field([0.01, 0.02, 0.05, 0.10, 0.20], min_length=1,
                                         description="shares of the field of view removed (MoRF/LeRF)")
     imputation_noise_std: float = Field(0.01, ge=0.0, description="noise on imputed pixels")
-    lsr_regions: int = Field(5, ge=1, description="LSR comparison regions per image (up to)")
-    shape_repetitions: int = Field(20, ge=1, description="shape-preserving random deletions")
+    lsr_regions: int = Field(5, ge=1, le=MAX_REPETITIONS, description="LSR comparison regions per image (up to)")
+    shape_repetitions: int = Field(20, ge=1, le=MAX_REPETITIONS, description="shape-preserving random deletions")
     all_checkpoints: bool = Field(False, description="every learned checkpoint, not only the primary")
-    randomisation_images: int = Field(32, ge=1, description="images of the cascading randomisation")
+    randomisation_images: int = Field(32, ge=1, le=MAX_IMAGES, description="images of the cascading randomisation")
     subgroup_cohorts: list[Literal[EXTERNAL_COHORTS]] = Field(  # type: ignore[valid-type]
         ["etis", "polypgen", "polypdb"], description="external cohorts of the subgroup analysis")
-    min_subgroup_images: int = Field(8, ge=2, description="images needed on each side of a contrast")
+    min_subgroup_images: int = Field(8, ge=2, le=MAX_IMAGES, description="images needed on each side of a contrast")
     subgroup_checkpoints: Literal["primary", "learned"] = Field(
         "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; a checkpoint term)")
     subgroup_faithfulness: bool = Field(
         True, description="SRG and LSR of the primary on the external subgroup cohorts too (ROAD on every external image); false: only on the audit pool, where 08 computes them anyway")
-    bootstrap_replicates: int = Field(2000, ge=100, description="replicates for SRG/LSR/curve CIs")
+    bootstrap_replicates: int = Field(2000, ge=100, le=MAX_REPLICATES, description="replicates for SRG/LSR/curve CIs")
 
     @field_validator("road_fractions")
     @classmethod
@@ -484,12 +549,22 @@ def _check_training_settings(settings: dict[str, Any], where: str) -> None:
         raise ValueError("; ".join(problems)) from None
 
 
+# A profile's stem names its run and figures folders: a plain name, never "." or "..".
+PROFILE_STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+MAX_PROFILE_BYTES = 1 << 20      # profiles and --set-files: 1 MiB of YAML is plenty
+
+
 def profile_path(profile: str) -> Path:
-    """Path of ``configs/<profile>.yaml`` (or ``profile`` itself if it is a YAML path)."""
+    """Path of ``configs/<profile>.yaml`` (or ``profile`` itself if it is a YAML path).
+    ``ProfileError`` when the stem is not a plain name (letters, digits, ``_``, ``-``): it becomes
+    the run folder's name, and a stem like ``..`` would put the run on the output root."""
     candidate = Path(profile)
-    if candidate.suffix in (".yaml", ".yml"):
-        return candidate
-    return CONFIG_DIR / f"{profile}.yaml"
+    path = candidate if candidate.suffix in (".yaml", ".yml") else CONFIG_DIR / f"{profile}.yaml"
+    if not PROFILE_STEM.match(path.stem):
+        raise ProfileError(f"profile {short_text(str(profile))!r}: the file's stem "
+                           f"{short_text(path.stem)!r} must be a plain name (letters, digits, '_', '-'); "
+                           "it names the run and figures folders")
+    return path
 
 
 def _validate(model: type[BaseModel], values: Any, path: Path, prefix: str) -> BaseModel:
@@ -556,12 +631,12 @@ def parse_override(text: str) -> Override:
     target, separator, value_text = text.partition("=")
     parts = target.strip().split(".")
     if not separator or len(parts) < 2 or not all(parts):
-        raise ProfileError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. "
+        raise ProfileError(f"--set {short_text(text)!r}: expected SECTION.KEY=VALUE, e.g. "
                            "--set 01_training.training_settings.epochs=1 or --set shared.image_size=128")
     try:
         value = read_profile_yaml(value_text) if value_text.strip() else ""
-    except yaml.YAMLError as error:
-        raise ProfileError(f"--set {text!r}: the value is not valid profile YAML: "
+    except (yaml.YAMLError, ValueError) as error:   # ValueError: e.g. an integer of 200,000 digits
+        raise ProfileError(f"--set {short_text(text)!r}: the value is not valid profile YAML: "
                            f"{' '.join(str(error).split())}") from None
     return Override(text, parts[0], tuple(parts[1:]), value)
 
@@ -572,7 +647,9 @@ def read_set_file(path: str | Path) -> list[str]:
     it cannot be read."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_PROFILE_BYTES, "--set-file").decode("utf-8")
+    except FileTooLarge as error:
+        raise ProfileError(str(error)) from None
     except (OSError, UnicodeDecodeError) as error:
         raise ProfileError(f"--set-file {path}: cannot be read ({error})") from None
     return [line.strip() for line in text.splitlines()
@@ -596,17 +673,17 @@ def apply_overrides(raw: dict, overrides: list[Override], stage_settings: dict[s
             if section is None:
                 section = stages[override.section] = {}
         else:
-            raise ProfileError(f"--set {override.text!r}: unknown section {override.section!r}: use "
+            raise ProfileError(f"--set {short_text(override.text)!r}: unknown section {short_text(override.section)!r}: use "
                                f"'shared' or a stage{_suggest(override.section, ['shared', *stage_settings])}")
         if override.keys[0] not in model.model_fields:
-            raise ProfileError(f"--set {override.text!r}: {override.section} has no key "
-                               f"{override.keys[0]!r}{_suggest(override.keys[0], model.model_fields)}")
+            raise ProfileError(f"--set {short_text(override.text)!r}: {override.section} has no key "
+                               f"{short_text(override.keys[0])!r}{_suggest(override.keys[0][:200], model.model_fields)}")
         for key in override.keys[:-1]:
             inner = section.get(key)
             if inner is None:
                 inner = section[key] = {}
             if not isinstance(inner, dict):
-                raise ProfileError(f"--set {override.text!r}: {key!r} is not a mapping in this profile")
+                raise ProfileError(f"--set {short_text(override.text)!r}: {short_text(key)!r} is not a mapping in this profile")
             section = inner
         section[override.keys[-1]] = override.value
     return raw
@@ -631,7 +708,9 @@ def load_profile(profile: str, stage_names: list[str] | None = None, *,
         known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
         raise ProfileError(f"profile file {path} does not exist (known profiles: {known})")
     try:
-        raw = read_profile_yaml(path.read_text())
+        raw = read_profile_yaml(read_bounded(path, MAX_PROFILE_BYTES, "profile").decode("utf-8"))
+    except (FileTooLarge, UnicodeDecodeError) as error:
+        raise ProfileError(f"{path}: not a valid profile: {error}") from None
     except yaml.YAMLError as error:
         raise ProfileError(f"{path}: not a valid profile: {' '.join(str(error).split())}") from error
     if not isinstance(raw, dict):
@@ -652,7 +731,7 @@ def load_profile(profile: str, stage_names: list[str] | None = None, *,
         except ProfileError as error:
             texts = [o.text for o in parsed if o.section == section]
             if texts:
-                raise ProfileError(f"{error} (with --set {', --set '.join(texts)})") from None
+                raise ProfileError(f"{error} (with --set {', --set '.join(short_text(t) for t in texts)})") from None
             raise
 
     shared = validated(shared_settings, raw["shared"], "shared", "shared")

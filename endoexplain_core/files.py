@@ -25,6 +25,28 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class FileTooLarge(ValueError):
+    """A file a user named is larger than the reader's limit (the message names both)."""
+
+
+def read_bounded(path: str | Path, limit_bytes: int, what: str) -> bytes:
+    """The bytes of ``path``, read only up to ``limit_bytes`` + 1: a file (or a device such as
+    ``/dev/zero``) beyond the limit raises ``FileTooLarge`` naming it and the limit instead of
+    filling memory. ``what`` names the file's role in the message ("--set-file")."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise FileTooLarge(f"{what} {path}: larger than the {limit_bytes / 2**20:.0f} MiB a "
+                           f"{what} may have; not read further")
+    return data
+
+
+def short_text(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters with the number left out, for messages that echo
+    user input (a 20 MB ``--set`` must not come back as 20 MB of stderr)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
 def sha256_file(path: str | Path) -> str:
     """Lowercase hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()

@@ -436,3 +436,90 @@ def test_two_audit_processes_into_one_folder(inputs, tmp_path, queued):
     table = pd.read_parquet(out / "case_table.parquet")
     assert len(table) > 0 and set(table["checkpoint_id"]) == {last}
     assert not list(out.glob(".staging-*"))
+
+
+# --- run_all.sh: refusals before any work ------------------------------------------------------
+# Each builder gets tmp_path and returns run_all's arguments (besides --output-root); the run
+# must exit 2 with one short line naming the problem, and leave the output root untouched (no
+# run folder, no lock file).
+
+def image_size_beyond_memory(tmp_path):
+    return ["--profile", "smoke", "--set", "shared.image_size=100000000"]
+
+
+def a_trillion_bootstrap_replicates(tmp_path):
+    return ["--profile", "smoke", "--set", "02_calibration.bootstrap_replicates=1000000000000"]
+
+
+def a_negative_seed(tmp_path):
+    return ["--profile", "smoke", "--set", "shared.seed=-1"]
+
+
+def a_repeated_training_seed(tmp_path):
+    return ["--profile", "smoke", "--set", "shared.training_seeds=[1129, 1129]"]
+
+
+def a_repeated_gate_seed(tmp_path):
+    return ["--profile", "smoke", "--set", "03_validity_gate.replicate_seeds=[1, 1]"]
+
+
+def a_misspelt_category(tmp_path):
+    return ["--profile", "smoke", "--set", "00_roles.category_counts={caecum: 3}"]
+
+
+def a_set_file_that_never_ends(tmp_path):
+    return ["--profile", "smoke", "--set-file", "/dev/zero"]
+
+
+def a_huge_set_value(tmp_path):
+    return ["--profile", "smoke", "--set", "shared.seed=" + "1" * 200_000]
+
+
+def a_huge_unknown_set_key(tmp_path):
+    return ["--profile", "smoke", "--set", "shared." + "k" * 200_000 + "=1"]
+
+
+def a_profile_named_dot_dot(tmp_path):
+    profile = tmp_path / "...yaml"
+    shutil.copy(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", profile)
+    return ["--profile", str(profile)]
+
+
+def an_output_root_that_is_a_file(tmp_path):
+    (tmp_path / "out").write_text("a file")
+    return ["--profile", "smoke"]
+
+
+def an_insecure_scheduler(tmp_path):
+    return ["--profile", "smoke", "--scheduler", "tcp://127.0.0.1:8786"]
+
+
+RUN_CASES = [
+    (image_size_beyond_memory, "less than or equal to 2048"),
+    (a_trillion_bootstrap_replicates, "less than or equal to 100000"),
+    (a_negative_seed, "greater than or equal to 0"),
+    (a_repeated_training_seed, "repeated: 1129"),
+    (a_repeated_gate_seed, "repeated: 1"),
+    (a_misspelt_category, "did you mean 'cecum'"),
+    (a_set_file_that_never_ends, "larger than the 1 MiB"),
+    (a_huge_set_value, "not valid profile YAML"),
+    (a_huge_unknown_set_key, "has no key"),
+    (a_profile_named_dot_dot, "must be a plain name"),
+    (an_output_root_that_is_a_file, "is a file, not a folder"),
+    (an_insecure_scheduler, "tcp:// scheduler is unencrypted"),
+]
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+@pytest.mark.parametrize("builder, words", RUN_CASES, ids=[case[0].__name__ for case in RUN_CASES])
+def test_run_all_refuses_before_any_work_in_one_line(tmp_path, capsys, builder, words, check):
+    from endoexplain_core.pipeline import orchestrator
+
+    arguments = builder(tmp_path) + ["--output-root", str(tmp_path / "out")] + (["--check"] if check else [])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = orchestrator.main(arguments)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and words in lines[0], captured.err[-2000:]
+    assert len(lines[0]) < 1000                                   # long values are cut
+    assert sorted(p.name for p in tmp_path.iterdir()) == before   # nothing written, no lock

@@ -43,6 +43,7 @@ from typing import Any
 
 import pandas as pd
 
+from endoexplain_core import config
 from endoexplain_core.data import imageio
 from endoexplain_core.data.imageio import check_mask_size, is_image_file, read_mask
 from endoexplain_core.data.roles import hash_files, sha256_file
@@ -52,25 +53,9 @@ LOWER_GI = "lower-gi-tract"
 UPPER_GI = "upper-gi-tract"
 POSITIVE_SOURCES = ("polyps", "dyed-lifted-polyps")
 
-# Canonical lower-GI category -> its group folder (docs/protocol.md, "Dataset layouts").
-CATEGORY_GROUP: dict[str, str] = {
-    "cecum": "anatomical-landmarks",
-    "ileum": "anatomical-landmarks",
-    "retroflex-rectum": "anatomical-landmarks",
-    "hemorrhoids": "pathological-findings",
-    "polyps": "pathological-findings",
-    "ulcerative-colitis-grade-0-1": "pathological-findings",
-    "ulcerative-colitis-grade-1": "pathological-findings",
-    "ulcerative-colitis-grade-1-2": "pathological-findings",
-    "ulcerative-colitis-grade-2": "pathological-findings",
-    "ulcerative-colitis-grade-2-3": "pathological-findings",
-    "ulcerative-colitis-grade-3": "pathological-findings",
-    "bbps-0-1": "quality-of-mucosal-views",
-    "bbps-2-3": "quality-of-mucosal-views",
-    "impacted-stool": "quality-of-mucosal-views",
-    "dyed-lifted-polyps": "therapeutic-interventions",
-    "dyed-resection-margins": "therapeutic-interventions",
-}
+# Canonical lower-GI category -> its group folder: the profile schema's vocabulary
+# (``config.LOWER_GI_CATEGORIES``, which also checks ``category_counts``).
+CATEGORY_GROUP: dict[str, str] = config.LOWER_GI_CATEGORIES
 
 # Spellings used by the official split files and some mirrors.
 CATEGORY_ALIASES: dict[str, str] = {

@@ -15,7 +15,6 @@ others, so the same seed would drop different units on different machines.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 import torchvision
 from torch import nn
 
+from endoexplain_core import files
 from endoexplain_core.config import ARCHITECTURES  # the profile schema validates against it
 
 # CAM target layer per architecture (docs/protocol.md, "Target layers"):
@@ -161,20 +161,11 @@ def imagenet_weights_url(arch: str) -> str:
     return torchvision.models.get_model_weights(arch).DEFAULT.url
 
 
-def sha256_of(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(chunk_bytes), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_weights_file(path: Path) -> tuple[str, str | None]:
     """(SHA-256 of ``path``, the hash prefix its file name carries or None). Raises
     ``WeightsHashMismatch`` naming the file when the name carries a torchvision hash that the
     digest does not start with: a truncated download or another file under torchvision's name."""
-    digest = sha256_of(path)
+    digest = files.sha256_file(path)
     named = TORCHVISION_HASH_IN_NAME.search(Path(path).name)
     expected = named.group(1) if named else None
     if expected is not None and not digest.startswith(expected):

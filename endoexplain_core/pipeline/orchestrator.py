@@ -388,10 +388,47 @@ def check_scheduler(config: profiles.Profile, scheduler: str | None,
         raise SchedulerError(f"{where}: {error}") from None
 
 
+def checked_run(profile: str, *, data_root: str = "", output_root: Path = REPO_ROOT,
+                notebook_dir: Path = NOTEBOOK_DIR,
+                stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
+                shared_settings: type | None = None, scheduler: str | None = None,
+                allow_insecure_scheduler: bool = False,
+                overrides: list[str] | tuple[str, ...] = ()) -> tuple[list[Path], profiles.Profile]:
+    """Every refusal a run can give from its arguments alone, before any work: the notebooks,
+    the profile with its overrides (``config.load_profile``), the scheduler, the data root and
+    the output root (a folder or nothing yet, never a file).
+    Returns (stage notebooks, validated profile). Called before the run-folder lock is taken, so
+    a refused run leaves no lock file, and again inside it."""
+    stages = discover_stages(notebook_dir)
+    if not stages:
+        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
+    names = [p.stem for p in stages]
+    stage_settings = profiles.STAGE_SETTINGS if stage_settings is None else stage_settings
+    config = profiles.load_profile(  # every key is checked before any work
+        profile, names, stage_settings=stage_settings,
+        shared_settings=shared_settings or profiles.SharedSettings, overrides=overrides)
+    missing = [name for name in names if name not in stage_settings]
+    if missing:
+        raise profiles.ProfileError(f"notebooks {missing} have no settings model in "
+                                    "config.STAGE_SETTINGS")
+    check_scheduler(config, scheduler, allow_insecure_scheduler)
+    if data_root and not Path(data_root).is_dir():
+        raise FileNotFoundError(f"--data-root {data_root} is not a folder")
+    if Path(output_root).exists() and not Path(output_root).is_dir():
+        raise NotADirectoryError(f"--output-root {output_root} is a file, not a folder")
+    return stages, config
+
+
+CHECKED_ARGUMENTS = ("data_root", "output_root", "notebook_dir", "stage_settings", "shared_settings", "scheduler",
+                     "allow_insecure_scheduler", "overrides")
+
+
 def _one_run_per_folder(function):
-    """Run ``function`` (``run_pipeline``) under ``run_folder_lock``; ``wait_for_lock`` seconds."""
+    """Run ``function`` (``run_pipeline``) under ``run_folder_lock``; ``wait_for_lock`` seconds.
+    The arguments are checked first (``checked_run``): a refused run takes no lock."""
     @functools.wraps(function)
     def locked(profile: str, *args, wait_for_lock: float = 0.0, **kwargs):
+        checked_run(profile, **{k: v for k, v in kwargs.items() if k in CHECKED_ARGUMENTS})
         with run_folder_lock(profile, kwargs.get("output_root", REPO_ROOT), wait_for_lock):
             return function(profile, *args, **kwargs)
     return locked
@@ -430,23 +467,15 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     share that lock and the run's state.
     """
     started = time.perf_counter()
-    stages = discover_stages(notebook_dir)
-    if not stages:
-        raise FileNotFoundError(f"no numbered notebooks (NN_name.ipynb) in {notebook_dir}")
+    stages, config = checked_run(profile, data_root=data_root, output_root=output_root,
+                                 notebook_dir=notebook_dir,
+                                 stage_settings=stage_settings, shared_settings=shared_settings,
+                                 scheduler=scheduler, allow_insecure_scheduler=allow_insecure_scheduler,
+                                 overrides=overrides)
     names = [p.stem for p in stages]
     stage_settings = profiles.STAGE_SETTINGS if stage_settings is None else stage_settings
-    config = profiles.load_profile(  # every key is checked before any work
-        profile, names, stage_settings=stage_settings,
-        shared_settings=shared_settings or profiles.SharedSettings, overrides=overrides)
-    missing = [name for name in names if name not in stage_settings]
-    if missing:
-        raise profiles.ProfileError(f"notebooks {missing} have no settings model in "
-                                    "config.STAGE_SETTINGS")
-    check_scheduler(config, scheduler, allow_insecure_scheduler)
     profile_name = config.profile
     paths = RunPaths(profile_name, Path(output_root).resolve())
-    if data_root and not Path(data_root).is_dir():
-        raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     data_root = str(Path(data_root).resolve()) if data_root else ""
     mirror_layout = getattr(config.stage_settings(names[0]), "synthetic_layout", "") in ("mirror", "downloaded")
     reference_dir = manifest_reference_dir(profile_name, data_root, manifest_reference,
@@ -646,14 +675,17 @@ def manifest_reference_dir(profile_name: str, data_root: str, manifest_reference
 
 
 def preflight_main(profile: str, data_root: str, output_root: Path, overrides: list[str],
-                   manifest_reference: str | None = None) -> int:
-    """``run_all.sh --check``: validate the profile (with its ``--set``), run every preflight
-    check and print them (``pipeline.preflight``); 0 when ready, 2 when not."""
+                   manifest_reference: str | None = None, *, scheduler: str | None = None,
+                   allow_insecure_scheduler: bool = False) -> int:
+    """``run_all.sh --check``: the run's own argument checks (``checked_run``: profile with its
+    ``--set``, scheduler, output root), then every preflight check, printed
+    (``pipeline.preflight``); 0 when ready, 2 when not."""
     from endoexplain_core.pipeline import preflight
 
     try:
-        config = profiles.load_profile(profile, [p.stem for p in discover_stages()], overrides=overrides)
-    except profiles.ProfileError as error:
+        _, config = checked_run(profile, output_root=output_root, scheduler=scheduler,
+                                allow_insecure_scheduler=allow_insecure_scheduler, overrides=overrides)
+    except (profiles.ProfileError, NotADirectoryError, FileNotFoundError, ValueError) as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
     run_dir = RunPaths(config.profile, output_root.resolve()).run_dir
@@ -731,7 +763,8 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stdout)
     if args.check:
         return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides,
-                              args.manifest_reference)
+                              args.manifest_reference, scheduler=args.scheduler,
+                              allow_insecure_scheduler=args.allow_insecure_scheduler)
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
@@ -750,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as error:
         print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
         return 1
-    except (profiles.ProfileError, FileNotFoundError, ValueError) as error:
+    except (profiles.ProfileError, FileNotFoundError, NotADirectoryError, ValueError) as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
     run_dir = Path(args.output_root) / "runs" / provenance["profile"]
