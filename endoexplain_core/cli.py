@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from endoexplain_core import files  # light: hashes and atomic writes (torch loads lazily below)
+
 UNPAIRED_SHOWN = 5
 DEFAULT_DATASET = "own"
 
@@ -67,17 +69,17 @@ def _image_files(folder: Path, what: str) -> dict[str, Path]:
 
     if not folder.is_dir():
         raise CommandError(f"{what} folder {folder} does not exist or is not a folder")
-    files: dict[str, Path] = {}
+    by_stem: dict[str, Path] = {}
     for path in sorted(folder.iterdir()):
         if imageio.is_image_file(path):
-            if path.stem in files:
+            if path.stem in by_stem:
                 raise CommandError(f"{what} folder {folder} has two files with the stem "
-                                   f"{path.stem!r}: {files[path.stem].name} and {path.name}")
-            files[path.stem] = path
-    if not files:
+                                   f"{path.stem!r}: {by_stem[path.stem].name} and {path.name}")
+            by_stem[path.stem] = path
+    if not by_stem:
         raise CommandError(f"{what} folder {folder} holds no image files "
                            f"({', '.join(imageio.IMAGE_SUFFIXES)})")
-    return files
+    return by_stem
 
 
 def pair_by_stem(images_dir: str | Path, masks_dir: str | Path, mask_suffix: str = "") -> list[Case]:
@@ -140,8 +142,6 @@ def check_cases(cases: list[Case]) -> None:
 
 def _same_bytes(first: Path, second: Path) -> bool:
     """Whether two files hold the same bytes (sizes first, then SHA-256)."""
-    from endoexplain_core import files
-
     return (first.stat().st_size == second.stat().st_size
             and files.sha256_file(first) == files.sha256_file(second))
 
@@ -179,7 +179,6 @@ LOCK_NAME = ".endoexplain-audit.lock"
 def output_folder_lock(out: Path, wait_seconds: float = 0.0):
     """Hold the exclusive lock ``<out>/.endoexplain-audit.lock`` for the block
     (``files.exclusive_lock``); another holder past ``wait_seconds``: ``CommandError``."""
-    from endoexplain_core import files
 
     try:
         with files.exclusive_lock(out / LOCK_NAME, wait_seconds):
@@ -396,10 +395,9 @@ def commit_outputs(staging: Path, out: Path, record: dict) -> list[Path]:
     record, listing each file's SHA-256 (``files``). The previous record is removed first, so
     a run stopped while moving leaves a folder without a record, never a record that vouches
     for other files. Returns the final paths."""
-    from endoexplain_core import files
-
     staged = sorted(p for p in staging.rglob("*") if p.is_file())
     record["files"] = {str(p.relative_to(staging)): files.sha256_file(p) for p in staged}
+    previous = _listed_files(out)
     (out / RECORD_NAME).unlink(missing_ok=True)
     final = []
     for path in staged:
@@ -407,33 +405,66 @@ def commit_outputs(staging: Path, out: Path, record: dict) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, target)
         final.append(target)
+    # The previous audit's files that this one does not write (its report.html when this run
+    # has --report none) would sit beside the new tables as if they belonged to them.
+    for name in sorted(set(previous) - set(record["files"])):
+        (out / name).unlink(missing_ok=True)
     shown = {k: v for k, v in record.items() if k != "written"}
     final.append(files.write_text_atomic(out / RECORD_NAME, json.dumps(shown, indent=1)))
     return final
 
 
-def verify_folder(folder: str | Path) -> list[str]:
-    """Problems of an audit folder against its commit record (empty: every file listed in
-    ``audit.json`` is there with its SHA-256)."""
-    from endoexplain_core import files
+MAX_RECORD_BYTES = 16 << 20     # an audit.json lists a few dozen files; 16 MiB is far beyond
 
+
+def _inside(folder: Path, name: str) -> bool:
+    """``name`` is a relative path that stays inside ``folder`` (no absolute path, no '..')."""
+    relative = Path(name)
+    return (not relative.is_absolute() and ".." not in relative.parts
+            and (folder / relative).resolve().is_relative_to(folder.resolve()))
+
+
+def _listed_files(folder: Path) -> dict[str, str]:
+    """The files a folder's ``audit.json`` lists (name -> SHA-256), only names inside the
+    folder; {} when there is no readable record."""
+    try:
+        listed = json.loads(files.read_bounded(folder / RECORD_NAME, MAX_RECORD_BYTES,
+                                               RECORD_NAME)).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(listed, dict):
+        return {}
+    return {str(name): digest for name, digest in listed.items() if _inside(folder, str(name))}
+
+
+def verify_folder(folder: str | Path) -> list[str]:
+    """Problems of an audit folder against its commit record (empty: ``audit.json`` lists at
+    least one file, every listed file is inside the folder and there with its SHA-256, and every
+    file of the folder is listed; hidden files such as the lock are not outputs)."""
     folder = Path(folder)
     record_path = folder / RECORD_NAME
     if not record_path.is_file():
         return [f"{folder} has no {RECORD_NAME}: an interrupted audit, or not an audit folder"]
     try:
-        listed = json.loads(record_path.read_text()).get("files")
-    except (OSError, ValueError) as error:
-        return [f"{record_path} is not readable JSON ({error})"]
-    if not isinstance(listed, dict):
-        return [f"{record_path} lists no files (written by an older version?)"]
+        listed = json.loads(files.read_bounded(record_path, MAX_RECORD_BYTES, RECORD_NAME)).get("files")
+    except (OSError, ValueError, AttributeError) as error:
+        return [f"{record_path} is not a readable audit record ({files.short_text(str(error))})"]
+    if not isinstance(listed, dict) or not listed:
+        return [f"{record_path} lists no files: it vouches for nothing"]
     problems = []
     for name, digest in sorted(listed.items()):
+        if not _inside(folder, str(name)):
+            problems.append(f"{files.short_text(str(name))}: outside the folder (not checked)")
+            continue
         path = folder / name
         if not path.is_file():
             problems.append(f"{name}: missing")
         elif files.sha256_file(path) != digest:
             problems.append(f"{name}: changed since the audit wrote it")
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+               and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
+    for name in sorted(present - set(listed) - {RECORD_NAME}):
+        problems.append(f"{name}: not listed in {RECORD_NAME} (not written by this audit)")
     return problems
 
 
@@ -549,7 +580,7 @@ code{background:#f5f5f5;padding:0 0.2em}
 
 
 def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figure_png: Path,
-                      files: list[Path]) -> Path:
+                      written: list[Path]) -> Path:
     """``<out>/report.html``: one self-contained page (inline CSS, the figure as a data URI,
     no scripts and no links outside the page except to the files written beside it)."""
     def table_html(frame) -> str:
@@ -563,7 +594,7 @@ def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figur
     settings_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                             for k, v in settings.items())
     file_rows = "".join(f'<li><a href="{html.escape(p.name)}">{html.escape(p.name)}</a></li>'
-                        for p in files if p.parent == out)
+                        for p in written if p.parent == out)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>endoExplain audit: {html.escape(record['checkpoint_id'])}</title>
@@ -590,7 +621,6 @@ Eigen-CAM* is class-agnostic.</p>
 <p class="note">Written {datetime.date.today().isoformat()} by <code>endoexplain audit</code>.</p>
 </body></html>
 """
-    from endoexplain_core import files
 
     return files.write_text_atomic(out / "report.html", page)
 
@@ -702,7 +732,7 @@ def run_verify(args: argparse.Namespace) -> str:
         shown = "; ".join(problems[:UNPAIRED_SHOWN])
         more = f" (and {len(problems) - UNPAIRED_SHOWN} more)" if len(problems) > UNPAIRED_SHOWN else ""
         raise CommandError(f"{args.folder} does not match its record: {shown}{more}")
-    listed = len(json.loads((Path(args.folder) / RECORD_NAME).read_text())["files"])
+    listed = len(_listed_files(Path(args.folder)))
     return f"{listed} files match {Path(args.folder) / RECORD_NAME}"
 
 

@@ -133,3 +133,15 @@ def test_the_page_filters_and_opens_a_case_in_chromium(tmp_path):
     assert values[5] == 0                                     # the odd id is text, not markup
     with Image.open(shot) as opened_case:                     # a screenshot of the opened case
         assert opened_case.size == (1300, 1100)
+
+
+@pytest.mark.parametrize("name", ["<!--<script> b", "</script><b>x</b>", "a & b \u2028 c", "plain"])
+def test_inline_json_cannot_end_or_comment_out_the_script(name):
+    """Names are data: whatever a sample id holds, the inline JSON has no '<', '>' or '&' (the
+    HTML parser's script states never see them) and reads back to the same value."""
+    import json
+
+    value = [{"sample_id": name, "cohort": "hyperkvasir"}]
+    text = case_browser.script_json(value)
+    assert not set("<>&\u2028\u2029") & set(text)
+    assert json.loads(text) == value

@@ -309,6 +309,33 @@ def test_odd_file_names_reach_neither_mathtext_nor_markdown_raw(inputs, tmp_path
     assert cli.main(["verify", str(out)]) == 2
 
 
+def test_a_second_audit_without_report_removes_the_first_ones_and_verify_proves_the_folder(inputs, tmp_path):
+    """Model A's audit, then model B's into the same --out with --report none: A's report.html
+    must not stay beside B's tables. verify fails on a record that lists nothing, on a listed
+    path outside the folder and on a file the record does not list."""
+    out = tmp_path / "out"
+    assert cli.main(audit_arguments(inputs["images"], inputs["masks"], inputs["weights"], out)) == 0
+    assert (out / "report.html").is_file()
+    other = tmp_path / "other.pt"
+    torch.save({k: v + 0.01 if v.is_floating_point() else v for k, v in _state(inputs).items()}, other)
+    assert cli.main(audit_arguments(inputs["images"], inputs["masks"], other, out, "--report", "none")) == 0
+    assert not (out / "report.html").exists() and cli.verify_folder(out) == []
+    record = json.loads((out / "audit.json").read_text())
+    (out / "stray.csv").write_text("not from the audit\n")
+    assert cli.verify_folder(out) == ["stray.csv: not listed in audit.json (not written by this audit)"]
+    (out / "stray.csv").unlink()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    tampered = {**record, "files": {**record["files"], str(outside): files.sha256_file(outside),
+                                    "../outside.txt": files.sha256_file(outside)}}
+    (out / "audit.json").write_text(json.dumps(tampered))
+    problems = cli.verify_folder(out)
+    assert len(problems) == 2 and all("outside the folder" in p for p in problems)
+    (out / "audit.json").write_text(json.dumps({**record, "files": {}}))
+    assert cli.verify_folder(out) == [f"{out / 'audit.json'} lists no files: it vouches for nothing"]
+    assert cli.main(["verify", str(out)]) == 2
+
+
 def test_markdown_cells_escape_pipes_line_breaks_and_control_characters():
     assert artefacts.markdown_cell("a|b") == "a\\|b"
     assert artefacts.markdown_cell("two\nlines") == "two lines"

@@ -261,6 +261,18 @@ render();
 """
 
 
+def script_json(value) -> str:
+    """``value`` as JSON safe to inline in a ``<script>`` element: ``<``, ``>`` and ``&`` as
+    ``\\u`` escapes (a sample id such as ``<!--<script>`` would otherwise switch the HTML parser
+    into a state that swallows the rest of the page), and U+2028/U+2029, which old JavaScript
+    parsers read as line breaks inside strings. JSON.parse and a JS literal read the same value."""
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    for character, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                              ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(character, escape)
+    return text
+
+
 def write_case_browser(out_dir: str | Path, records: list[dict], *, checkpoint_id: str,
                        cohort_labels: dict[str, str], synthetic: bool, top_fraction: float,
                        score_threshold: float, identical: dict[str, str] | None = None,
@@ -272,7 +284,7 @@ def write_case_browser(out_dir: str | Path, records: list[dict], *, checkpoint_i
     dagger and the page says what it means)."""
     out_dir = Path(out_dir)
     labels = {m: method_label(m, not_validated) for m in MAP_METHODS}
-    data = json.dumps(records, separators=(",", ":")).replace("</", "<\\/")
+    data = script_json(records)
     map_headers = "".join(f"<th>{html.escape(labels[m])}</th>" for m in MAP_METHODS)
     cohorts = "".join(f'<option value="{html.escape(k)}">{html.escape(v)}</option>'
                       for k, v in cohort_labels.items())
@@ -317,10 +329,10 @@ scale. High score: scaled score &ge; {score_threshold:.2f}.</p>
 <th data-key="centre_distance">centre distance</th>{map_headers}</tr></thead><tbody></tbody></table>
 <script>
 const CASES = {data};
-const MAPS = {json.dumps(list(MAP_METHODS))};
-const LABELS = {json.dumps(labels)};
-const COHORT_LABELS = {json.dumps(cohort_labels)};
-const IDENTICAL = {json.dumps(identical or {})};
+const MAPS = {script_json(list(MAP_METHODS))};
+const LABELS = {script_json(labels)};
+const COHORT_LABELS = {script_json(cohort_labels)};
+const IDENTICAL = {script_json(identical or {})};
 {_SCRIPT}
 </script></body></html>
 """
