@@ -237,6 +237,33 @@ def test_ctrl_c_is_recorded_as_interrupted_never_as_the_previous_complete(projec
     assert statuses(run(project)) == ["skipped", "ran"]
 
 
+@pytest.mark.parametrize("where", ["_figure_snapshot", "export_html", "stage_digest"])
+def test_ctrl_c_anywhere_in_the_loop_is_recorded_as_interrupted(project, monkeypatch, where):
+    """The interrupt may land outside the notebook (the review saw it in the figure snapshot):
+    provenance.json and index.html say "interrupted" wherever it lands."""
+    run(project)
+    run_dir = project[0] / "out" / "runs" / "tiny"
+    real = getattr(orchestrator, where)
+    calls = {"n": 0}
+
+    def interrupting(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 or (where == "export_html" and calls["n"] == 1):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(orchestrator, where, interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        run(project, force=True)
+    on_disk = json.loads((run_dir / "provenance.json").read_text())
+    assert on_disk["status"] == "interrupted"
+    got = statuses(on_disk)
+    assert len(got) == 2 and set(got) <= {"ran", "interrupted", "not_run"} and got != ["ran", "ran"], got
+    assert "status: interrupted" in (run_dir / "index.html").read_text()
+    monkeypatch.setattr(orchestrator, where, real)
+    assert run(project)["status"] == "complete"       # and the next run completes it
+
+
 def test_a_corrupt_stamp_is_treated_as_missing_and_its_stage_reruns(project):
     run(project)
     stamps = project[0] / "out" / "runs" / "tiny" / "stamps"

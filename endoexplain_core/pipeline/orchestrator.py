@@ -494,84 +494,97 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
-    for notebook in stages:
-        stage = notebook.stem
-        parameters = {**profiles.stage_parameters(config, stage), "profile": profile_name,
-                      "run_dir": str(paths.run_dir), "figures_dir": str(paths.figures_dir),
-                      "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
-        if stage == names[0] and adopt_manifest:
-            parameters["adopt_manifest"] = True
-        if scheduler is not None and "scheduler" in parameters:  # --scheduler beats the profile
-            parameters["scheduler"] = scheduler
-        if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
-            parameters["allow_insecure_scheduler"] = True
-        # Where tasks run does not change what they compute, nor does where the reference
-        # manifest lives or whether a new one is adopted (its content is in the first
-        # stage's fingerprint): not part of the digest.
-        digested = {k: v for k, v in parameters.items()
-                    if k not in (*profiles.EXECUTION_KEYS, *REFERENCE_KEYS)}
-        core = core_code_digest(core_modules_used(notebook))
-        digest = stage_digest(notebook, digested, core, upstream)
-        upstream = stage_digest(notebook, digested, core, data_only) if stage == names[0] else digest
-        executed = paths.notebooks_out / notebook.name
-        stamp_path = paths.stamps / f"{stage}.json"
-        stamp = _read_stamp(stamp_path)
-        record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
-                  "parameters": parameters, "overrides": stage_overrides(config, stage),
-                  "executed_notebook": str(executed),
-                  "html": str(executed.with_suffix(".html")), "digest": digest,
-                  "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
-        records.append(record)
+    try:
+        for notebook in stages:
+            stage = notebook.stem
+            parameters = {**profiles.stage_parameters(config, stage), "profile": profile_name,
+                          "run_dir": str(paths.run_dir), "figures_dir": str(paths.figures_dir),
+                          "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
+            if stage == names[0] and adopt_manifest:
+                parameters["adopt_manifest"] = True
+            if scheduler is not None and "scheduler" in parameters:  # --scheduler beats the profile
+                parameters["scheduler"] = scheduler
+            if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
+                parameters["allow_insecure_scheduler"] = True
+            # Where tasks run does not change what they compute, nor does where the reference
+            # manifest lives or whether a new one is adopted (its content is in the first
+            # stage's fingerprint): not part of the digest.
+            digested = {k: v for k, v in parameters.items()
+                        if k not in (*profiles.EXECUTION_KEYS, *REFERENCE_KEYS)}
+            core = core_code_digest(core_modules_used(notebook))
+            digest = stage_digest(notebook, digested, core, upstream)
+            upstream = stage_digest(notebook, digested, core, data_only) if stage == names[0] else digest
+            executed = paths.notebooks_out / notebook.name
+            stamp_path = paths.stamps / f"{stage}.json"
+            stamp = _read_stamp(stamp_path)
+            record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
+                      "parameters": parameters, "overrides": stage_overrides(config, stage),
+                      "executed_notebook": str(executed),
+                      "html": str(executed.with_suffix(".html")), "digest": digest,
+                      "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
+            records.append(record)
 
-        if failure is not None or (only and stage not in only):
-            record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
-                          up_to_date=stamp.get("digest") == digest)
-            continue
-        if not force and stamp.get("digest") == digest and executed.is_file():
-            record.update(status="skipped", seconds=0.0,
-                          last_run_seconds=stamp.get("seconds"))
-            log.info("[%s] unchanged since its last run: skipped", stage)
-            continue
+            if failure is not None or (only and stage not in only):
+                record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
+                              up_to_date=stamp.get("digest") == digest)
+                continue
+            if not force and stamp.get("digest") == digest and executed.is_file():
+                record.update(status="skipped", seconds=0.0,
+                              last_run_seconds=stamp.get("seconds"))
+                log.info("[%s] unchanged since its last run: skipped", stage)
+                continue
 
-        stamp_path.unlink(missing_ok=True)  # a killed run must not look finished
-        log.info("[%s] running %s", stage, notebook.name)
-        before = _figure_snapshot(paths.figures_dir)
-        stage_started = time.perf_counter()
-        try:
-            with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
-                execute_stage(notebook, executed, parameters, kernel_name)
-            record["status"] = "ran"
-        except StageFailed as error:
-            record["status"] = "failed"
-            record["error"] = str(error)
-            failure = error
-        except KeyboardInterrupt:
-            # Ctrl-C: the record says so (never the previous run's "complete"), then stop.
-            record.update(status="interrupted", seconds=round(time.perf_counter() - stage_started, 2))
-            for later in stages[stages.index(notebook) + 1:]:
-                records.append({"stage": later.stem, "status": "not_run", "seconds": 0.0,
-                                "notebook": str(later.relative_to(notebook_dir.parent))})
-            _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
-                           config.overrides)
-            raise
-        record["seconds"] = round(time.perf_counter() - stage_started, 2)
-        after = _figure_snapshot(paths.figures_dir)
-        record["figure_files"] = sorted(name for name, mtime in after.items()
-                                        if before.get(name) != mtime)
-        if executed.is_file():
-            export_html(executed)
-            _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
-        if failure is None:
-            files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
-                                            "figure_files": record["figure_files"],
-                                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            log.info("[%s] done in %.1f s", stage, record["seconds"])
+            stamp_path.unlink(missing_ok=True)  # a killed run must not look finished
+            log.info("[%s] running %s", stage, notebook.name)
+            stage_started = time.perf_counter()
+            record["started_at"] = stage_started
+            before = _figure_snapshot(paths.figures_dir)
+            try:
+                with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
+                    execute_stage(notebook, executed, parameters, kernel_name)
+                record["status"] = "ran"
+            except StageFailed as error:
+                record["status"] = "failed"
+                record["error"] = str(error)
+                failure = error
+            record["seconds"] = round(time.perf_counter() - record.pop("started_at"), 2)
+            after = _figure_snapshot(paths.figures_dir)
+            record["figure_files"] = sorted(name for name, mtime in after.items()
+                                            if before.get(name) != mtime)
+            if executed.is_file():
+                export_html(executed)
+                _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
+            if failure is None:
+                files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
+                                                "figure_files": record["figure_files"],
+                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                log.info("[%s] done in %.1f s", stage, record["seconds"])
+    except KeyboardInterrupt:
+        # Ctrl-C at any moment of the loop (in a notebook, between cells, while hashing or
+        # exporting): the record says so, never "running" or the previous run's "complete".
+        _record_interrupt(records, stages, notebook_dir)
+        _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
+                       config.overrides)
+        raise
 
     provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
                                 "failed" if failure else "complete", config.overrides)
     if failure is not None:
         raise failure
     return provenance
+
+
+def _record_interrupt(records: list[dict[str, Any]], stages: list[Path], notebook_dir: Path) -> None:
+    """In place: the stage that was running when Ctrl-C came is "interrupted" (a stage whose
+    record has no status yet, or is still timed); every stage after it "not_run"."""
+    if records and ("status" not in records[-1] or "started_at" in records[-1]):
+        current = records[-1]
+        started_at = current.pop("started_at", None)
+        current.update(status="interrupted",
+                       seconds=round(time.perf_counter() - started_at, 2) if started_at else 0.0)
+    for later in stages[len(records):]:
+        records.append({"stage": later.stem, "status": "not_run", "seconds": 0.0,
+                        "notebook": str(later.relative_to(notebook_dir.parent))})
 
 
 def _read_stamp(path: Path) -> dict[str, Any]:
