@@ -550,3 +550,47 @@ def test_run_all_refuses_before_any_work_in_one_line(tmp_path, capsys, builder, 
     assert code == 2 and len(lines) == 1 and words in lines[0], captured.err[-2000:]
     assert len(lines[0]) < 1000                                   # long values are cut
     assert sorted(p.name for p in tmp_path.iterdir()) == before   # nothing written, no lock
+
+
+def test_ctrl_c_during_check_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    from endoexplain_core.pipeline import orchestrator, preflight
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preflight, "run_preflight", interrupted)
+    code = orchestrator.main(["--profile", "smoke", "--output-root", str(tmp_path / "out"), "--check"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 130 and lines == ["run_all: preflight interrupted; nothing was written"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_data_root_is_a_finding_not_a_traceback(tmp_path, monkeypatch):
+    """Running as root, permissions cannot be taken away; the reader's PermissionError is
+    injected where a real one comes from (listing a folder)."""
+    from endoexplain_core import config
+    from endoexplain_core.data import cohorts, hyperkvasir
+    from endoexplain_core.pipeline import preflight
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "data" / "hyper-kvasir"))
+
+    monkeypatch.setattr(hyperkvasir, "index_hyperkvasir", denied)
+    monkeypatch.setitem(cohorts.ADAPTERS, "etis", denied)
+    (tmp_path / "data" / "ETIS-LaribPolypDB").mkdir(parents=True)
+    findings = preflight.run_preflight(config.load_profile("smoke"), str(tmp_path / "data"), tmp_path / "runs")
+    denied_lines = [f for f in findings if "Permission denied" in f.detail]
+    assert {f.item for f in denied_lines} == {"HyperKvasir", "ETIS-LaribPolypDB"}
+    assert all(f.blocks for f in denied_lines)
+
+
+def test_a_looping_link_in_the_data_root_does_not_stop_the_fingerprint(tmp_path):
+    from endoexplain_core.pipeline import orchestrator
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "loop.jpg").symlink_to("loop.jpg")
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "stray.bin").write_bytes(b"\0" * 1000)     # not part of the reference
+    first = orchestrator.data_fingerprint(str(tmp_path / "data"), tmp_path / "reference")
+    (tmp_path / "reference" / "stray.bin").write_bytes(b"\1" * 1000)
+    assert orchestrator.data_fingerprint(str(tmp_path / "data"), tmp_path / "reference") == first

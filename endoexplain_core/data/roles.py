@@ -309,6 +309,9 @@ def describe_differences(new: pd.DataFrame, reference: pd.DataFrame, examples: i
     return "; ".join(parts)
 
 
+MAX_MANIFEST_BYTES = 256 << 20   # the paper's manifest (7,210 rows) is about 1 MB
+
+
 def _reference_difference(new_bytes: bytes, reference_dir: Path) -> str | None:
     """``None`` when ``new_bytes`` are the reference manifest's bytes, else a summary of the
     difference (or of the missing reference)."""
@@ -316,11 +319,13 @@ def _reference_difference(new_bytes: bytes, reference_dir: Path) -> str | None:
     reference_csv = reference_dir / MANIFEST_FILE
     if not reference_csv.is_file():
         return f"no reference manifest at {reference_csv}"
-    reference_digest = files.sha256_bytes(reference_csv.read_bytes())
+    # Bounded: the reference folder is named by the user (--manifest-reference).
+    reference_bytes = files.read_bounded(reference_csv, MAX_MANIFEST_BYTES, "reference manifest")
+    reference_digest = files.sha256_bytes(reference_bytes)
     if reference_digest == new_digest:
         return None
     summary = describe_differences(_parse_manifest(io.BytesIO(new_bytes), "the new manifest"),
-                                   read_manifest(reference_csv))
+                                   _parse_manifest(io.BytesIO(reference_bytes), reference_csv))
     return f"digest {new_digest[:12]} vs reference {reference_digest[:12]}: {summary}"
 
 

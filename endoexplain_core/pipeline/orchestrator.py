@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from endoexplain_core.run_layout import RunLayout
+from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, RunLayout
 from endoexplain_core import config as profiles
 from endoexplain_core import artefacts, files, numerics
 
@@ -157,14 +157,19 @@ def data_fingerprint(data_root: str, reference_dir: Path | None) -> str:
             dirnames.sort()
             for name in sorted(filenames):
                 path = Path(dirpath) / name
-                stat = path.stat()
+                try:
+                    stat = path.stat()
+                except OSError:   # a broken or looping link: the readers skip it; so does this
+                    stat = path.lstat()
                 digest.update(f"{path.relative_to(root).as_posix()}\t{stat.st_size}\t"
                               f"{stat.st_mtime_ns}\n".encode())
     if reference_dir is not None and reference_dir.is_dir():
-        for path in sorted(reference_dir.iterdir()):
-            if path.is_file():
-                digest.update(path.name.encode())
-                digest.update(path.read_bytes())
+        # Only the reference's own files, streamed: a stray 2 GiB file beside them is neither
+        # read into memory nor part of the reference.
+        for name in (MANIFEST_FILE, DIGEST_FILE):
+            if (reference_dir / name).is_file():
+                digest.update(name.encode())
+                digest.update(files.sha256_file(reference_dir / name).encode())
     return digest.hexdigest()
 
 
@@ -775,9 +780,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stdout)
     if args.check:
-        return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides,
-                              args.manifest_reference, scheduler=args.scheduler,
-                              allow_insecure_scheduler=args.allow_insecure_scheduler)
+        try:
+            return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides,
+                                  args.manifest_reference, scheduler=args.scheduler,
+                                  allow_insecure_scheduler=args.allow_insecure_scheduler)
+        except KeyboardInterrupt:
+            print("\nrun_all: preflight interrupted; nothing was written", file=sys.stderr)
+            return 130
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,

@@ -91,7 +91,7 @@ def hyperkvasir_findings(data_root: Path, *, paper_reference: Path | None = None
     problems: list[tuple[str, str, str]] = []
     try:
         index = hyperkvasir.index_hyperkvasir(data_root, progress=False, problems=problems)
-    except (hyperkvasir.HyperKvasirError, ImageReadError, ValueError) as error:
+    except (hyperkvasir.HyperKvasirError, ImageReadError, ValueError, OSError) as error:
         status = MISSING if "not found" in str(error) or "does not exist" in str(error) else PROBLEM
         return [Finding("data", "HyperKvasir", status, str(error)),
                 *problem_findings("HyperKvasir", problems, data_root)], None
@@ -152,7 +152,7 @@ def cohort_findings(data_root: Path, required, optional) -> tuple[list[Finding],
         problems: list[tuple[str, str, str]] = []
         try:
             cases, report = cohorts.read_cohort(name, data_root, problems)
-        except (cohorts.CohortError, ImageReadError, ValueError) as error:
+        except (cohorts.CohortError, ImageReadError, ValueError, OSError) as error:
             findings.append(Finding("data", label, PROBLEM, str(error)))
             continue
         findings += problem_findings(label, problems, data_root)
