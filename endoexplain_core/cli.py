@@ -228,14 +228,21 @@ def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False
     if positive_class not in (0, 1):
         raise CommandError(f"--positive-class must be 0 or 1 (a 2-class head), got {positive_class}")
     weights = Path(weights)
+    shown = files.short_text(str(weights))
+    try:
+        weights.is_file()
+    except OSError as error:      # e.g. a path too long for the file system
+        raise CommandError(f"weights path {shown} cannot be used: {error.strerror}") from None
     try:
         if torchscript:
             if not weights.is_file():
                 raise FileNotFoundError(f"weights file {weights} does not exist")
+            with open(weights, "rb") as handle:
+                checkpoint.check_declared_size(weights, handle.read(8))
             try:
                 state = dict(torch.jit.load(str(weights), map_location="cpu").state_dict())
-            except RuntimeError as error:
-                raise CommandError(f"{weights}: not a TorchScript archive "
+            except (RuntimeError, torch.jit.Error) as error:   # torch.jit.Error: raised by the archive's code
+                raise CommandError(f"{weights}: not a loadable TorchScript archive "
                                    f"({checkpoint._first_line(error)})") from error
         else:
             state = checkpoint.load_state_dict(weights)

@@ -163,6 +163,46 @@ def torchscript_without_trust(inputs, tmp_path):
                            "--torchscript")
 
 
+RAISING_TORCHSCRIPT = """
+import sys
+from typing import Tuple
+import torch
+
+class RefusesToLoad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, v):
+        return v
+
+    @torch.jit.export
+    def __getstate__(self) -> Tuple[torch.Tensor, bool]:
+        return (self.x, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[torch.Tensor, bool]) -> None:
+        raise RuntimeError("this archive refuses to load")
+
+torch.jit.save(torch.jit.script(RefusesToLoad()), sys.argv[1])
+"""
+
+
+def trusted_torchscript_that_raises_on_load(inputs, tmp_path):
+    """Its __setstate__ raises inside the TorchScript interpreter: torch.jit.Error, which is
+    not a RuntimeError."""
+    script, archive = tmp_path / "make_archive.py", tmp_path / "refuses.pt"
+    script.write_text(RAISING_TORCHSCRIPT)
+    subprocess.run([sys.executable, str(script), str(archive)], check=True, capture_output=True)
+    script.unlink()
+    return audit_arguments(inputs["images"], inputs["masks"], archive, tmp_path / "out",
+                           "--torchscript", "--trust-code")
+
+
+def weights_path_of_ten_megabytes(inputs, tmp_path):
+    return audit_arguments(inputs["images"], inputs["masks"], Path("w" * 10_000_000), tmp_path / "out")
+
+
 def _masks_with(inputs, tmp_path, write):
     images, masks = _copy_inputs(inputs, tmp_path)
     write(_first_mask(masks))
@@ -237,6 +277,8 @@ CASES = [  # (builder, exit code, words the one-line message must contain)
     (bias_is_infinite, 2, ["fc.bias", "non-finite"]),
     (weights_are_integers, 2, ["fc.weight", "not floating point"]),
     (torchscript_without_trust, 2, ["--trust-code"]),
+    (trusted_torchscript_that_raises_on_load, 2, ["refuses.pt", "not a loadable TorchScript archive"]),
+    (weights_path_of_ten_megabytes, 2, ["weights path", "cannot be used", "File name too long"]),
     (header_names_a_missing_tensor, 2, ["crafted.safetensors", "does not describe its tensors"]),
     (header_nested_beyond_any_parser, 2, ["crafted.safetensors", "damaged checkpoint header"]),
     (masks_saved_as_zero_one, 2, ["frame00_mask.png", "values 0 and 1"]),
@@ -290,7 +332,7 @@ def test_odd_file_names_reach_neither_mathtext_nor_markdown_raw(inputs, tmp_path
     images, masks = tmp_path / "frames", tmp_path / "masks"
     images.mkdir()
     masks.mkdir()
-    names = {"frame00": "cyst$^{2}$", "frame01": "a|b", "frame02": "esc\x1b[31m"}
+    names = {"frame00": "cyst$^{2}$", "frame01": "a|b", "frame02": "esc\x1b[31m", "frame03": "math_$\\alpha^{$"}
     for image in sorted(inputs["images"].iterdir()):
         stem = names.get(image.stem, image.stem)
         shutil.copy(image, images / f"{stem}{image.suffix}")
