@@ -61,6 +61,15 @@ def test_tls_address_takes_the_client_certificates_from_dask_config(tmp_path):
         security = tasks.address_security("tls://10.0.0.5:8786")
     assert security.require_encryption and security.tls_client_cert == str(paths["cert"])
     assert security.get_connection_args("client")["ssl_context"] is not None
+    # files that are named but missing or not certificates are refused now, naming them
+    paths["cert"].write_text("not a certificate")
+    for broken in ({"distributed.comm.tls.client.cert": str(paths["cert"])},
+                   {"distributed.comm.tls.ca-file": str(tmp_path / "missing.pem")}):
+        with dask.config.set({"distributed.comm.tls.ca-file": str(paths["ca"]),
+                              "distributed.comm.tls.client.cert": str(paths["cert"]),
+                              "distributed.comm.tls.client.key": str(paths["key"]), **broken}):
+            with pytest.raises(tasks.SchedulerError, match="TLS files cannot be loaded"):
+                tasks.address_security("tls://10.0.0.5:8786")
 
 
 def _square(value):

@@ -131,6 +131,14 @@ def address_security(address: str):
                               for key in missing)
         raise SchedulerError(f"scheduler {address!r}: no TLS credentials for the client; set the "
                              f"Dask config {', '.join(missing)} (environment: {variables})")
+    # Load the files now, as the client will: a missing or malformed certificate stops the
+    # run here, naming the file, not in stage 06 with an SSLError.
+    try:
+        security.get_connection_args("client")
+    except (OSError, ValueError) as error:   # ssl.SSLError is an OSError
+        named = [f"{key}={getattr(security, field)}" for field, key in TLS_CONFIG_KEYS.items()]
+        raise SchedulerError(f"scheduler {address!r}: the client's TLS files cannot be loaded "
+                             f"({' '.join(str(error).split())[:160]}); {', '.join(named)}") from None
     return security
 
 
