@@ -317,3 +317,33 @@ def test_weighted_pair_mean_bootstrap_matches_a_loop_over_distinct_drawn_pairs()
     assert [result["ci_low"], result["ci_high"]] == pytest.approx(np.percentile(means, [2.5, 97.5]))
     assert result["replicates_used"] == 300
     assert np.isnan(stats.weighted_pair_mean_ci(similarity[:1, :1], weights[:1], replicates=2000, seed=SEED)["ci_low"])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_replicate_dispersion_is_the_quasi_binomial_scale_of_statsmodels(seed):
+    """Over random replicate counts: the dispersion equals Pearson X^2 / df of a binomial GLM
+    fitted by statsmodels with scale="X2" (floored at 1), and the interval is Wilson's at n /
+    dispersion (Wilson's own when the replicates agree)."""
+    rng = np.random.default_rng(seed)
+    groups = int(rng.integers(2, 6))
+    n = rng.integers(5, 80, size=groups)
+    hits = rng.binomial(n, rng.uniform(0.05, 0.95, size=groups))
+    if hits.sum() in (0, n.sum()):
+        return
+    fit = sm.GLM(hits / n, np.ones((groups, 1)), family=sm.families.Binomial(), var_weights=n).fit(scale="X2")
+    dispersion = stats.replicate_dispersion(hits, n)
+    assert dispersion == pytest.approx(max(1.0, fit.scale), rel=1e-9)
+    rate, low, high, reported = stats.replicate_wilson_interval(hits, n)
+    effective = n.sum() / dispersion
+    assert (rate, reported) == (pytest.approx(hits.sum() / n.sum()), dispersion)
+    assert (low, high) == pytest.approx(stats.wilson_interval(rate * effective, effective))
+    assert low <= rate <= high
+
+
+def test_replicate_dispersion_hand_cases():
+    assert stats.replicate_dispersion([20, 20, 40], [40, 40, 40]) == pytest.approx(15.0)
+    assert stats.replicate_dispersion([10, 10, 10], [40, 40, 40]) == 1.0      # perfect agreement
+    assert stats.replicate_dispersion([0, 0], [40, 40]) == 1.0                # no spread possible
+    assert stats.replicate_dispersion([7], [40]) == 1.0                       # one replicate
+    assert stats.replicate_wilson_interval([12], [40])[1:3] == pytest.approx(stats.wilson_interval(12, 40))
+    assert np.isnan(stats.replicate_wilson_interval([0, 0], [0, 0])[0])

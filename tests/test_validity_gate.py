@@ -144,10 +144,12 @@ def test_verdict_has_three_states_decided_by_the_interval_not_the_point():
 
 
 def test_replicates_pool_and_a_replicate_that_disagrees_makes_the_verdict_inconclusive():
-    """Three replicates reading the cue in 20, 20 and 40 of 40 frames: pooled 80/120 (lower bound
-    0.58) passes and every replicate's own point rate clears the bar: held. A fourth replicate
-    whose shortcut-model maps never reach the cue leaves the pooled rate above the bar (80/160,
-    lower bound 0.42) but contradicts it: inconclusive, not held, and the reason names it."""
+    """Three replicates reading the cue in 20, 20 and 40 of 40 frames: pooled 80/120 passes (they
+    scatter more than sampling allows, dispersion 15, so the interval is that of 8 maps, lower
+    bound still above the bar) and every replicate's own point rate clears the bar: held. A
+    fourth replicate whose shortcut-model maps never reach the cue leaves the pooled rate above
+    the bar (80/160; as 160 iid maps its lower bound would be 0.42) but widens the interval
+    across it and contradicts it: inconclusive, not held, and the reason says why."""
     def replicate(seed, cue_hits):
         models = dict(READER, shortcut=lambda i, m: (24, 24) if i < cue_hits else (8, 8))
         return _case_rows(models).assign(gate_seed=seed), _facts().assign(gate_seed=seed)
@@ -164,9 +166,12 @@ def test_replicates_pool_and_a_replicate_that_disagrees_makes_the_verdict_inconc
     weak = replicate(4, 0)
     cases, facts = pd.concat([cases, weak[0]]), pd.concat([facts, weak[1]])
     gate = _gate(cases, facts).set_index("method")
-    assert gate.loc["gradcam", "cue_ci_low"] > gate.loc["gradcam", "cue_bar"]   # pooled alone: passes
+    assert pooled.loc["gradcam", "cue_dispersion"] == pytest.approx(15.0)
+    assert stats.wilson_interval(80, 160)[0] > gate.loc["gradcam", "cue_bar"]  # as iid maps: "passes"
+    assert gate.loc["gradcam", "cue_ci_low"] < gate.loc["gradcam", "cue_bar"] < gate.loc["gradcam", "cue_ci_high"]
     assert gate.loc["gradcam", "verdict"] == "inconclusive"
-    assert "replicates disagree: seed 4: shortcut model 0/40 below the cue bar 0.312" in gate.loc["gradcam", "reason"]
+    assert "replicates disagree: interval as for" in gate.loc["gradcam", "reason"]
+    assert gate.loc["gradcam", "replicate_verdicts"].endswith("4: fails")
     assert not validity_gate.gate_stability(gate.reset_index()).set_index("method").loc["gradcam", "held"]
 
 

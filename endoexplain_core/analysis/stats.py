@@ -59,6 +59,39 @@ def wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
     return (float(low), float(high)) if low.ndim == 0 else (low, high)
 
 
+def replicate_dispersion(successes, n) -> float:
+    """Between-replicate overdispersion of binomial counts: Pearson's X^2 of ``successes`` /
+    ``n`` (one entry per replicate) around their pooled rate, divided by its degrees of freedom
+    (replicates - 1), floored at 1. 1 means the replicates agree as well as binomial sampling
+    allows; 10 means their rates scatter as if each replicate held a tenth of its maps (the
+    quasi-binomial scale of a GLM fitted with ``scale="X2"``). 1 with one replicate or a pooled
+    rate of 0 or 1 (no spread is possible)."""
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    keep = n > 0
+    k, n = k[keep], n[keep]
+    pooled = k.sum() / n.sum() if n.sum() else np.nan
+    if len(n) < 2 or not 0 < pooled < 1:
+        return 1.0
+    chi_square = float(np.sum((k - n * pooled) ** 2 / (n * pooled * (1 - pooled))))
+    return max(1.0, chi_square / (len(n) - 1))
+
+
+def replicate_wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
+                              ) -> tuple[float, float, float, float]:
+    """(pooled rate, low, high, dispersion) for maps pooled over replicates that may disagree:
+    the Wilson interval of the pooled rate at the effective size n / dispersion
+    (``replicate_dispersion``). Replicates that agree keep the pooled Wilson interval;
+    replicates of 4/48 and 40/48 count as about two maps, so their interval cannot decide."""
+    k_total, n_total = float(np.sum(successes)), float(np.sum(n))
+    if n_total == 0:
+        return np.nan, np.nan, np.nan, np.nan
+    dispersion = replicate_dispersion(successes, n)
+    rate = k_total / n_total
+    low, high = wilson_interval(rate * n_total / dispersion, n_total / dispersion, level)
+    return rate, float(low), float(high), dispersion
+
+
 def _images_by_columns(values, name: str) -> tuple[np.ndarray, bool]:
     """``values`` as float64 (n, k) and whether it was 1-D (one column)."""
     array = np.asarray(values, dtype=np.float64)

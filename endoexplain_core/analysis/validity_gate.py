@@ -34,8 +34,12 @@ nor on the cue and counts as a miss, the rule of Table 4 (``n_constant_*`` says 
 for every seed in ``GateSettings.seeds``; a replicate whose lesion or shortcut model missed its
 held-out accuracy rule (``min_accuracy``), or whose shuffled control passed
 ``max_control_accuracy``, is reported and left out. Rates are pooled over the remaining
-replicates (each has its own pool of frames) with Wilson 95% intervals, and the per-replicate
-rates are reported beside them (``gate_replicate_table``) so a reader sees the spread.
+replicates (each has its own pool of frames). Their 95% interval sees the seeds: Wilson's at
+the effective number of maps the replicates' agreement allows (n / dispersion, the
+quasi-binomial scale Pearson X^2 / (replicates - 1), at least 1; ``stats.replicate_wilson_
+interval``), so replicates of 4/48 and 40/48 cannot decide as if they were 96 independent maps.
+The per-replicate rates, their own Wilson intervals and point verdicts are reported beside them
+(``gate_replicate_table``) so a reader sees the spread.
 
 **Verdict** per method, with bar = the larger of chance + ``margin`` and the centre
 baseline's rate on the same frames, for the lesion and for the cue (a method must beat a map
@@ -443,20 +447,34 @@ def _count(rows: pd.DataFrame, column: str) -> tuple[int, int, int]:
     return int(values[counted].sum()), int(counted.sum()), constant
 
 
-def _interval(hits: int, n: int, level: float) -> tuple[float, float, float]:
-    """(rate, Wilson low, Wilson high); NaN when no map has a defined peak."""
-    if n == 0:
-        return np.nan, np.nan, np.nan
-    low, high = stats.wilson_interval(hits, n, level)
-    return hits / n, low, high
+def _replicate_counts(rows: pd.DataFrame, column: str) -> tuple[list[int], list[int]]:
+    """(hits, maps) of a 0/1 column per gate replicate (``gate_seed``), in seed order."""
+    hits, maps = [], []
+    for _, of_seed in rows.groupby("gate_seed", sort=True):
+        seed_hits, seed_maps, _ = _count(of_seed, column)
+        hits.append(seed_hits)
+        maps.append(seed_maps)
+    return hits, maps
 
 
-def _rate_text(hits: int, n: int, n_constant: int, low: float, high: float) -> str:
+def _interval(hits: list[int], maps: list[int], level: float) -> tuple[float, float, float, float]:
+    """(pooled rate, low, high, dispersion) over replicates: the Wilson interval at the
+    effective size the replicates' agreement allows (``stats.replicate_wilson_interval``); NaN
+    when no map has a defined peak."""
+    if sum(maps) == 0:
+        return np.nan, np.nan, np.nan, np.nan
+    return stats.replicate_wilson_interval(hits, maps, level)
+
+
+def _rate_text(hits: int, n: int, n_constant: int, low: float, high: float,
+               dispersion: float = 1.0) -> str:
     """A rate for the reason column with its count and interval ("0.292 (14/48; 0.18-0.43)"):
-    a verdict decided by a few frames must be visible as such."""
+    a verdict decided by a few frames must be visible as such; replicates that disagree widen
+    the interval, and the text says by how much."""
     if n == 0:
         return f"undefined (all {n_constant} maps constant)"
-    return f"{hits / n:.3f} ({hits}/{n}; 95% CI {low:.3f}-{high:.3f})"
+    spread = f", replicates disagree: interval as for {n / dispersion:.0f} maps" if dispersion > 1 else ""
+    return f"{hits / n:.3f} ({hits}/{n}; 95% CI {low:.3f}-{high:.3f}{spread})"
 
 
 def usable_replicates(model_facts: pd.DataFrame) -> list[int]:
@@ -473,7 +491,8 @@ def _with_seed(table: pd.DataFrame) -> pd.DataFrame:
 
 def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
-    """Per map method: pooled rates with Wilson intervals, chance levels and the verdict.
+    """Per map method: pooled rates with intervals that see the replicates, chance levels and
+    the verdict.
 
     ``case_rows``: ``add_cue_columns`` output for the four gate models (columns ``model`` and,
     for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
@@ -485,7 +504,10 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     control <control>_lesion_rate / _ci_low / _ci_high and <control>_cue_rate / ..., n (maps
     per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
     replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
-    replicates_agree (NaN with fewer than two usable replicates), reason.
+    replicates_agree (NaN with fewer than two usable replicates), reason, and
+    <prefix>_dispersion per rate. Intervals: Wilson at the effective size the replicates'
+    agreement allows (``stats.replicate_wilson_interval``: replicates that scatter more than
+    binomial sampling count as fewer maps); a constant map counts as a miss, as in Table 4.
     Baseline maps (random, centre) are judged by the same rule as references: the random
     heatmap's rates sit at chance, so it fails; the centre baseline's own rate is part of the
     bar, so it cannot pass. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre
@@ -535,11 +557,12 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                                                 ("cue", "peak_on_cue", "peak-on-cue"))]
         for model, target, column, text in checks:
             hits, n, n_constant = _count(per_model[model], column)
-            rate, low, high = _interval(hits, n, level)
+            rate, low, high, dispersion = _interval(*_replicate_counts(per_model[model], column), level)
             prefix = target if model in ("lesion", "shortcut") else f"{model}_{target}"
-            row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high})
+            row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high,
+                        f"{prefix}_dispersion": dispersion})
             row.setdefault(f"n_constant_{model}", n_constant)
-            bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high)}"
+            bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high, dispersion)}"
             if model in CONTROL_MODELS:
                 if low >= bar:
                     failing.append(f"{described}: lower bound clears the bar {bar:.3f}")
@@ -584,6 +607,8 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
                 for k in ("rate", "ci_low", "ci_high")]
     columns += ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
     columns += ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
+    columns += [f"{prefix}_dispersion" for prefix in
+                ("lesion", "cue", *(f"{c}_{t}" for c in CONTROL_MODELS for t in ("lesion", "cue")))]
     return pd.DataFrame(rows)[columns]
 
 
@@ -623,17 +648,28 @@ def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str
 
 def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                          level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
-    """The gate of each replicate on its own (``gate_table`` per ``gate_seed``): rows method,
-    label, gate_seed, models_ok, verdict, lesion_rate, cue_rate, control rates and n. The
-    spread a reader needs beside the pooled verdict."""
+    """Each replicate on its own, beside the pooled verdict: rows method, label, gate_seed,
+    models_ok, verdict (the replicate's point rates against the pooled bars, ``_point_verdict``:
+    the same per-replicate verdict as ``gate_table``'s ``replicate_verdicts``), why, the
+    replicate's rates with the Wilson interval of the lesion and cue rates, the bars, ceilings
+    and n. The spread a reader needs to see what "held" rests on."""
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
+    pooled = gate_table(case_rows, model_facts, margin=margin, level=level).set_index("method")
     frames = []
     for seed in sorted(model_facts["gate_seed"].unique()):
-        table = gate_table(case_rows[case_rows["gate_seed"] == seed],
-                           model_facts[model_facts["gate_seed"] == seed], margin=margin, level=level)
+        of_seed = case_rows[case_rows["gate_seed"] == seed]
+        table = gate_table(of_seed, model_facts[model_facts["gate_seed"] == seed], margin=margin, level=level)
         table.insert(2, "gate_seed", int(seed))
+        judged = [_point_verdict(of_seed[of_seed["method"] == method],
+                                 {"lesion": pooled.at[method, "lesion_bar"], "cue": pooled.at[method, "cue_bar"]})
+                  for method in table["method"]]
+        table["verdict"] = [said for said, _ in judged]
+        table["why"] = [why for _, why in judged]
+        table["lesion_bar"] = [pooled.at[m, "lesion_bar"] for m in table["method"]]
+        table["cue_bar"] = [pooled.at[m, "cue_bar"] for m in table["method"]]
         frames.append(table)
-    keep = ["method", "label", "gate_seed", "models_ok", "verdict", "lesion_rate", "cue_rate",
+    keep = ["method", "label", "gate_seed", "models_ok", "verdict", "why", "lesion_rate",
+            "lesion_ci_low", "lesion_ci_high", "cue_rate", "cue_ci_low", "cue_ci_high",
             "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
             "shuffled_cue_rate", "centre_lesion_rate", "lesion_bar", "cue_bar",
             "lesion_ceiling", "cue_ceiling", "n"]
@@ -642,8 +678,9 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
 
 def gate_stability(gate: pd.DataFrame) -> pd.DataFrame:
     """Did the gate's verdict hold under a reseed? Rows method, verdict, replicate_verdicts
-    (each replicate's own point verdict), held (every replicate says the same; NaN with fewer
-    than two usable replicates)."""
+    (each replicate's point rates against the pooled bars), held: every replicate's point
+    rates say the same (all pass or all fail); NaN with fewer than two usable replicates. A
+    pooled verdict whose replicates do not all say it is "inconclusive" (``gate_table``)."""
     return gate[["method", "verdict", "replicate_verdicts", "replicates_agree"]].rename(
         columns={"replicates_agree": "held"}).reset_index(drop=True)
 
