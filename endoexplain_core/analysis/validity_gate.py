@@ -473,7 +473,8 @@ def _rate_text(hits: int, n: int, n_constant: int, low: float, high: float,
     the interval, and the text says by how much."""
     if n == 0:
         return f"undefined (all {n_constant} maps constant)"
-    spread = f", replicates disagree: interval as for {n / dispersion:.0f} maps" if dispersion > 1 else ""
+    effective = round(n / dispersion)
+    spread = f", replicates disagree: interval as for {effective} maps" if effective < n else ""
     return f"{hits / n:.3f} ({hits}/{n}; 95% CI {low:.3f}-{high:.3f}{spread})"
 
 
