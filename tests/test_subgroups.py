@@ -237,4 +237,77 @@ def test_slope_heterogeneity_equals_statsmodels_wald_test():
     mine = subgroups.slope_heterogeneity(result, design, ["gradcam", "eigencam"], terms)
     assert mine["df"] == 3
     assert mine["statistic"] == pytest.approx(float(reference.statistic))
-    assert mine["p"] == pytest.approx(float(reference.pvalue))
+    # p: statsmodels' F statistic (Wald / df) on the cluster-robust denominator clusters - 1
+    f_reference = result.wald_test(restriction, scalar=True, use_f=True)
+    clusters = len(np.unique(result.model.groups))
+    assert mine["p"] == pytest.approx(float(scipy_stats.f.sf(float(f_reference.statistic), 3, clusters - 1)))
+    assert mine["p"] > float(reference.pvalue)          # more cautious than the chi-square reference
+
+
+def test_too_few_clusters_for_the_parameters_is_not_estimable():
+    """The review's default-run case: a method-specific fit with about as many parameters as
+    image clusters. 12 images, 2 methods x (intercept, subgroup, 3 slopes) = 10 parameters:
+    fewer than 10 clusters to spare, so no gap, SE or p is printed."""
+    frame = simulated(n=12, seed=3)
+    terms = ["log_lesion_area", "centrality", "fov_area"]
+    with pytest.raises(subgroups.NotEstimable, match="too few clusters: 12 clusters for 10 parameters"):
+        subgroups.fit_gee(frame, "energy_lift", terms, method_specific_slopes=True)
+    gaps, _, note = subgroups.fit_estimable(frame, "energy_lift", terms, ["gradcam", "eigencam"],
+                                            method_specific_slopes=True)
+    assert gaps[["gap", "se"]].isna().all().all() and "not estimable (too few clusters" in note
+    # the same images with shared slopes: 2 x 2 + 3 = 7 parameters, still too few to spare
+    gaps, _, note = subgroups.fit_estimable(simulated(n=30, seed=3), "energy_lift", terms,
+                                            ["gradcam", "eigencam"], method_specific_slopes=False)
+    assert gaps[["gap", "se"]].notna().all().all() and note == ""
+
+
+def test_a_fit_that_does_not_converge_is_refit_under_independence_or_not_estimable(monkeypatch):
+    """Convergence is read, not silenced: an exchangeable fit that did not converge is refitted
+    under independence (said in the note); if that fails too, nothing is printed."""
+    from statsmodels.genmod.generalized_estimating_equations import GEE
+
+    real_fit = GEE.fit
+    frame, terms = simulated(n=120, seed=5), ["log_lesion_area"]
+
+    def exchangeable_stalls(self, *args, **kwargs):
+        result = real_fit(self, *args, **kwargs)
+        if type(self.cov_struct).__name__ == "Exchangeable":
+            result.converged = False
+        return result
+
+    monkeypatch.setattr(GEE, "fit", exchangeable_stalls)
+    gaps, _, note = subgroups.fit_estimable(frame, "pointing_hit", terms, ["gradcam", "eigencam"],
+                                            method_specific_slopes=False)
+    assert gaps[["gap", "se"]].notna().all().all()
+    assert "refit under independence working correlation" in note
+
+    def never_converges(self, *args, **kwargs):
+        result = real_fit(self, *args, **kwargs)
+        result.converged = False
+        return result
+
+    monkeypatch.setattr(GEE, "fit", never_converges)
+    gaps, _, note = subgroups.fit_estimable(frame, "pointing_hit", terms, ["gradcam", "eigencam"],
+                                            method_specific_slopes=False)
+    assert gaps[["gap", "se"]].isna().all().all() and "not estimable (did not converge" in note
+
+
+def test_a_non_positive_or_rank_deficient_wald_statistic_gives_no_p():
+    class Fake:
+        params = np.array([0.0, 1.0, 2.0])
+        model = type("M", (), {"groups": np.arange(30)})()
+
+        def __init__(self, covariance):
+            self._covariance = covariance
+
+        def cov_params(self):
+            return self._covariance
+
+    design = type("D", (), {"column_names": ["Intercept", "C(method)[a]:x", "C(method)[b]:x"]})()
+    singular = np.zeros((3, 3))
+    assert np.isnan(subgroups.slope_heterogeneity(Fake(singular), design, ["a", "b"], ["x"])["p"])
+    negative = np.diag([1.0, -1.0, -1.0])            # a covariance that is not one: Wald -0.5
+    assert np.isnan(subgroups.slope_heterogeneity(Fake(negative), design, ["a", "b"], ["x"])["p"])
+    fine = subgroups.slope_heterogeneity(Fake(np.eye(3)), design, ["a", "b"], ["x"])
+    assert fine["statistic"] == pytest.approx(0.5)   # (1 - 2)^2 / (1 + 1)
+    assert fine["p"] == pytest.approx(scipy_stats.f.sf(0.5, 1, 29))

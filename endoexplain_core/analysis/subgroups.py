@@ -79,7 +79,7 @@ import pandas as pd
 from patsy import build_design_matrices, dmatrices
 from scipy import stats as scipy_stats
 from statsmodels.genmod import families
-from statsmodels.genmod.cov_struct import Exchangeable
+from statsmodels.genmod.cov_struct import Exchangeable, Independence
 from statsmodels.genmod.generalized_estimating_equations import GEE
 from statsmodels.stats.proportion import confint_proportions_2indep
 
@@ -108,6 +108,10 @@ LSR_METHOD = "classifier"
 # (one hit is not separation) and TOST would rate a gap at a 2% base rate "equivalent".
 MIN_SIDE_IMAGES = 3   # LSR's pseudo-method: the classifier's reliance, no map involved
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
+# Cluster-robust (sandwich) inference needs clusters to spare beyond the parameters it
+# estimates: with as many parameters as clusters the covariance is rank-deficient and Wald
+# statistics explode (60 parameters on 32 clusters printed p = 0.0). Below the rule: no p.
+MIN_SPARE_CLUSTERS = 10
 WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
                           "approximation; read the crude gap's Newcombe interval")
 
@@ -164,19 +168,43 @@ def gee_formula(outcome: str, terms, *, method_specific_slopes: bool) -> str:
 def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes: bool = False):
     """Fit the GEE of ``outcome`` (``OUTCOMES`` says linear or logistic) on long ``frame``
     (columns ``cluster``, ``method``, ``subgroup`` 0/1, the outcome and the terms).
-    Returns (statsmodels results with the bias-reduced covariance, patsy design info)."""
+    Returns (statsmodels results with the bias-reduced covariance, patsy design info). Raises
+    ``NotEstimable`` when the clusters do not exceed the parameters by ``MIN_SPARE_CLUSTERS``,
+    or when neither the exchangeable nor the independence working correlation converges (the
+    exchangeable fit is refitted under independence first; ``working_correlation`` says which).
+    """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; known: {list(OUTCOMES)}")
     family = families.Gaussian() if OUTCOMES[outcome] == "linear" else families.Binomial()
     data = frame.sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
     endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
                             data, return_type="dataframe", NA_action="raise")
-    model = GEE(endog, exog, groups=data["cluster"].to_numpy(), family=family,
-                cov_struct=Exchangeable())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = model.fit(cov_type="bias_reduced", maxiter=100)
+    clusters, parameters = data["cluster"].nunique(), exog.shape[1]
+    if clusters - parameters < MIN_SPARE_CLUSTERS:
+        raise NotEstimable(f"too few clusters: {clusters} clusters for {parameters} parameters "
+                           f"(cluster-robust inference needs {MIN_SPARE_CLUSTERS} to spare)")
+    result = None
+    for structure in (Exchangeable(), Independence()):
+        model = GEE(endog, exog, groups=data["cluster"].to_numpy(), family=family,
+                    cov_struct=structure)
+        with warnings.catch_warnings():   # convergence is read below, not from a warning
+            warnings.simplefilter("ignore")
+            result = model.fit(cov_type="bias_reduced", maxiter=100)
+        if result.converged:
+            break
+    if not result.converged:
+        raise NotEstimable("did not converge (exchangeable or independence working correlation)")
     return result, exog.design_info
+
+
+class NotEstimable(ArithmeticError):
+    """A fit whose estimates cannot be read: no convergence, or too few clusters."""
+
+
+def working_correlation(result) -> str:
+    """The working correlation a converged fit ended with ("exchangeable" or "independence":
+    the refit when the exchangeable one did not converge)."""
+    return "independence" if isinstance(result.model.cov_struct, Independence) else "exchangeable"
 
 
 def separated_methods(frame: pd.DataFrame, outcome: str, terms, methods, *,
@@ -272,7 +300,9 @@ def slope_heterogeneity(result, design_info, methods, terms) -> dict[str, float]
 
     H0: for every covariate term t, the coefficients C(method)[m]:t are equal across ``methods``
     (the shared-slopes model is enough). Uses the fit's robust covariance. Returns
-    ``{"statistic", "df", "p"}`` (NaN when there is nothing to compare).
+    ``{"statistic", "df", "p"}``: p from the F reference F(df, clusters - 1) of the Wald
+    statistic / df; NaN when there is nothing to compare, when the contrasts' covariance is
+    rank-deficient and when the statistic is not positive.
     """
     names = list(design_info.column_names)
     params, covariance = np.asarray(result.params), np.asarray(result.cov_params())
@@ -293,8 +323,16 @@ def slope_heterogeneity(result, design_info, methods, terms) -> dict[str, float]
     difference = contrast @ params
     variance = contrast @ covariance @ contrast.T
     df = int(np.linalg.matrix_rank(variance))
-    statistic = float(difference @ np.linalg.pinv(variance) @ difference)
-    return {"statistic": statistic, "df": df, "p": float(scipy_stats.chi2.sf(statistic, df)) if df else np.nan}
+    if df < len(rows):            # a rank-deficient covariance: the test is not defined
+        return {"statistic": np.nan, "df": df, "p": np.nan}
+    statistic = float(difference @ np.linalg.solve(variance, difference))
+    if not statistic > 0:         # <= 0 or NaN from a near-singular covariance: never p = 1
+        return {"statistic": np.nan, "df": df, "p": np.nan}
+    # Small-sample F reference (Wald / df on df and clusters - 1 degrees of freedom): the
+    # chi-square reference over-rejects with a sandwich covariance from few clusters.
+    clusters = len(np.unique(result.model.groups))
+    return {"statistic": statistic, "df": df,
+            "p": float(scipy_stats.f.sf(statistic / df, df, clusters - 1)) if clusters > 1 else np.nan}
 
 
 def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *,
@@ -325,7 +363,14 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
             terms, dropped = informative_terms(data, candidate_terms) if fitted else ([], [])
         if not fitted:
             return pd.DataFrame(columns=["method", "gap", "se"]), separated, note
-        result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=method_specific_slopes)
+        try:
+            result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=method_specific_slopes)
+        except NotEstimable as error:
+            note = "; ".join(filter(None, [note, f"not estimable ({error})"]))
+            return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
+        if working_correlation(result) == "independence":
+            note = "; ".join(filter(None, [note, "refit under independence working correlation "
+                                                 "(exchangeable did not converge)"]))
         gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
         if method_specific_slopes and len(fitted) > 1:
             test = slope_heterogeneity(result, design_info, fitted, terms)
