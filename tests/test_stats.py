@@ -201,8 +201,24 @@ def test_bootstrap_of_means_is_a_percentile_interval_and_stays_a_point_when_cons
     matrix = stats.bootstrap_mean_ci(np.column_stack([np.full(20, 0.3), mixed]), replicates=200, seed=SEED)
     assert list(matrix["interval"]) == [stats.PERCENTILE_BOOTSTRAP] * 2
     assert matrix["ci_low"][0] == pytest.approx(0.3) and matrix["ci_high"][0] == pytest.approx(0.3)
-    same = stats.paired_difference_ci(np.ones(9), np.ones(9), replicates=50, seed=SEED)
+    same = stats.paired_difference_ci(np.ones(12), np.ones(12), replicates=50, seed=SEED)
     assert same["ci_low"] == same["ci_high"] == 0.0
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 9])
+def test_a_mean_of_fewer_than_ten_images_gets_students_t_interval_or_none(n):
+    """The percentile bootstrap undercovers at small n: below MIN_BOOTSTRAP_N a mean takes the
+    t interval (scipy's), and values without spread or a single image get no interval."""
+    values = np.random.default_rng(n).normal(size=n)
+    result = stats.bootstrap_mean_ci(values, replicates=200, seed=SEED)
+    low, high = scipy_stats.t.interval(0.95, n - 1, loc=values.mean(), scale=scipy_stats.sem(values))
+    assert (result["ci_low"], result["ci_high"]) == pytest.approx((low, high))
+    assert result["interval"] == stats.STUDENT_T
+    constant = stats.bootstrap_mean_ci(np.full(n, 0.4), replicates=200, seed=SEED)
+    assert constant["estimate"] == pytest.approx(0.4) and np.isnan(constant["ci_low"])
+    assert constant["interval"] == stats.NO_INTERVAL
+    single = stats.bootstrap_mean_ci(np.array([0.7]), replicates=200, seed=SEED)
+    assert np.isnan(single["ci_high"]) and single["interval"] == stats.NO_INTERVAL
 
 
 def test_separation_directions_agree_with_firthmodels_detector():

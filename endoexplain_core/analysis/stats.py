@@ -33,6 +33,11 @@ CONFIDENCE_LEVEL = 0.95
 RIDGE_PENALTY = 1e-4
 INTERCEPT_PENALTY = 1e-8
 PERCENTILE_BOOTSTRAP = "percentile bootstrap"
+STUDENT_T = "t (n < 10)"
+NO_INTERVAL = "none (n < 2 or no spread)"
+# Below this many images the percentile bootstrap of a mean undercovers (77% at n = 3, 88% at
+# n = 10 for a nominal 95%): a mean then gets Student's t interval, or none.
+MIN_BOOTSTRAP_N = 10
 WILSON = "Wilson score"
 
 
@@ -193,7 +198,9 @@ def weighted_pair_mean_ci(similarity, weights, replicates: int,
 
 def bootstrap_mean_ci(values, replicates: int, seed: int,
                       level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
-    """Mean of ``values`` with an image-bootstrap percentile interval.
+    """Mean of ``values`` with an image-bootstrap percentile interval (from
+    ``MIN_BOOTSTRAP_N`` images on; below it Student's t interval, and no interval for one image
+    or values without spread: ``interval`` names which).
 
     ``values``: float array (n,) or (n, k) -- rows are images, columns are outcomes (e.g.
     methods) resampled with the same image indices. NaN is rejected: drop undefined rows
@@ -209,6 +216,8 @@ def bootstrap_mean_ci(values, replicates: int, seed: int,
     if n == 0:
         nan = np.full(array.shape[1], np.nan)
         estimate, low, high = nan, nan, nan
+    elif n < MIN_BOOTSTRAP_N:
+        estimate, low, high, interval = _small_sample_t(array, level)
     else:
         # A replicate mean is (how often each image was drawn) @ values / n: one matrix
         # product (R, n) @ (n, k) instead of gathering an (R, n, k) array.
@@ -219,6 +228,21 @@ def bootstrap_mean_ci(values, replicates: int, seed: int,
         return {"estimate": float(estimate[0]), "ci_low": float(low[0]),
                 "ci_high": float(high[0]), "n": n, "interval": str(interval[0])}
     return {"estimate": estimate, "ci_low": low, "ci_high": high, "n": n, "interval": interval}
+
+
+def _small_sample_t(array: np.ndarray, level: float):
+    """(estimate, low, high, interval names) per column of an (n, k) array, 2 <= n < 10
+    allowed: Student's t interval mean +- t(n-1) sd / sqrt(n); NaN bounds where n < 2 or the
+    column has no spread (a zero-width interval would claim certainty)."""
+    n = array.shape[0]
+    estimate = array.mean(axis=0)
+    spread = array.std(axis=0, ddof=1) if n > 1 else np.zeros(array.shape[1])
+    defined = (n > 1) & (np.ptp(array, axis=0) > 0)    # equal values: no spread, no interval
+    half = scipy_stats.t.ppf(1 - (1 - level) / 2, max(n - 1, 1)) * spread / np.sqrt(n)
+    low = np.where(defined, estimate - half, np.nan)
+    high = np.where(defined, estimate + half, np.nan)
+    names = np.where(defined, STUDENT_T, NO_INTERVAL).astype(object)
+    return estimate, low, high, names
 
 
 def paired_difference_ci(first, second, replicates: int,
