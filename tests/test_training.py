@@ -261,6 +261,7 @@ VALIDATION = pd.DataFrame({
     "seed": [1129, 2089, 3253, 1129, 1129],
     "control": ["none"] * 4 + ["shuffled_labels"],
     "val_auprc": [0.91, 0.95, 0.95, 0.99, 0.999],
+    "val_map_share": [1.0, 1.0, 1.0, np.nan, np.nan],
 })
 
 
@@ -275,6 +276,19 @@ def test_select_primary_treats_auprc_within_001_of_the_best_as_a_tie():
     assert training.select_primary(close) == "efficientnet_b0_s1129"     # all within 0.01: lowest seed
     apart = VALIDATION.assign(val_auprc=[0.985, 1.000, 0.998, 0.99, 0.999])
     assert training.select_primary(apart) == "efficientnet_b0_s2089"     # s1129 is 0.015 behind
+
+
+def test_select_primary_prefers_checkpoints_whose_validation_maps_are_not_flat():
+    """The other machine's default run: the best-AUPRC seed had Grad-CAM constant on a third of
+    the images and still became the primary. Now a learned seed wins; with none learned, the
+    best by AUPRC (the notebook warns, 05 marks it)."""
+    flat_best = VALIDATION.assign(val_auprc=[0.995, 0.990, 0.960, 0.99, 0.999],
+                                  val_map_share=[0.67, 1.0, 1.0, np.nan, np.nan])
+    assert training.select_primary(flat_best) == "efficientnet_b0_s2089"
+    none_learned = flat_best.assign(val_map_share=[0.67, 0.5, 0.9, np.nan, np.nan])
+    assert training.select_primary(none_learned) == "efficientnet_b0_s1129"
+    low_auprc = flat_best.assign(val_auprc=[0.995, 0.94, 0.96, 0.99, 0.999])   # s2089 below 0.95
+    assert training.select_primary(low_auprc) == "efficientnet_b0_s3253"
 
 
 def test_select_primary_refuses_anything_but_validation_columns():
@@ -293,7 +307,10 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
         control_seed=1129, show_progress=False)
     assert [s["checkpoint_id"] for s in summaries] == ["efficientnet_b0_s1129",
                                                        "efficientnet_b0_shuffled_s1129"]
+    summaries = training.add_validation_map_shares(summaries, manifest, root, DIGEST, IMAGE_SIZE)
     validation = pd.DataFrame(summaries)[list(training.SELECTION_COLUMNS)]
+    assert 0.0 <= validation["val_map_share"].iloc[0] <= 1.0          # measured on validation
+    assert np.isnan(validation["val_map_share"].iloc[1])               # the control does not compete
     primary = training.select_primary(validation)
     registry = training.build_registry(summaries, primary, tmp_path)
     assert list(registry.columns) == training.REGISTRY_COLUMNS

@@ -30,7 +30,7 @@ from sklearn.metrics import average_precision_score
 from endoexplain_core import marks
 from endoexplain_core.analysis import adjusted_model, stats, summaries
 from endoexplain_core.methods import CAM_METHODS, method_label
-from endoexplain_core.models.training import PRIMARY_TIE_AUPRC
+from endoexplain_core.models.training import PRIMARY_TIE_AUPRC, primary_candidates
 
 UNSTABLE_MARK = marks.UNSTABLE_MARK
 UNSTABLE_FOOTNOTE = marks.UNSTABLE_FOOTNOTE
@@ -172,7 +172,9 @@ def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning
         table = tables[tables["checkpoint_id"] == checkpoint]
         panel_a[checkpoint] = panel_a_against_centre(table, score_threshold)
         signs[checkpoint] = table5_signs(table, score_threshold, replicates=20, seed=seed)
-    validation = logits[(logits["role"] == "val") & logits["checkpoint_id"].isin(same_recipe)]
+    # the candidates select_primary chose from (learned by validation alone, if any were)
+    candidates = primary_candidates(registry)["checkpoint_id"]
+    validation = logits[(logits["role"] == "val") & logits["checkpoint_id"].isin(list(candidates))]
     selection = selection_stability(validation, primary_id, replicates=selection_replicates, seed=seed,
                                     tie_auprc=PRIMARY_TIE_AUPRC)
     return stability_table(gate_stability=gate_stability, selection=selection, panel_a=panel_a,

@@ -43,8 +43,10 @@ from endoexplain_core.progress import progress_bar
 from endoexplain_core import files
 from endoexplain_core.numerics import resolve_device
 from endoexplain_core.data import datasets
+from endoexplain_core.kernels import cams
 from endoexplain_core.models import checkpoint as checkpoint_files
 from endoexplain_core.models import networks
+from endoexplain_core.models.learning import MAP_CHECK_METHODS, MIN_NONCONSTANT_SHARE, MIN_VAL_AUPRC
 
 CHECKPOINT_FORMAT = 2  # 2: safetensors + JSON (1 was a torch pickle)
 CHECKPOINT_SUFFIX = checkpoint_files.SUFFIX
@@ -52,7 +54,7 @@ CONTROL_NONE = "none"
 CONTROL_SHUFFLED = "shuffled_labels"
 PRIMARY_ARCH = "efficientnet_b0"
 REGISTRY_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "epochs", "val_auprc",
-                    "path", "sha256", "is_primary"]
+                    "val_map_share", "path", "sha256", "is_primary"]
 LOGIT_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "sample_id", "role", "source",
                  "target", "logit_neg", "logit_pos"]
 
@@ -669,15 +671,29 @@ def training_curves(summaries: list[dict[str, Any]]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- selection
 
 
-SELECTION_COLUMNS = ("checkpoint_id", "arch", "seed", "control", "val_auprc")
+SELECTION_COLUMNS = ("checkpoint_id", "arch", "seed", "control", "val_auprc", "val_map_share")
 # Validation AUPRCs within this of the best are a tie (lowest seed wins): converged seeds differ
 # by a few rank swaps of the ~28 validation positives (0.001-0.004 each), which last-bit
 # differences between machines can move; such a difference is no reason to prefer a seed.
 PRIMARY_TIE_AUPRC = 0.01
 
 
+def primary_candidates(validation_results: pd.DataFrame) -> pd.DataFrame:
+    """The rows the primary is chosen from: non-control ``PRIMARY_ARCH`` runs that learned by
+    validation alone (AUPRC >= ``MIN_VAL_AUPRC`` and Grad-CAM and Eigen-CAM non-constant on
+    at least ``MIN_NONCONSTANT_SHARE`` of the validation positives, ``val_map_share``); when
+    none did, all of them (the notebook says so and 05 marks the primary not learned). Shared
+    by ``select_primary`` and the selection-stability check."""
+    eligible = validation_results[(validation_results["arch"] == PRIMARY_ARCH)
+                                  & (validation_results["control"] == CONTROL_NONE)]
+    learned = eligible[(eligible["val_auprc"] >= MIN_VAL_AUPRC)
+                       & (eligible["val_map_share"] >= MIN_NONCONSTANT_SHARE)]
+    return learned if len(learned) else eligible
+
+
 def select_primary(validation_results: pd.DataFrame) -> str:
-    """The primary checkpoint: best validation AUPRC among non-control EfficientNet-B0 runs.
+    """The primary checkpoint: best validation AUPRC among the non-control EfficientNet-B0 runs
+    that learned by validation alone (``primary_candidates``).
 
     ``validation_results`` holds exactly the columns ``SELECTION_COLUMNS``; anything else
     (e.g. a test metric) is refused, so selection cannot see test data. Ties: every run within
@@ -688,12 +704,45 @@ def select_primary(validation_results: pd.DataFrame) -> str:
     if extra or missing:
         raise ValueError(f"select_primary takes exactly the columns {list(SELECTION_COLUMNS)} "
                          f"(validation only); extra {extra}, missing {missing}")
-    eligible = validation_results[(validation_results["arch"] == PRIMARY_ARCH)
-                                  & (validation_results["control"] == CONTROL_NONE)]
+    eligible = primary_candidates(validation_results)
     if eligible.empty:
         raise ValueError(f"no non-control {PRIMARY_ARCH} checkpoint to select the primary from")
     tied = eligible[eligible["val_auprc"] >= eligible["val_auprc"].max() - PRIMARY_TIE_AUPRC]
     return str(tied.sort_values("seed", kind="mergesort").iloc[0]["checkpoint_id"])
+
+
+def validation_map_share(model: nn.Module, arch: str, dataset: datasets.ManifestDataset,
+                         batch_size: int, device: torch.device) -> float:
+    """Smallest share, over ``MAP_CHECK_METHODS``, of ``dataset``'s images (the validation
+    positives) on which the model's map is not constant: the map half of the learning rule,
+    measured on validation images so that choosing the primary never looks at audit images."""
+    _, layer = networks.resolve_target_layer(model, arch)
+    nonconstant = {method: [] for method in MAP_CHECK_METHODS}
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    for images, _, _ in loader:
+        maps = cams.compute_cams(model, layer, images.to(device), methods=MAP_CHECK_METHODS)
+        for method, batch in maps.items():
+            nonconstant[method].append((batch.flatten(1).amax(dim=1) > 0).cpu().numpy())
+    shares = [np.concatenate(flags).mean() for flags in nonconstant.values() if flags]
+    return float(min(shares)) if shares else float("nan")
+
+
+def add_validation_map_shares(summaries: list[dict[str, Any]], manifest: pd.DataFrame,
+                              data_root: str | Path, manifest_digest: str, image_size: int,
+                              device: str = "cpu", batch_size: int = 16) -> list[dict[str, Any]]:
+    """``summaries`` with ``val_map_share`` (``validation_map_share`` on the validation
+    positives) for every non-control ``PRIMARY_ARCH`` checkpoint, NaN for the others (they do
+    not compete for primary)."""
+    device = resolve_device(device)
+    positives = manifest[(manifest["role"] == "val") & (manifest["target"] == 1)]
+    dataset = datasets.ManifestDataset(positives, data_root, image_size, cache=datasets.ImageCache())
+    for summary in summaries:
+        summary["val_map_share"] = float("nan")
+        if summary["arch"] == PRIMARY_ARCH and summary["control"] == CONTROL_NONE:
+            model, _ = load_model(summary["path"], manifest_digest, image_size, device)
+            summary["val_map_share"] = validation_map_share(model, summary["arch"], dataset,
+                                                            batch_size, device)
+    return summaries
 
 
 def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: str | Path
@@ -702,6 +751,7 @@ def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: st
     run_dir = Path(run_dir)
     rows = [{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"], "seed": s["seed"],
              "control": s["control"], "epochs": s["epochs"], "val_auprc": s["val_auprc"],
+             "val_map_share": s.get("val_map_share", float("nan")),
              "path": Path(s["path"]).resolve().relative_to(run_dir.resolve()).as_posix(),
              "sha256": files.sha256_file(s["path"]), "is_primary": s["checkpoint_id"] == primary_id}
             for s in summaries]
