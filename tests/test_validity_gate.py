@@ -437,3 +437,19 @@ def test_05_audits_learned_checkpoints_and_controls_besides_the_primary():
                              "control": ["none", "none", "none", "shuffled_labels"]})
     assert other_checkpoints_to_audit(learning, "e1", False) == ["e2", "shuffled"]
     assert other_checkpoints_to_audit(learning, "e1", True) == ["e2", "c1", "shuffled"]
+
+
+def test_a_layer_the_gate_did_not_run_at_gets_no_verdict():
+    """The layer check repeats Table 4 at the neighbouring layer: the gate's verdicts belong to
+    the protocol layer; at the other layer every CAM is "not run at this layer" and daggered."""
+    gate = pd.DataFrame({"method": ["gradcam", "eigencam"], "verdict": ["passes", "inconclusive"],
+                         "passes": [True, False]})
+    table = pd.DataFrame({"layer": ["features.8.0", "features.8.0", "features.8", "features.8", "features.8"],
+                          "method": ["gradcam", "eigencam", "gradcam", "eigencam", "random"],
+                          "label": ["Grad-CAM", "Eigen-CAM", "Grad-CAM", "Eigen-CAM", "Random heatmap"]})
+    marked = validity_gate.mark_layer_table(table, gate, "features.8.0")
+    assert marked["validity_gate"].tolist() == ["passes", "inconclusive", validity_gate.NOT_RUN_AT_LAYER,
+                                                validity_gate.NOT_RUN_AT_LAYER, "reference"]
+    dagger = validity_gate.DAGGER
+    assert marked["label"].tolist() == ["Grad-CAM", f"Eigen-CAM{dagger}", f"Grad-CAM{dagger}",
+                                        f"Eigen-CAM{dagger}", "Random heatmap"]

@@ -789,6 +789,23 @@ def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column:
     return table
 
 
+NOT_RUN_AT_LAYER = "not run at this layer"
+
+
+def mark_layer_table(table: pd.DataFrame, gate: pd.DataFrame | None, gate_layer: str, *,
+                     layer_column: str = "layer") -> pd.DataFrame:
+    """``mark_table`` for a table with rows at several CAM layers: the gate's verdicts hold for
+    the layer it ran at (``gate_layer``) only; CAM rows at any other layer get
+    ``NOT_RUN_AT_LAYER`` and the dagger (not validated there)."""
+    marked = mark_table(table, gate)
+    elsewhere = (marked[layer_column] != gate_layer) & marked["method"].isin(CAM_METHODS)
+    marked.loc[elsewhere, "validity_gate"] = NOT_RUN_AT_LAYER
+    if "label" in marked.columns:
+        marked.loc[elsewhere, "label"] = [label if label.endswith(DAGGER) else f"{label}{DAGGER}"
+                                          for label in marked.loc[elsewhere, "label"]]
+    return marked
+
+
 # --- checkpoints that did not learn -------------------------------------------------------------
 
 def mark_display_labels(table: pd.DataFrame, gate: pd.DataFrame | None) -> pd.DataFrame:

@@ -227,7 +227,8 @@ def layer_check(run_dir: str | Path, cohort_root: str | Path, primary: pd.DataFr
         run_dir, cohort_root, primary, primary_random_deletion, image_size=image_size,
         score_threshold=score_threshold, top_fraction=top_fraction, batch_size=batch_size, device=device,
         replicates=replicates, seed=seed)
-    layers = validity_gate.mark_table(layers, gate)
+    # the gate ran at the primary's protocol layer only: no verdict is copied to its neighbour
+    layers = validity_gate.mark_layer_table(layers, gate, str(primary["target_layer"].iloc[0]))
     ill_posed = sorted(set(layers.loc[layers["ill_posed"], "layer"]))
     return Section(tables={"table_layer_sensitivity": layers},
                    views=[layers.pivot(index=["panel", "label"], columns="layer", values="peak_failure").round(3),
