@@ -255,6 +255,45 @@ def paired_difference_ci(first, second, replicates: int,
     return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level)
 
 
+NEWCOMBE_PAIRED = "Newcombe paired score"
+
+
+def newcombe_paired_interval(first, second, level: float = CONFIDENCE_LEVEL) -> dict:
+    """Difference of two paired rates, mean(first) - mean(second), with Newcombe's (1998,
+    method 10) square-and-add interval: each rate's Wilson interval, combined with the
+    correlation of the paired outcomes (phi of the 2x2 table, shrunk towards 0 as Newcombe
+    does: ad - bc above n/2 less n/2, negative values kept, else 0). Unlike a percentile
+    bootstrap it stays consistent with McNemar's exact test beside it at a few discordant pairs
+    (0 vs 4 discordant of 20: the interval holds 0, p = 0.125).
+
+    ``first``, ``second``: bool or 0/1 (n,) per image. Returns ``{"estimate", "ci_low",
+    "ci_high", "n", "interval"}``; NaN for n = 0.
+    """
+    first = np.asarray(first, dtype=bool)
+    second = np.asarray(second, dtype=bool)
+    if first.shape != second.shape or first.ndim != 1:
+        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    n = first.size
+    if n == 0:
+        return {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": 0,
+                "interval": NEWCOMBE_PAIRED}
+    both, first_only = int(np.sum(first & second)), int(np.sum(first & ~second))
+    second_only, neither = int(np.sum(~first & second)), int(np.sum(~first & ~second))
+    p1, p2 = (both + first_only) / n, (both + second_only) / n
+    low1, high1 = wilson_interval(both + first_only, n, level)
+    low2, high2 = wilson_interval(both + second_only, n, level)
+    margins = ((both + first_only) * (second_only + neither) * (both + second_only)
+               * (first_only + neither))
+    cross = both * neither - first_only * second_only
+    shrunk = cross - n / 2 if cross > n / 2 else (cross if cross < 0 else 0.0)
+    phi = shrunk / np.sqrt(margins) if margins > 0 else 0.0
+    difference = p1 - p2
+    below = np.sqrt(max((p1 - low1) ** 2 - 2 * phi * (p1 - low1) * (high2 - p2) + (high2 - p2) ** 2, 0.0))
+    above = np.sqrt(max((high1 - p1) ** 2 - 2 * phi * (high1 - p1) * (p2 - low2) + (p2 - low2) ** 2, 0.0))
+    return {"estimate": difference, "ci_low": max(-1.0, difference - below),
+            "ci_high": min(1.0, difference + above), "n": n, "interval": NEWCOMBE_PAIRED}
+
+
 def exact_paired_binomial(failure_first, failure_second) -> dict:
     """Exact two-sided binomial test on discordant pairs (McNemar's exact test).
 

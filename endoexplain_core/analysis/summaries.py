@@ -239,7 +239,7 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(), *,
                "identical_by_construction": same}
         if both.any():
             fi, fj, ii, ij = failure[both, i], failure[both, j], iou[both, i], iou[both, j]
-            fail_diff = stats.paired_difference_ci(fi, fj, replicates, seed)
+            fail_diff = stats.newcombe_paired_interval(fi > 0, fj > 0)   # agrees with McNemar beside it
             binomial = stats.exact_paired_binomial(fi > 0, fj > 0)
             iou_diff = stats.paired_difference_ci(ii, ij, replicates, seed)
             wilcoxon = stats.paired_wilcoxon(ii, ij)
