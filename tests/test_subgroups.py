@@ -311,3 +311,25 @@ def test_a_non_positive_or_rank_deficient_wald_statistic_gives_no_p():
     fine = subgroups.slope_heterogeneity(Fake(np.eye(3)), design, ["a", "b"], ["x"])
     assert fine["statistic"] == pytest.approx(0.5)   # (1 - 2)^2 / (1 + 1)
     assert fine["p"] == pytest.approx(scipy_stats.f.sf(0.5, 1, 29))
+
+
+def test_tost_needs_events_on_both_sides_and_a_crude_interval_inside_the_margin():
+    """The review's toy: 8 vs 24 images x 6 checkpoints, 3/48 vs 6/144 hits: the Wald GEE's
+    interval sits inside +-10 pp, but there are under one hit image per side and the crude
+    interval reaches +10.7 pp: not "equivalent". With events and a narrow crude interval the
+    model's TOST decides."""
+    gaps = pd.DataFrame({"contrast": ["toy", "toy"], "outcome": ["pointing_hit", "energy_lift"],
+                         "model": ["M1", "M1"], "slopes": ["shared", "shared"], "method": ["gradcam"] * 2,
+                         "gap": [0.5, 0.05], "se": [1.0, 0.05]})
+    thin = pd.DataFrame({"contrast": ["toy", "toy"], "outcome": ["pointing_hit", "energy_lift"],
+                         "method": ["gradcam"] * 2, "n_subgroup": [8, 8], "n_reference": [24, 24],
+                         "subgroup_mean": [100 * 3 / 48, 1.0], "reference_mean": [100 * 6 / 144, 1.0],
+                         "crude_ci_low": [-5.0, -0.2], "crude_ci_high": [10.7, 0.3]})
+    tested = subgroups.add_tost(gaps, thin).set_index("outcome")
+    assert not tested.loc["pointing_hit", "tost_equivalent"]
+    assert tested.loc["pointing_hit", "tost_blocked"] == (
+        "fewer than 5 hit images on a side; the crude interval reaches the margin")
+    assert tested.loc["energy_lift", "tost_equivalent"] and tested.loc["energy_lift", "tost_blocked"] == ""
+    rich = thin.assign(n_subgroup=[80, 8], n_reference=[240, 24], subgroup_mean=[30.0, 1.0],
+                       reference_mean=[31.0, 1.0], crude_ci_low=[-8.0, -0.2], crude_ci_high=[6.0, 0.3])
+    assert subgroups.add_tost(gaps, rich).set_index("outcome").loc["pointing_hit", "tost_equivalent"]

@@ -216,4 +216,4 @@ def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=subgroups.ALL
                            for o, m, s in zip(gaps["outcome"], gaps["model"], gaps["slopes"])]
     gaps, controls = subgroups.add_holm(gaps, pd.concat(control_parts, ignore_index=True))
     crude = pd.concat(crude_parts, ignore_index=True)
-    return subgroups.add_tost(gaps), crude, controls, skipped
+    return subgroups.add_tost(gaps, crude), crude, controls, skipped

@@ -35,7 +35,11 @@ coefficient itself; for the logistic model the gap in hits per 100 cases). Stand
 by the delta method from the robust covariance; 95% and 90% Wald intervals; two-sided
 p-values; Holm within each family = (outcome, model, slopes) over every contrast and method;
 TOST equivalence (two one-sided tests at 5%): equivalent when the 90% interval lies inside
-+-0.5 bit (energy lift) or +-10 pp (pointing).
++-0.5 bit (energy lift) or +-10 pp (pointing), and, so that the model's interval is not the only
+witness, the crude interval of the same contrast lies inside the margin too and (pointing) each
+side has at least ``MIN_TOST_EVENTS`` hit images (``tost_blocked`` says what stopped it).
+A GEE is read only when it converged (else refitted under independence working correlation,
+else "not estimable") and only with ``MIN_SPARE_CLUSTERS`` clusters beyond its parameters.
 
 Checkpoints. The frame may hold several checkpoints (every learned checkpoint of the matrix):
 then every model, M0 included, adds a checkpoint term ``C(checkpoint_id)`` and the images stay
@@ -540,9 +544,46 @@ def add_holm(*tables: pd.DataFrame) -> list[pd.DataFrame]:
     return out
 
 
-def add_tost(gaps: pd.DataFrame) -> pd.DataFrame:
+# Equivalence needs events: with fewer hit images than this on either side, a model interval
+# inside the margin says more about the base rate than about the subgroup (3 hits by 3
+# checkpoints were rated "equivalent" before).
+MIN_TOST_EVENTS = 5
+
+
+def tost_blockers(gaps: pd.DataFrame, crude: pd.DataFrame | None) -> pd.Series:
+    """Per gap row, why its TOST cannot claim equivalence even where the model's 90% interval
+    lies inside the margin ("" when nothing blocks): for the pointing outcome, fewer than
+    ``MIN_TOST_EVENTS`` hit images on a side; for any outcome with a margin, a crude interval
+    (``crude_gaps``, the same contrast, outcome and method) reaching the margin. ``crude`` None:
+    nothing is checked (a table without crude gaps)."""
+    if crude is None or crude.empty:
+        return pd.Series("", index=gaps.index)
+    keys = ["contrast", "outcome", "method"] if "contrast" in gaps and "contrast" in crude else ["outcome", "method"]
+    crude_rows = crude.drop_duplicates(keys).set_index(keys)
+    reasons = []
+    for _, row in gaps.iterrows():
+        key = tuple(row[k] for k in keys)
+        margin = EQUIVALENCE_MARGINS.get(row["outcome"])
+        if margin is None or key not in crude_rows.index:
+            reasons.append("")
+            continue
+        c = crude_rows.loc[key]
+        blocked = []
+        if OUTCOMES[row["outcome"]] == "logistic":
+            events = [c["subgroup_mean"] / 100 * c["n_subgroup"], c["reference_mean"] / 100 * c["n_reference"]]
+            if not all(np.nan_to_num(e) >= MIN_TOST_EVENTS - 1e-9 for e in events):
+                blocked.append(f"fewer than {MIN_TOST_EVENTS} hit images on a side")
+        if not (abs(c["crude_ci_low"]) < margin and abs(c["crude_ci_high"]) < margin):
+            blocked.append("the crude interval reaches the margin")
+        reasons.append("; ".join(blocked))
+    return pd.Series(reasons, index=gaps.index)
+
+
+def add_tost(gaps: pd.DataFrame, crude: pd.DataFrame | None = None) -> pd.DataFrame:
     """TOST against ``EQUIVALENCE_MARGINS`` (``margin``, ``tost_p``, ``tost_equivalent``;
-    NaN/False where not estimable or where the outcome has no stated margin: SRG, LSR)."""
+    NaN/False where not estimable or where the outcome has no stated margin: SRG, LSR).
+    Equivalence also needs what ``tost_blockers`` checks against ``crude``; ``tost_blocked``
+    says what stopped it."""
     out = gaps.copy()
     out["margin"] = out["outcome"].map(EQUIVALENCE_MARGINS)
     out["tost_p"], out["tost_equivalent"] = np.nan, False
@@ -552,7 +593,9 @@ def add_tost(gaps: pd.DataFrame) -> pd.DataFrame:
             test = tost(out.loc[rows, "gap"], out.loc[rows, "se"], margin)
             out.loc[rows, "tost_p"] = test["tost_p"]
             out.loc[rows, "tost_equivalent"] = test["tost_equivalent"]
-    out["tost_equivalent"] = out["tost_equivalent"].astype(bool) & out["tost_p"].notna()
+    out["tost_blocked"] = tost_blockers(out, crude)
+    out["tost_equivalent"] = (out["tost_equivalent"].astype(bool) & out["tost_p"].notna()
+                              & (out["tost_blocked"] == ""))
     return out
 
 
