@@ -42,12 +42,16 @@ def test_table_marks_xgradcam_ill_posed_only_above_the_bound():
              **{f"{m}_ratio_{s}": v for m, values in (("gradcam", (1.0, 1.0, 1.0)), ("gradcampp", (0.3, 2.0, 9.0)),
                                                      ("xgradcam", (1.5, 70.0, 25042.0)))
                 for s, v in zip(("median", "p99", "max"), values)}}
+    # a: near-zero share 0.06 > 0.05; b: share 0.01 but XGrad-CAM's weight ratio p99 70 > 10;
+    # c: share 0.01 and p99 4.7 (the default run's features.8.0): well posed
     table = layer_sensitivity.layer_sensitivity_table(
-        {"a": panel, "b": panel}, {"a": facts, "b": facts | {"near_zero_channel_share": 0.01}},
-        {"a": [], "b": [("gradcam", "xgradcam")]})
-    assert len(table) == 10 and set(table["method"]) == set(CAM_METHODS)
+        {"a": panel, "b": panel, "c": panel},
+        {"a": facts, "b": facts | {"near_zero_channel_share": 0.01},
+         "c": facts | {"near_zero_channel_share": 0.01, "xgradcam_ratio_p99": 4.7}},
+        {"a": [], "b": [("gradcam", "xgradcam")], "c": []})
+    assert len(table) == 15 and set(table["method"]) == set(CAM_METHODS)
     ill = table[table["ill_posed"]]
-    assert list(zip(ill["layer"], ill["method"])) == [("a", "xgradcam")]
+    assert list(zip(ill["layer"], ill["method"])) == [("a", "xgradcam"), ("b", "xgradcam")]
     row = table.set_index(["layer", "method"])
     assert row.loc[("a", "xgradcam"), "weight_ratio_p99"] == 70.0
     assert row.loc[("a", "xgradcam"), "weight_ratio_max"] == 25042.0

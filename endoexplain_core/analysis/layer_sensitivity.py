@@ -16,7 +16,9 @@ Conventions:
   Grad-CAM weight is 0 are left out), summarised by its median and 99th percentile over every
   (image, channel); HiResCAM and Eigen-CAM have no channel weights (NaN);
 - XGrad-CAM is marked ill-posed at a layer where the near-zero share exceeds
-  ``ILL_POSED_SHARE``.
+  ``ILL_POSED_SHARE`` or its weight ratio's 99th percentile exceeds ``ILL_POSED_RATIO_P99`` (the
+  exploded weights themselves: a review saw p99 59 and max 158,561 with a near-zero share
+  under the share rule).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ NEIGHBOUR_LAYERS = {"efficientnet_b0": "features.8", "resnet34": "layer4.1",
                     "mobilenet_v3_large": "features.16"}
 NEAR_ZERO_FRACTION = 0.01
 ILL_POSED_SHARE = 0.05
+ILL_POSED_RATIO_P99 = 10.0   # 1% of (image, channel) weights over 10x Grad-CAM's: not a reweighting, a blow-up
 
 
 def weight_diagnostics(activation: torch.Tensor, gradient: torch.Tensor) -> dict[str, np.ndarray]:
@@ -95,7 +98,8 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
     peak_failure_defined, iou (+ CI), near_zero_channel_share, negative_channel_share,
     weight_ratio_median, weight_ratio_p99, weight_ratio_max (to Grad-CAM; NaN without channel
     weights), identical_with, ill_posed
-    (XGrad-CAM where the near-zero share exceeds ``ILL_POSED_SHARE``).
+    (XGrad-CAM where the near-zero share exceeds ``ILL_POSED_SHARE`` or its weight ratio's 99th
+    percentile exceeds ``ILL_POSED_RATIO_P99``).
     """
     rows = []
     for layer, panel in panels.items():
@@ -115,8 +119,9 @@ def layer_sensitivity_table(panels: dict[str, pd.DataFrame], diagnostics: dict[s
                 "weight_ratio_p99": facts[f"{row.method}_ratio_p99"] if has_weights else np.nan,
                 "weight_ratio_max": facts[f"{row.method}_ratio_max"] if has_weights else np.nan,
                 "identical_with": summaries.identical_with_text(row.method, identical.get(layer, ())),
-                "ill_posed": bool(row.method == "xgradcam"
-                                  and facts["near_zero_channel_share"] > ILL_POSED_SHARE)})
+                "ill_posed": bool(row.method == "xgradcam" and has_weights
+                                  and (facts["near_zero_channel_share"] > ILL_POSED_SHARE
+                                       or facts["xgradcam_ratio_p99"] > ILL_POSED_RATIO_P99))})
     return pd.DataFrame(rows)
 
 

@@ -234,4 +234,6 @@ def layer_check(run_dir: str | Path, cohort_root: str | Path, primary: pd.DataFr
                    views=[layers.pivot(index=["panel", "label"], columns="layer", values="peak_failure").round(3),
                           layers[layers["panel"] == "B"][LAYER_DIAGNOSTICS].round(3)],
                    statement=f"XGrad-CAM ill-posed (near-zero channel share > "
-                             f"{layer_sensitivity.ILL_POSED_SHARE:.0%}) at: {', '.join(ill_posed) or 'neither layer'}.")
+                             f"{layer_sensitivity.ILL_POSED_SHARE:.0%}, or its weight ratio to Grad-CAM's "
+                             f"above {layer_sensitivity.ILL_POSED_RATIO_P99:.0f} at the 99th percentile) at: "
+                             f"{', '.join(ill_posed) or 'neither layer'}.")
