@@ -516,9 +516,12 @@ def test_threshold_bias_tests_match_scipy_and_holm(scored):
     row = result.set_index(["method", "iou_threshold"]).loc[("gradcam", 0.3)]
     part = table[table["method"] == "gradcam"]
     auc, iou = part["auc_iou"].to_numpy(), part[ext.iou_column(0.3)].to_numpy()
-    if np.count_nonzero(auc - iou):
-        assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(auc, iou).pvalue)
+    if np.count_nonzero(auc / 0.9 - iou):     # the test is of the reported quantity
+        assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(auc / 0.9, iou).pvalue)
     assert row["grid_mean_difference"] == pytest.approx(np.mean(auc / 0.9 - iou))
+    near_zero = table.assign(**{ext.iou_column(0.5): 0.01})
+    relative = ext.threshold_bias_tests(near_zero, methods=("gradcam",), thresholds=(0.5,))
+    assert np.isnan(relative["rel_diff_pct"].iloc[0])     # no ratio of near-zero IoUs
     np.testing.assert_allclose(result["p_holm"], stats.holm_adjust(result["p_value"].to_numpy()))
 
 
