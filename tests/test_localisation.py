@@ -538,7 +538,7 @@ def test_negative_class_gold_list_weights_and_c_score_by_hand(monkeypatch):
     confidences sigmoid(-z / 2) = 0.731, 0.622, 0.5, 0.182, so G(0) = the first three (0.5 counts).
     CAMs: the left half on images 0, 1 (and 3), the right half on image 2, so the only
     agreeing gold pair is (0, 1): C = w0 w1 / (w0 w1 + w0 w2 + w1 w2) -- not the unweighted 1/3.
-    LayerCAM is all zeros (constant: uniform maps, C = 1)."""
+    LayerCAM is all zeros (constant maps: no C-Score, "constant")."""
     from endoexplain_core.analysis import extended_localisation as ext
     from endoexplain_core.kernels import cams
     size, z = 64, torch.tensor([-2.0, -1.0, 0.0, 3.0])
@@ -572,8 +572,8 @@ def test_negative_class_gold_list_weights_and_c_score_by_hand(monkeypatch):
     assert rows.loc["gradcam", "c_score"] == pytest.approx(expected, rel=1e-6)
     assert abs(expected - 1 / 3) > 0.05
     assert rows.loc["gradcam", "n_constant"] == 0 and rows.loc["layercam", "n_constant"] == 3
-    assert rows.loc["layercam", "c_score"] == pytest.approx(1.0)
-    assert rows.loc["centre", "c_score"] == pytest.approx(1.0)
+    assert np.isnan(rows.loc["layercam", "c_score"]) and rows.loc["layercam", "c_score_note"] == "constant"
+    assert rows.loc["centre", "c_score"] == pytest.approx(1.0)          # identical, not flat, maps
     assert rows.loc["gradcam", "c_score_ci_low"] <= expected <= rows.loc["gradcam", "c_score_ci_high"]
     assert np.isfinite(rows.loc["random", "c_score_native"])
 
@@ -610,3 +610,15 @@ def test_negative_batches_read_the_manifest_rows_in_batches(tmp_path):
     assert [ids for ids, _ in batches] == [["n0", "n1"], ["n2"]]
     assert batches[0][1].shape == (2, 3, 32, 32)
     torch.testing.assert_close(batches[1][1][0], to_normalised_tensor(resize_rgb(frames[2], 32)))
+
+
+def test_a_c_score_of_constant_maps_is_not_given():
+    """Identical flat maps agree perfectly: the C-Score would be 1.000 (1.000 to 1.000) and say
+    nothing; the row says "constant" instead. Real maps get a number."""
+    from endoexplain_core.analysis import extended_localisation as ext
+    weights = np.ones(4) / 4
+    flat = ext.c_score_with_interval(torch.zeros(4, 64, 64), weights, replicates=50, seed=1)
+    assert np.isnan(flat["c_score"]) and flat["c_score_note"] == "constant"
+    maps = torch.rand(4, 64, 64, generator=torch.Generator().manual_seed(3))
+    real = ext.c_score_with_interval(maps, weights, replicates=50, seed=1)
+    assert 0 < real["c_score"] < 1 and real["c_score_note"] == ""

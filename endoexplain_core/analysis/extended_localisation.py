@@ -270,16 +270,22 @@ def c_score_with_interval(maps: torch.Tensor | None, weights: np.ndarray, *, rep
     """The C-Score of the gold maps (N, 64, 64) with its image-bootstrap 95% interval
     (``stats.weighted_pair_mean_ci`` over ``localisation.pairwise_soft_iou``; the interval is
     NaN above ``C_SCORE_BOOTSTRAP_MAX_IMAGES`` images or under 2). Keys: c_score, c_score_ci_low,
-    c_score_ci_high."""
+    c_score_ci_high, c_score_note ("constant" when every gold map is constant: identical flat
+    maps agree perfectly, a C-Score of 1 that says nothing, so none is given)."""
+    undefined = {"c_score": float("nan"), "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
     if maps is None or len(weights) < 2:
-        return {"c_score": float("nan"), "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
+        return {**undefined, "c_score_note": ""}
+    flat = maps.flatten(1)
+    if bool((flat.amax(dim=1) == flat.amin(dim=1)).all()):
+        return {**undefined, "c_score_note": "constant"}
     value = localisation.c_score(maps, torch.from_numpy(weights), resolution=C_SCORE_RESOLUTION)
     if len(weights) > C_SCORE_BOOTSTRAP_MAX_IMAGES:
-        return {"c_score": value, "c_score_ci_low": float("nan"), "c_score_ci_high": float("nan")}
+        return {**undefined, "c_score": value, "c_score_note": ""}
     interval = stats.weighted_pair_mean_ci(
         localisation.pairwise_soft_iou(maps, resolution=C_SCORE_RESOLUTION).numpy(), weights,
         replicates=replicates, seed=seed)
-    return {"c_score": value, "c_score_ci_low": interval["ci_low"], "c_score_ci_high": interval["ci_high"]}
+    return {"c_score": value, "c_score_ci_low": interval["ci_low"], "c_score_ci_high": interval["ci_high"],
+            "c_score_note": ""}
 
 
 def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: LocalisationSettings
