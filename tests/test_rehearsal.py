@@ -77,15 +77,20 @@ def downloaded(tmp_path_factory):
     return generated(tmp_path_factory.mktemp("downloaded"), "downloaded")
 
 
+def weights_override(weights: Path) -> str:
+    """The ``--set`` that gives the random weights of ``weights`` as paths."""
+    given = ", ".join(f"{arch}: {weights / f'random_{arch}.pth'}" for arch in ARCHITECTURES)
+    return f"01_training.imagenet_weights={{{given}}}"
+
+
 def run_all(data_root: Path, weights: Path, output_root: Path, *extra: str) -> subprocess.CompletedProcess:
     """``run_all.sh --profile paper`` on ``data_root`` with the rehearsal's ``--set``s, the
     weights of ``weights`` given as paths, its own reference manifest folder (adopted on first
     use) and an empty ``TORCH_HOME`` (nothing from this machine's cache)."""
-    given = ", ".join(f"{arch}: {weights / f'random_{arch}.pth'}" for arch in ARCHITECTURES)
     command = ["bash", str(REPO / "run_all.sh"), "--profile", "paper", "--data-root", str(data_root),
                "--output-root", str(output_root),
                "--manifest-reference", str(output_root / "manifest_reference"),
-               "--set-file", str(SET_FILE), "--set", f"01_training.imagenet_weights={{{given}}}", *extra]
+               "--set-file", str(SET_FILE), "--set", weights_override(weights), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=2400,
                           env={**os.environ, "TORCH_HOME": str(output_root / "empty_torch_home")})
 
@@ -168,7 +173,9 @@ def test_the_shrunk_paper_profile_runs_every_stage(layout, request, tmp_path):
     run_dir, figures_dir = tmp_path / "runs" / "paper", tmp_path / "figures" / "paper"
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["status"] == "complete" and provenance["synthetic_data"] is True
-    assert provenance["overrides"] == config.read_set_file(SET_FILE)
+    overrides = config.read_set_file(SET_FILE)
+    assert provenance["overrides"][:len(overrides)] == overrides          # then the weights' --set
+    assert provenance["overrides"][len(overrides):] == [weights_override(weights)]
     assert [s["stage"] for s in provenance["stages"]] == [p.stem for p in orchestrator.discover_stages()]
     # the manifest: every labelled lower-GI frame of the mirror, the upper-GI frames left out
     manifest = pd.read_csv(run_dir / "manifest" / "manifest.csv")
