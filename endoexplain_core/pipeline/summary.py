@@ -116,7 +116,8 @@ def _gate_lines(figures_dir: Path) -> list[str]:
              f"(the larger of chance + {_number(first['margin'], 2)} and the centre baseline's rate); "
              f"resolution ceiling (grid node nearest the centroid inside): lesion "
              f"{_number(first.get('lesion_ceiling'), 2)}, cue {_number(first.get('cue_ceiling'), 2)}; "
-             f"Wilson 95% CIs.", ""]
+             f"Wilson 95% CIs at the number of maps the replicates' agreement allows (wider where "
+             f"they scatter).", ""]
     return lines + _table(table)
 
 
