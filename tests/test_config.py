@@ -193,13 +193,24 @@ def test_tcp_scheduler_is_refused_unless_insecure_is_allowed(tmp_path, capsys, m
     orchestrator.check_scheduler(allowed, None, allow_insecure=False)
     assert config.stage_parameters(allowed, "01_training")["allow_insecure_scheduler"] is True
     assert "allow_insecure_scheduler" in config.EXECUTION_KEYS  # switching it reruns nothing
-    # tls:// needs no opt-in, but the client certificates in Dask's config (here: paths only).
+    # tls:// needs no opt-in, but the client certificates in Dask's config, loadable files.
     with dask.config.set({"distributed.comm.tls.ca-file": None}):
         with pytest.raises(ValueError, match="--scheduler.*distributed.comm.tls.ca-file"):
             orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
     with dask.config.set({"distributed.comm.tls.ca-file": "ca.pem",
                           "distributed.comm.tls.client.cert": "cert.pem",
                           "distributed.comm.tls.client.key": "key.pem"}):
+        with pytest.raises(ValueError, match="--scheduler.*TLS files cannot be loaded"):
+            orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
+    from distributed.security import Security
+    credentials = Security.temporary()
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    paths["ca"].write_text(credentials.tls_ca_file)
+    paths["cert"].write_text(credentials.tls_client_cert)
+    paths["key"].write_text(credentials.tls_client_key)
+    with dask.config.set({"distributed.comm.tls.ca-file": str(paths["ca"]),
+                          "distributed.comm.tls.client.cert": str(paths["cert"]),
+                          "distributed.comm.tls.client.key": str(paths["key"])}):
         orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
 
 
