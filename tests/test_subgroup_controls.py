@@ -192,3 +192,17 @@ def test_prepare_subgroup_cohorts_puts_the_audit_pool_first_with_blank_labels(mo
     assert labels["hyperkvasir"].to_dict("list") == {"sample_id": ["p1", "p2"], "centre": ["", ""],
                                                       "modality": ["", ""]}
     assert list(labels["polypgen"].columns) == ["sample_id", "centre", "modality"]
+
+
+def test_the_lesion_size_contrast_leaves_the_primary_family_and_its_chance_control_spends_no_test():
+    """The energy lift's ceiling depends on the lesion share, which the size contrast defines:
+    its M1 gaps form their own Holm family; its chance-level control (true by construction,
+    the chance is the lesion share) is descriptive. Other contrasts keep their families."""
+    assert subgroups.holm_family("energy_lift", "M1", "shared", subgroups.LESION_SIZE_CONTRAST) == \
+        subgroups.LESION_SIZE_FAMILY
+    assert subgroups.holm_family("energy_lift", "M1", "shared", "PolypGen: C1 vs other centres") == \
+        subgroups.PRIMARY_FAMILY
+    assert subgroups.holm_family("energy_lift", "M2", "shared", subgroups.LESION_SIZE_CONTRAST).startswith("sensitivity")
+    assert subgroup_controls._control_family(subgroups.LESION_SIZE_CONTRAST, subgroup_controls.CHANCE) == ""
+    assert subgroup_controls._control_family("PolypGen: C1 vs other centres", subgroup_controls.CHANCE) == \
+        subgroups.SECONDARY_FAMILY

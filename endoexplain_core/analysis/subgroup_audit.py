@@ -154,7 +154,7 @@ def audit_contrasts(cases: pd.DataFrame, *, min_images: int
             _labelled(polypgen, polypgen["centre"] == centre))
     per_image = cases.drop_duplicates(["dataset", "sample_id"])
     median = float(per_image["log_lesion_area"].median())
-    add(Contrast("Lesion size: small vs large", "below the median lesion share",
+    add(Contrast(subgroups.LESION_SIZE_CONTRAST, "below the median lesion share",
                  "at or above the median", exclude=("log_lesion_area",),
                  fixed_effects=("C(dataset)",) if cases["dataset"].nunique() > 1 else ()),
         _labelled(cases, cases["log_lesion_area"] < median))
@@ -212,8 +212,8 @@ def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=subgroups.ALL
             crude_parts.append(subgroups.crude_gaps(outcome_frame, outcomes=(outcome,))
                                .assign(contrast=contrast.name))
     gaps = pd.concat(gap_parts, ignore_index=True)
-    gaps["holm_family"] = [subgroups.holm_family(o, m, s)
-                           for o, m, s in zip(gaps["outcome"], gaps["model"], gaps["slopes"])]
+    gaps["holm_family"] = [subgroups.holm_family(o, m, s, c) for o, m, s, c in
+                           zip(gaps["outcome"], gaps["model"], gaps["slopes"], gaps["contrast"])]
     gaps, controls = subgroups.add_holm(gaps, pd.concat(control_parts, ignore_index=True))
     crude = pd.concat(crude_parts, ignore_index=True)
     return subgroups.add_tost(gaps, crude), crude, controls, skipped

@@ -44,7 +44,16 @@ def _row(contrast: str, control: str, outcome: str, method: str, values: pd.Data
     return {"contrast": contrast, "control": control, "outcome": outcome,
             "unit": subgroups.OUTCOME_UNITS[outcome], "method": method,
             **subgroups.welch_gap(sub, ref), "n_subgroup": len(sub), "n_reference": len(ref),
-            "holm_family": subgroups.SECONDARY_FAMILY if control in TESTED_CONTROLS else ""}
+            "holm_family": _control_family(contrast, control)}
+
+
+def _control_family(contrast: str, control: str) -> str:
+    """The secondary family for a tested control, except the lesion-size contrast's chance
+    level: the pointing game's chance is the lesion share, so small lesions have the lower
+    chance by construction; a test that cannot fail spends no Holm slot (descriptive, "")."""
+    if control == CHANCE and contrast == subgroups.LESION_SIZE_CONTRAST:
+        return ""
+    return subgroups.SECONDARY_FAMILY if control in TESTED_CONTROLS else ""
 
 
 def control_gaps(contrast: str, frame: pd.DataFrame, randomised: pd.DataFrame | None = None
