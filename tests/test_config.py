@@ -202,15 +202,8 @@ def test_tcp_scheduler_is_refused_unless_insecure_is_allowed(tmp_path, capsys, m
                           "distributed.comm.tls.client.key": "key.pem"}):
         with pytest.raises(ValueError, match="--scheduler.*TLS files cannot be loaded"):
             orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
-    from distributed.security import Security
-    credentials = Security.temporary()
-    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
-    paths["ca"].write_text(credentials.tls_ca_file)
-    paths["cert"].write_text(credentials.tls_client_cert)
-    paths["key"].write_text(credentials.tls_client_key)
-    with dask.config.set({"distributed.comm.tls.ca-file": str(paths["ca"]),
-                          "distributed.comm.tls.client.cert": str(paths["cert"]),
-                          "distributed.comm.tls.client.key": str(paths["key"])}):
+    from tests.test_tasks import client_tls_config
+    with dask.config.set(client_tls_config(tmp_path)):
         orchestrator.check_scheduler(config.load_profile("smoke"), "tls://10.0.0.5:8786", False)
 
 

@@ -38,11 +38,25 @@ def test_tcp_scheduler_needs_the_explicit_insecure_opt_in():
         "address", address="tcp://10.0.0.5:8786")
 
 
+def client_tls_config(folder: Path) -> dict[str, str]:
+    """Dask config keys naming a temporary CA, client certificate and key written to ``folder``
+    (``distributed.security.Security.temporary``): loadable client TLS files."""
+    from distributed.security import Security
+
+    credentials = Security.temporary()
+    files = {"distributed.comm.tls.ca-file": ("ca.pem", credentials.tls_ca_file),
+             "distributed.comm.tls.client.cert": ("cert.pem", credentials.tls_client_cert),
+             "distributed.comm.tls.client.key": ("key.pem", credentials.tls_client_key)}
+    for name, text in files.values():
+        (folder / name).write_text(text)
+    return {key: str(folder / name) for key, (name, _) in files.items()}
+
+
 def test_tls_address_takes_the_client_certificates_from_dask_config(tmp_path):
     """The user's certificates for a tls:// scheduler come from Dask's configuration (files or
     DASK_DISTRIBUTED__COMM__TLS__* variables); none configured is an error naming the keys."""
     import dask
-    from distributed.security import Security
+    import distributed  # noqa: F401  (registers the distributed.* config keys set below)
 
     unset = {"distributed.comm.tls.ca-file": None, "distributed.comm.tls.client.cert": None,
              "distributed.comm.tls.client.key": None}
@@ -50,14 +64,11 @@ def test_tls_address_takes_the_client_certificates_from_dask_config(tmp_path):
         with pytest.raises(tasks.SchedulerError, match="distributed.comm.tls.ca-file.*"
                                                        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
             tasks.address_security("tls://10.0.0.5:8786")
-    credentials = Security.temporary()
-    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
-    paths["ca"].write_text(credentials.tls_ca_file)
-    paths["cert"].write_text(credentials.tls_client_cert)
-    paths["key"].write_text(credentials.tls_client_key)
-    with dask.config.set({"distributed.comm.tls.ca-file": str(paths["ca"]),
-                          "distributed.comm.tls.client.cert": str(paths["cert"]),
-                          "distributed.comm.tls.client.key": str(paths["key"])}):
+    tls = client_tls_config(tmp_path)
+    paths = {"ca": Path(tls["distributed.comm.tls.ca-file"]),
+             "cert": Path(tls["distributed.comm.tls.client.cert"]),
+             "key": Path(tls["distributed.comm.tls.client.key"])}
+    with dask.config.set(tls):
         security = tasks.address_security("tls://10.0.0.5:8786")
     assert security.require_encryption and security.tls_client_cert == str(paths["cert"])
     assert security.get_connection_args("client")["ssl_context"] is not None

@@ -529,14 +529,15 @@ def imagenet_weights_path(arch: str, imagenet_weights: str | dict) -> Path | Non
     A file whose name carries torchvision's hash must match it
     (``networks.verify_weights_file``; ``networks.WeightsHashMismatch`` otherwise).
     """
-    path = _weights_file(arch, imagenet_weights)
+    path = locate_imagenet_weights(arch, imagenet_weights)
     if path is not None:
         networks.verify_weights_file(path)
     return path
 
 
-def _weights_file(arch: str, imagenet_weights: str | dict) -> Path | None:
-    """The file ``imagenet_weights`` points ``arch`` to (``imagenet_weights_path``), unverified."""
+def locate_imagenet_weights(arch: str, imagenet_weights: str | dict) -> Path | None:
+    """The file ``imagenet_weights`` points ``arch`` to (``imagenet_weights_path`` without the
+    hash check, for callers that verify it themselves and want the digest)."""
     if imagenet_weights == "none":
         return None
     if imagenet_weights == "auto":

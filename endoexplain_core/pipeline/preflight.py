@@ -200,17 +200,18 @@ def weight_findings(architectures, imagenet_weights) -> list[Finding]:
     for arch in architectures:
         url = networks.imagenet_weights_url(arch)
         try:
-            path = training.imagenet_weights_path(arch, imagenet_weights)
-        except networks.WeightsHashMismatch as error:
-            findings.append(Finding("weights", arch, PROBLEM, str(error)))
-            continue
+            path = training.locate_imagenet_weights(arch, imagenet_weights)
         except (training.MissingImageNetWeights, FileNotFoundError, ValueError) as error:
             findings.append(Finding("weights", arch, MISSING, f"{error} (torchvision's file: {url})"))
             continue
         if path is None:
             findings.append(Finding("weights", arch, READY, "from scratch (imagenet_weights: none)"))
             continue
-        digest, expected = networks.verify_weights_file(path)
+        try:   # the run's own check (``training.imagenet_weights_path``), hashing the file once
+            digest, expected = networks.verify_weights_file(path)
+        except networks.WeightsHashMismatch as error:
+            findings.append(Finding("weights", arch, PROBLEM, str(error)))
+            continue
         checked = (f"matches the {expected} of its torchvision name" if expected else
                    "its name carries no torchvision hash, so it is not checked")
         findings.append(Finding("weights", arch, READY, f"{path} (SHA-256 {digest[:16]}..., {checked})"))
