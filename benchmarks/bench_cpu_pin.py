@@ -9,7 +9,10 @@ set is above AVX2; that difference is what the pin removes between machines).
 
 ``--variant mkldnn`` compares, both pinned, oneDNN on against oneDNN off
 (``torch.backends.mkldnn.enabled = False``: ATen's own convolutions), the cost of giving up
-oneDNN's machine-dependent kernels altogether.
+oneDNN's machine-dependent kernels altogether. ``--variant aten`` keeps oneDNN off in both and
+compares the pin on against off: whether ATen's own kernels still give different weights at
+another instruction set (if they do, turning oneDNN off does not make training bit-identical
+across machines).
 
 Usage: python benchmarks/bench_cpu_pin.py --image-size 160 --batch 16 --steps 4 --repeats 3
        python benchmarks/bench_cpu_pin.py --variant mkldnn --archs efficientnet_b0 --image-size 136
@@ -58,6 +61,10 @@ print(json.dumps({"train_step_s": train, "cam_batch_s": cam, "digest": digest,
 """
 
 
+VARIANT_LABELS = {"pin": "the CPU pin", "mkldnn": "oneDNN (pin on)",
+                  "aten": "the CPU pin (oneDNN off in both)"}
+
+
 def run(arch: str, setting: str, args) -> dict:
     """One subprocess; ``setting`` is "on"/"off": the CPU pin (variant pin) or oneDNN with the
     pin on (variant mkldnn)."""
@@ -65,9 +72,12 @@ def run(arch: str, setting: str, args) -> dict:
                    if k not in ("ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "ATEN_CPU_CAPABILITY")}
     if args.variant == "pin":
         environment["ENDOEXPLAIN_CPU_PIN"] = setting
-    else:
+    elif args.variant == "mkldnn":
         environment["ENDOEXPLAIN_CPU_PIN"] = "on"
         environment["ENDOEXPLAIN_BENCH_MKLDNN"] = setting
+    else:  # aten: oneDNN off in both, the pin (ATen's instruction set) on vs off
+        environment["ENDOEXPLAIN_CPU_PIN"] = setting
+        environment["ENDOEXPLAIN_BENCH_MKLDNN"] = "off"
     out = subprocess.run([sys.executable, "-c", WORK, arch, str(args.image_size), str(args.batch),
                           str(args.steps)], env=environment, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,15 +90,16 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variant", choices=("pin", "mkldnn"), default="pin",
-                        help="pin: CPU pin on vs off; mkldnn: oneDNN on vs off, both pinned")
+    parser.add_argument("--variant", choices=("pin", "mkldnn", "aten"), default="pin",
+                        help="pin: CPU pin on vs off; mkldnn: oneDNN on vs off, both pinned; "
+                             "aten: CPU pin on vs off, oneDNN off in both")
     args = parser.parse_args()
     from endoexplain_core import numerics
 
     cpu = numerics.detected_cpu()
     print(f"CPU: {cpu['model']} (best {cpu['best_isa']}); {args.image_size} px, batch {args.batch}, "
           f"{args.steps} training steps, {args.repeats} interleaved rounds (minimum reported); "
-          f"on/off = {'the CPU pin' if args.variant == 'pin' else 'oneDNN (pin on)'}")
+          f"on/off = {VARIANT_LABELS[args.variant]}")
     print(f"{'arch':16s} {'train on':>9s} {'train off':>9s} {'ratio':>6s} {'CAM on':>8s} {'CAM off':>8s} "
           f"{'ratio':>6s}  weights differ")
     for arch in args.archs:

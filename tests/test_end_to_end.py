@@ -101,6 +101,22 @@ def test_the_paper_artefacts_exist(smoke_run):
         assert png.with_suffix(".pdf").is_file(), f"{png.name} has no PDF twin"
 
 
+def test_each_stage_writes_what_a_failed_run_would_list_as_missing(smoke_run):
+    """``record.STAGE_PRODUCTS`` (the failed-run banner's missing list) against the files each
+    stage of a real run wrote."""
+    from endoexplain_core.pipeline import record
+
+    provenance = json.loads((smoke_run / "runs" / "smoke" / "provenance.json").read_text())
+    written = {s["stage"]: set(s["figure_files"]) for s in provenance["stages"]}
+    assert set(record.STAGE_PRODUCTS) == set(written)
+    for stage, products in record.STAGE_PRODUCTS.items():
+        for what, name in products:
+            if name.startswith("cases/"):  # the case browser lives in the run folder
+                assert (smoke_run / "runs" / "smoke" / name).is_file()
+            else:
+                assert name in written[stage], f"{stage} did not write {name} ({what})"
+
+
 def test_transfer_covers_the_three_external_cohorts(smoke_run):
     table = pd.read_csv(smoke_run / "figures" / "smoke" / "table_transfer.csv")
     assert {"ETIS-LaribPolypDB", "PolypGen", "PolypDB"} <= set(table["cohort"])

@@ -271,3 +271,30 @@ def test_a_corrupt_stamp_is_treated_as_missing_and_its_stage_reruns(project):
     (stamps / "01_second.json").write_text("[1, 2]")
     assert statuses(run(project)) == ["ran", "ran"]
     assert json.loads((stamps / "00_first.json").read_text())["digest"]
+
+
+def test_a_run_stopped_in_05_leads_its_record_with_the_stage_error_and_missing_list(tmp_path):
+    """Stages named like the real 04-06: 05 raises; the record's red banner names 05, its error
+    in one line, and what is missing (05's and 06's products), and the brief says which
+    research questions could not be computed."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    write_notebook(notebooks / "04_spatial_audit.ipynb", WRITE_TABLE.format(stage="first"))
+    write_notebook(notebooks / "05_robustness.ipynb", "raise ArithmeticError('rank-deficient fit')")
+    write_notebook(notebooks / "06_transfer.ipynb", WRITE_TABLE.format(stage="second"))
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(yaml.safe_dump({"shared": {"value": 1}, "stages": {
+        "04_spatial_audit": {}, "05_robustness": {}, "06_transfer": {}}}))
+    with pytest.raises(orchestrator.StageFailed):
+        orchestrator.run_pipeline(str(profile), output_root=tmp_path / "out", notebook_dir=notebooks,
+                                  stage_settings={s: ToyStage for s in ("04_spatial_audit", "05_robustness",
+                                                                        "06_transfer")},
+                                  shared_settings=ToyShared)
+    page = (tmp_path / "out" / "runs" / "tiny" / "index.html").read_text()
+    banner = page[page.index("banner-failed"):]
+    banner = banner[:banner.index("</div>")]
+    assert "Run FAILED in 05_robustness: 05_robustness.ipynb failed in cell" in banner
+    assert "ArithmeticError: rank-deficient fit" in banner
+    assert "Table 5 (adjusted model) (05_robustness)" in banner and "transfer (RQ4) (06_transfer)" in banner
+    assert "Table 4 (RQ1)" not in banner
+    assert "RQ2, does it persist?</strong> could not be computed (stage 05_robustness did not finish" in page

@@ -271,3 +271,65 @@ def test_final_tables_carry_their_footnotes_into_markdown_and_latex(tmp_path):
     latex = (tmp_path / "final_t.tex").read_text()
     assert r"\par\footnotesize Synthetic cohort" in latex and "\u2020" not in latex and r"\dag{}" in latex
     assert pd.read_csv(tmp_path / "final_t.csv").shape == (3, 2)            # the CSV stays data only
+
+
+# --------------------------------------------------------------------------- a run that stopped
+
+
+def failed_in_05(run_dir: Path, figures_dir: Path) -> dict:
+    """A provenance whose run stopped in 05_robustness: 04 ran, 06-09 did not; Table 5 and
+    Figure 5 are on disk from an earlier run."""
+    artefacts.save_table(pd.DataFrame({"panel": ["A"], "method": ["gradcam"], "n": [9],
+                                       "peak_failure": [0.3], "peak_failure_ci_low": [0.1],
+                                       "peak_failure_ci_high": [0.6], "logit_drop": [1.0],
+                                       "logit_drop_ci_low": [0.5], "logit_drop_ci_high": [1.5]}),
+                         "table4_spatial_audit", figures_dir)
+    artefacts.save_table(pd.DataFrame({"term": ["x"]}), "table5_adjusted_model", figures_dir)
+    artefacts.save_table(pd.DataFrame({"cohort": ["ETIS"], "method": ["Grad-CAM"]}), "table_transfer", figures_dir)
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    artefacts.save_figure(fig, "figure5_transfer", figures_dir, dpi=40)
+    plt.close(fig)
+    stages = [{"stage": "04_spatial_audit", "status": "ran", "seconds": 3.0,
+               "figure_files": ["table4_spatial_audit.csv"]},
+              {"stage": "05_robustness", "status": "failed", "seconds": 2.0, "figure_files": [],
+               "error": "05_robustness.ipynb failed in cell 7 (execution count 5): LinAlgError: "
+                        "Singular matrix\n  partial notebook kept at /x/05_robustness.ipynb"},
+              {"stage": "06_transfer", "status": "not_run", "seconds": 0.0,
+               "figure_files": ["table_transfer.csv", "figure5_transfer.png"]},
+              {"stage": "09_figures", "status": "not_run", "seconds": 0.0, "figure_files": []}]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return {"profile": "smoke", "status": "failed", "stages": stages, "data_root": "(embedded synthetic cohort)"}
+
+
+def test_a_failed_run_leads_with_the_stage_its_error_and_what_is_missing(tmp_path):
+    run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
+    provenance = failed_in_05(run_dir, figures_dir)
+    (figures_dir / "summary.md").write_text("# Run summary\n\n## In brief\n\n- **Validity gate**: STALE SENTENCE.\n")
+    page = record.write_run_index(run_dir, figures_dir, provenance).read_text()
+    banner = page[page.index('class="banner banner-failed"'):]
+    banner = banner[:banner.index("</div>")]
+    assert page.index("banner-failed") < page.index("Synthetic cohort:")  # it leads
+    assert "Run FAILED in 05_robustness: 05_robustness.ipynb failed in cell 7 (execution count 5): " \
+           "LinAlgError: Singular matrix" in banner and "partial notebook" not in banner
+    for missing in ("Table 5 (adjusted model) (05_robustness)", "Figure 4 (architecture x seed)",
+                    "transfer (RQ4) (06_transfer)", "Figure 5 (transfer) (06_transfer)",
+                    "the case browser (09_figures)"):
+        assert missing in banner
+    assert "Table 4 (RQ1)" not in banner  # 04 finished
+    # Files an earlier run left are marked, never shown as this run's
+    assert "OUT OF DATE, from an earlier run (stage 06_transfer did not finish in this run)" in page
+    # The brief is read from what this run finished, not the earlier run's summary.md
+    assert "STALE SENTENCE" not in page
+    brief = page[page.index("In brief (what this run finished)"):page.index("<h2>Figures</h2>")]
+    assert "RQ1, high score, where does the map look?</strong> On the 9 audit images" in brief
+    assert "RQ2, does it persist?</strong> could not be computed (stage 05_robustness did not finish" in brief
+    assert "RQ4, transfer:</strong> could not be computed (stage 06_transfer did not finish in this run)" in brief
+    assert record.failure_banner({**provenance, "status": "complete"}) == ""
+
+
+def test_an_interrupted_run_says_so_in_its_banner(tmp_path):
+    run_dir, figures_dir = tmp_path / "runs" / "smoke", tmp_path / "figures" / "smoke"
+    provenance = failed_in_05(run_dir, figures_dir)
+    provenance["status"] = "interrupted"
+    provenance["stages"][1].update(status="interrupted", error=None)
+    assert "Run interrupted in 05_robustness (Ctrl-C)." in record.failure_banner(provenance)

@@ -55,8 +55,15 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
                                  "verdict": ["passes", "passes", "inconclusive", "fails", "passes", "fails"]})
     save("table_s1_training", {"checkpoint_id": ["a", "b"], "primary": [False, True], "test_auprc": [0.5, 0.91],
                                "test_auprc_ci_low": [0.4, 0.85], "test_auprc_ci_high": [0.6, 0.95], "n_test": [50, 50]})
-    save("table4_spatial_audit", {"panel": ["A"] * 7 + ["B"], "method": [*CAM_METHODS, "random", "centre", "gradcam"],
-                                  "n": [12] * 8, "peak_failure": [0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 0.25, 0.6]})
+    failure = [0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 0.25, None, 0.6]
+    save("table4_spatial_audit", {
+        "panel": ["A"] * 8 + ["B"], "method": [*CAM_METHODS, "random", "centre", "random_deletion", "gradcam"],
+        "n": [12] * 9, "peak_failure": failure,
+        "peak_failure_ci_low": [None if f is None else f / 2 for f in failure],
+        "peak_failure_ci_high": [None if f is None else (1 + f) / 2 for f in failure],
+        "logit_drop": [2.0, 1.9, 0.4, 0.3, 2.1, None, None, 0.5, 1.8],
+        "logit_drop_ci_low": [1.7, 1.6, 0.1, 0.0, 1.8, None, None, 0.3, 1.5],
+        "logit_drop_ci_high": [2.3, 2.2, 0.7, 0.6, 2.4, None, None, 0.7, 2.1]})
     save("table_transfer", {"cohort": ["ETIS-LaribPolypDB", "PolypGen"], "method": ["Grad-CAM", "Grad-CAM"],
                             "mean_iou": [0.08, 0.2], "ci_low": [0.06, 0.17], "ci_high": [0.1, 0.23],
                             "centre_baseline_iou": [0.08, 0.15]})
@@ -67,15 +74,41 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert "test AUPRC 0.910 (0.850 to 0.950) (n = 50" in lines[1]
     assert summary._with_ci(1.0 - 2e-16, 1.0, 1.0) == "1.000 (the same in every bootstrap resample: no interval)"
     assert summary._with_ci(0.95, 0.9, 1.0) == "0.950 (0.900 to 1.000)"
-    assert "On the 12 audit images" in lines[2] and "for 0.10-0.50 of maps, by method" in lines[2]
-    assert "centre baseline 0.25, random map 1.00" in lines[2]
-    assert "0.08-0.20; its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[3]
-    assert lines[4] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
+    # RQ1: every map with its interval and gate mark, the baselines beside them
+    assert lines[2].startswith("**RQ1, high score, where does the map look?** On the 12 audit images")
+    assert "Grad-CAM 0.10 (0.05 to 0.55)" in lines[2] and "XGrad-CAM\u2020 0.30 (0.15 to 0.65)" in lines[2]
+    assert "Centre baseline 0.25 (0.12 to 0.62)" in lines[2]
+    # RQ2: its tables are missing here, and it says so
+    assert lines[3] == "**RQ2, does it persist?** could not be computed (its table is missing)."
+    # RQ3: deletion against the random control; the maps whose interval lies above it are named
+    assert "by 0.50 (0.30 to 0.70)" in lines[4]
+    assert "3 of 5 maps' intervals lie above the random control's (Grad-CAM, Grad-CAM++, Eigen-CAM*)" in lines[4]
+    assert "lesion-specific reliance" not in lines[4]  # no LSR table in this run
+    assert "ETIS-LaribPolypDB 0.08 (0.06 to 0.10) (centre 0.08)" in lines[5]
+    assert "its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[5]
+    assert lines[6] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
                         "are printed as UNSTABLE; 1 could not be rerun.")
-    assert lines[5].startswith("**Data**: every number comes from the synthetic cohort the package generates")
-    assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 5
+    assert lines[7].startswith("**Data**: every number comes from the synthetic cohort the package generates")
+    assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 7
+    save("table_threshold_sensitivity", {"score_threshold": [0.8, 0.95, 0.8], "method": ["gradcam", "gradcam", "random"],
+                                         "n_eligible": [40, 9, 40], "failure_rate": [0.3, 0.2, 0.9],
+                                         "ci_low": [0.2, 0.05, 0.8], "ci_high": [0.45, 0.52, 0.95]})
+    save("table_lesion_tertiles", {"population": ["all masked images"] * 2, "tertile": ["small", "large"],
+                                   "method": ["gradcam"] * 2, "n": [10, 11], "failure_rate": [0.6, 0.1],
+                                   "ci_low": [0.3, 0.02], "ci_high": [0.85, 0.4]})
+    save("table_s_faithfulness_lsr", {"lsr": [7.2], "ci_low": [7.0], "ci_high": [7.4], "n": [68]})
+    lines = summary.verdict_lines(tmp_path, synthetic=True)
+    assert lines[3] == ("**RQ2, does it persist?** Grad-CAM's peak failure is 0.30 (0.20 to 0.45) at score "
+                        "threshold 0.80 (n 40) and 0.20 (0.05 to 0.52) at score threshold 0.95 (n 9); by "
+                        "lesion area it is 0.60 (0.30 to 0.85) in the smallest tertile (n 10) against 0.10 "
+                        "(0.02 to 0.40) in the largest (n 11) (95% CIs).")
+    assert "by 7.20 (7.00 to 7.40) scaled-logit units (lesion-specific reliance, n 68 images)" in lines[4]
     save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
-                                  "n": [27] * 7, "peak_failure": [1.0] * 6 + [0.26]})
-    assert "for 1.00 of maps for every method (centre" in summary.verdict_lines(tmp_path, synthetic=True)[2]
-    assert summary.verdict_lines(tmp_path / "missing", synthetic=False) == [
-        "The validity gate did not run: no CAM method is validated."]
+                                  "n": [27] * 7, "peak_failure": [None] * 7, "logit_drop": [None] * 7})
+    assert "panel A is empty: not estimable" in summary.verdict_lines(tmp_path, synthetic=True)[2]
+    missing = summary.verdict_lines(tmp_path / "missing", synthetic=False)
+    assert missing[0] == "The validity gate did not run: no CAM method is validated."
+    assert all("could not be computed (its table is missing)" in line for line in missing[1:])
+    assert [line.split("**")[1] for line in missing[1:]] == [
+        "RQ1, high score, where does the map look?", "RQ2, does it persist?",
+        "RQ3, do the maps cover what the model uses?", "RQ4, transfer:"]

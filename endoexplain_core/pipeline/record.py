@@ -187,6 +187,8 @@ code { font-size: 0.9em; }
 .banner-synthetic { background: #fff4d6; border: 1px solid #e0b000; }
 .banner-gate-pass { background: #e3f4e8; border: 1px solid #1b7f3b; }
 .banner-gate-warn { background: #fde8e8; border: 1px solid #b00020; }
+.banner-failed { background: #b00020; color: white; } .banner-failed p { margin: 0.2em 0; }
+.banner-failed ul { margin: 0.2em 0; font-weight: normal; }
 .brief li { margin: 0.3em 0; }
 .facts { color: #444; font-size: 0.9em; }
 .scroll { overflow-x: auto; max-height: 32em; overflow-y: auto; border: 1px solid #eee;
@@ -270,7 +272,8 @@ HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary ch
 
 
 def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_records: list[dict],
-                         tables: dict[str, str] = HEADLINE_TABLES) -> list[str]:
+                         tables: dict[str, str] = HEADLINE_TABLES,
+                         stale: dict[str, str] | None = None) -> list[str]:
     """HTML blocks for the headline tables that exist in ``figures_dir``: heading, the whole
     table formatted like the paper's final tables (``final_table``) in a scroll box, and links
     to the CSV and to the executed notebook (HTML) that wrote it. Missing tables are skipped."""
@@ -286,6 +289,8 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
         source = _link(path, run_dir, path.name)
         if producer and producer.get("html"):
             source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
+        if f"{stem}.csv" in (stale or {}):
+            heading = f"{heading} (OUT OF DATE, from an earlier run: {stale[f'{stem}.csv']})"
         blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
                    '<div class="scroll">'
                    + table.to_html(index=False, escape=True, na_rep="", border=0) + "</div>"]
@@ -320,11 +325,23 @@ def is_synthetic(provenance: dict) -> bool:
     return not data_root or "synthetic" in data_root
 
 
-def brief_html(figures_dir: Path, run_dir: Path) -> list[str]:
-    """The summary's "In brief" section (``summary.md``, written by notebook 09) as HTML, with
-    a link to the whole summary; [] before notebook 09 has run."""
+def brief_html(figures_dir: Path, run_dir: Path, provenance: dict | None = None) -> list[str]:
+    """The summary's "In brief" section as HTML. A complete run: ``summary.md`` (written by
+    notebook 09), with a link to it; [] before notebook 09 has run. A failed or interrupted run:
+    the brief read now from the tables this run finished, each sentence whose tables it did not
+    finish saying so (``summary.verdict_lines`` with ``unavailable``)."""
     import mistune
 
+    unfinished = unfinished_stages(provenance or {})
+    if unfinished:
+        stale = stale_files(figures_dir, provenance)
+        reason = f"stage {unfinished[0]['stage']} did not finish in this run"
+        unavailable = {Path(n).stem: why for n, why in stale.items() if n.endswith(".csv")}
+        unavailable |= {stem: reason for stem in summary.BRIEF_TABLES
+                        if stem not in unavailable and not (figures_dir / f"{stem}.csv").is_file()}
+        lines = summary.verdict_lines(figures_dir, is_synthetic(provenance), unavailable)
+        return ["<h2>In brief (what this run finished)</h2>",
+                f'<div class="brief">{mistune.html("".join(f"- {line}{chr(10)}" for line in lines))}</div>']
     path = figures_dir / summary.SUMMARY_NAME
     if not path.is_file():
         return []
@@ -334,6 +351,80 @@ def brief_html(figures_dir: Path, run_dir: Path) -> list[str]:
         return []
     return ["<h2>In brief</h2>", f'<div class="brief">{mistune.html(brief)}</div>',
             f"<p>All headline numbers: {_link(path, run_dir, summary.SUMMARY_NAME)}</p>"]
+
+
+# What a reader loses when a stage does not finish: stage -> (what, the file that carries it).
+# The end-to-end test checks every file against the stage that writes it in the smoke run.
+STAGE_PRODUCTS = {
+    "00_roles": [("Table 2 (study roles)", "table2_roles.csv"), ("contact sheet", "contact_sheet.png")],
+    "01_training": [("Table S1 and Figure S1 (training)", "table_s1_training.csv")],
+    "02_calibration": [("Table 3 (calibration)", "table3_calibration.csv"),
+                       ("Figure S2 (reliability)", "figure_s2_reliability.png"),
+                       ("source-category table", "table_source_category.csv")],
+    "03_validity_gate": [("the validity gate", "table_validity_gate.csv")],
+    "04_spatial_audit": [("Table 4 (RQ1)", "table4_spatial_audit.csv"), ("Figure 3 (cases)", "figure3_cases.png")],
+    "05_robustness": [("Table 5 (adjusted model)", "table5_adjusted_model.csv"),
+                      ("Figure 4 (architecture x seed)", "figure4_robustness.png"),
+                      ("threshold, checkpoint and lesion-size sensitivity (RQ2)", "table_threshold_sensitivity.csv"),
+                      ("the learned-checkpoint table", "table_checkpoint_learning.csv"),
+                      ("verdict stability", "table_verdict_stability.csv")],
+    "06_transfer": [("transfer (RQ4)", "table_transfer.csv"), ("Figure 5 (transfer)", "figure5_transfer.png")],
+    "07_extended_localisation": [("extended localisation (AUC-IoU, energy lift, pointing, C-Score)",
+                                  "table_s_extended_auc_iou.csv")],
+    "08_faithfulness": [("faithfulness (ROAD, SRG, lesion-specific reliance for RQ3, randomisation, subgroups)",
+                         "table_s_faithfulness_srg.csv")],
+    "09_figures": [("Figures 1 and 2", "figure1_workflow.png"), ("the final tables", "final_table4_spatial_audit.csv"),
+                   ("summary.md", "summary.md"), ("the case browser", "cases/index.html")],
+}
+UNFINISHED = ("failed", "interrupted")
+
+
+def unfinished_stages(provenance: dict) -> list[dict]:
+    """The stage records of a failed or interrupted run from the stage that stopped it on
+    (that stage, then every stage that did not run because of it); [] for a complete run."""
+    stages = provenance.get("stages") or []
+    stopped = next((i for i, r in enumerate(stages) if r.get("status") in UNFINISHED), None)
+    if stopped is None or provenance.get("status") not in UNFINISHED:
+        return []
+    return stages[stopped:]
+
+
+def stale_files(figures_dir: Path, provenance: dict) -> dict[str, str]:
+    """Files under ``figures_dir`` that a stage which did not finish in this run wrote (in an
+    earlier run, or partly in this one) -> why they cannot be trusted here."""
+    unfinished = unfinished_stages(provenance)
+    if not unfinished:
+        return {}
+    names = {r["stage"] for r in unfinished}
+    attribution = attribute_files(figures_dir, provenance.get("stages") or [])
+    products = {Path(name).name: r["stage"] for r in unfinished
+                for _, name in STAGE_PRODUCTS.get(r["stage"], [])}
+    stale = {}
+    for name, producer in attribution.items():
+        stage = producer["stage"] if producer and producer["stage"] in names else products.get(name)
+        if stage:
+            stale[name] = f"stage {stage} did not finish in this run"
+    return stale
+
+
+def failure_banner(provenance: dict) -> str:
+    """A red banner for a failed or interrupted run: the stage, the error in one line, and what
+    is missing because of it; "" for a complete run."""
+    unfinished = unfinished_stages(provenance)
+    if not unfinished:
+        return ""
+    stopped = unfinished[0]
+    if stopped.get("status") == "interrupted":
+        what = f"Run interrupted in {stopped['stage']} (Ctrl-C)."
+    else:
+        error = str(stopped.get("error") or "no error recorded").strip().splitlines()[0]
+        what = f"Run FAILED in {stopped['stage']}: {error}"
+    missing = [f"{label} ({r['stage']})" for r in unfinished for label, _ in STAGE_PRODUCTS.get(r["stage"], [])]
+    others = [r["stage"] for r in unfinished if r["stage"] not in STAGE_PRODUCTS]
+    items = "".join(f"<li>{html.escape(text)}</li>" for text in missing + [f"everything {s} writes" for s in others])
+    return (f'<div class="banner banner-failed"><p>{html.escape(what)}</p>'
+            "<p>Missing because of it (a file an earlier run left is marked out of date):</p>"
+            f"<ul>{items}</ul></div>")
 
 
 def gate_banner(figures_dir: Path) -> str:
@@ -355,8 +446,11 @@ def gate_banner(figures_dir: Path) -> str:
     return f'<p class="banner banner-gate-{kind}">{html.escape(text)}</p>'
 
 
-def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str]) -> list[str]:
-    """Captioned figures (paper figures first), each linked to its PNG, PDF and notebook cell."""
+def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str],
+                   stale: dict[str, str] | None = None) -> list[str]:
+    """Captioned figures (paper figures first), each linked to its PNG, PDF and notebook cell;
+    a figure in ``stale`` (name -> why) is captioned as out of date."""
+    stale = stale or {}
     pngs = [n for n in names if n.lower().endswith(".png")]
     order = {stem: i for i, stem in enumerate(FIGURE_CAPTIONS)}
     pngs.sort(key=lambda n: (order.get(Path(n).stem, len(order)), n))
@@ -365,6 +459,8 @@ def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str]) -> list[s
         png = figures_dir / name
         pdf = png.with_suffix(".pdf")
         caption = FIGURE_CAPTIONS.get(Path(name).stem, "")
+        if name in stale:
+            caption = f"OUT OF DATE, from an earlier run ({stale[name]}). {caption}"
         links = _link(png, run_dir, name) + (f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else "")
         items.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
                      f' alt="{html.escape(caption or name)}" loading="eager"></a>'
@@ -388,7 +484,8 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     stage_records = provenance.get("stages") or []
     synthetic = is_synthetic(provenance)
     head = [f"<h1>endoExplain run record: profile <code>{escape(str(provenance.get('profile')))}"
-            "</code></h1>"]
+            "</code></h1>", failure_banner(provenance)]
+    stale = stale_files(figures_dir, provenance)
     if synthetic:
         head.append('<p class="banner banner-synthetic">Synthetic cohort: every number and image '
                     "in this record comes from the synthetic cohort the package generates (HyperKvasir-, ETIS-, "
@@ -450,12 +547,12 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     table_list = ['<h2 id="tables">All tables</h2>',
                   f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
 
-    headline = headline_tables_html(figures_dir, run_dir, stage_records)
+    headline = headline_tables_html(figures_dir, run_dir, stage_records, stale=stale)
     page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
                       f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
                       "</title>", f"<style>{_STYLE}</style></head><body>",
-                      *head, *brief_html(figures_dir, run_dir),
-                      *figure_gallery(figures_dir, run_dir, names), *headline, *table_list,
+                      *head, *brief_html(figures_dir, run_dir, provenance),
+                      *figure_gallery(figures_dir, run_dir, names, stale), *headline, *table_list,
                       *stages, *checkpoint_part, "</body></html>", ""])
     path = RunLayout(run_dir).index_html
     files.write_text_atomic(path, page)

@@ -188,15 +188,151 @@ def _share(count: int, total: int) -> str:
     return f"{count} of {total}"
 
 
-def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
-    """The run in five sentences, each read from one table: what the gate validates, how good
-    the primary is, where its high-score maps peak against the baselines, transfer, and what did
-    not hold under a perturbed seed. A missing table gives a sentence saying so."""
-    figures_dir = Path(figures_dir)
-    lines = []
+def _gate_labels(figures_dir: Path) -> dict[str, str]:
+    """Display label of every map method with its gate mark (\u2020 where the gate did not pass)."""
     gate = _read(figures_dir, "table_validity_gate")
+    not_validated = () if gate is None else tuple(
+        m for m, v in zip(gate["method"], gate["verdict"]) if m in CAM_METHODS and v != "passes")
+    return {m: method_label(m, not_validated) for m in (*CAM_METHODS, "random", "centre")}
+
+
+def _rate_list(rows: pd.DataFrame, labels: dict[str, str], value: str, low: str, high: str,
+               digits: int = 2) -> str:
+    """"Grad-CAM 0.25 (0.17 to 0.36), ..." for each row's ``method``."""
+    return ", ".join(f"{labels.get(m, m)} {_with_ci(v, lo, hi, digits)}"
+                     for m, v, lo, hi in zip(rows["method"], rows[value], rows[low], rows[high]))
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str]) -> str:
+    panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
+    cams = panel[panel["method"].isin(CAM_METHODS)]
+    if cams.empty:
+        return (f"{RQ_TITLES[1]} No audit image reached the score threshold, so panel A is empty: "
+                "not estimable.")
+    references = panel[panel["method"].isin(["centre", "random"])]
+    return (f"{RQ_TITLES[1]} On the {int(cams['n'].iloc[0])} audit images the primary scores at or "
+            f"above the threshold, the CAM peak falls outside the lesion for "
+            f"{_rate_list(cams, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')} "
+            f"(baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}; "
+            "Table 4 panel A, Wilson 95% CIs).")
+
+
+def _rq2_sentence(threshold: pd.DataFrame | None, ranges: pd.DataFrame | None,
+                  tertiles: pd.DataFrame | None, missing: str) -> str:
+    """Grad-CAM's peak failure across score thresholds, across the learned checkpoints, and in
+    the smallest against the largest lesion-area tertile."""
+    parts = []
+    if threshold is not None:
+        rows = threshold[threshold["method"] == "gradcam"].sort_values("score_threshold")
+        if len(rows):
+            ends = [rows.iloc[0], rows.iloc[-1]]
+            parts.append("Grad-CAM's peak failure is " + " and ".join(
+                f"{_with_ci(r['failure_rate'], r['ci_low'], r['ci_high'], 2)} at score threshold "
+                f"{_number(r['score_threshold'], 2)} (n {int(r['n_eligible'])})" for r in ends))
+    if ranges is not None:
+        own = ranges[(ranges["subset"] == "own high-score subset") & (ranges["method"] == "gradcam")]
+        if len(own):
+            row = own.iloc[0]
+            parts.append(f"across the {int(row['n_checkpoints'])} learned checkpoints it ranges "
+                         f"{_number(row['min'], 2)} ({row['min_checkpoint']}) to "
+                         f"{_number(row['max'], 2)} ({row['max_checkpoint']}), each on its own "
+                         "high-score images")
+    if tertiles is not None:
+        rows = tertiles[(tertiles["method"] == "gradcam")
+                        & tertiles["population"].astype(str).str.startswith("all masked")]
+        by_size = {r.tertile: r for r in rows.itertuples()}
+        if "small" in by_size and "large" in by_size:
+            small, large = by_size["small"], by_size["large"]
+            parts.append(f"by lesion area it is {_with_ci(small.failure_rate, small.ci_low, small.ci_high, 2)} "
+                         f"in the smallest tertile (n {int(small.n)}) against "
+                         f"{_with_ci(large.failure_rate, large.ci_low, large.ci_high, 2)} in the largest "
+                         f"(n {int(large.n)})")
+    if not parts:
+        return f"{RQ_TITLES[2]} could not be computed ({missing})."
+    return f"{RQ_TITLES[2]} " + _capitalised("; ".join(parts)) + " (95% CIs)."
+
+
+def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
+                  labels: dict[str, str], missing: str) -> str:
+    """Deleting each map's top area against deleting the same area at random (Table 4 panel A),
+    and lesion-specific reliance (filling in the lesion against ordinary tissue)."""
+    parts = []
+    if table4 is not None:
+        panel = table4[(table4["panel"] == "A") & table4["logit_drop"].notna()]
+        cams = panel[panel["method"].isin(CAM_METHODS)]
+        random_rows = panel[panel["method"] == "random_deletion"]
+        if len(cams) and len(random_rows):
+            control = random_rows.iloc[0]
+            above = [labels.get(m, m) for m, low in zip(cams["method"], cams["logit_drop_ci_low"])
+                     if pd.notna(low) and low > control["logit_drop_ci_high"]]
+            parts.append(
+                "deleting the top area of each map lowered the primary's logit by "
+                f"{_rate_list(cams, labels, 'logit_drop', 'logit_drop_ci_low', 'logit_drop_ci_high')}, "
+                "deleting the same area at random by "
+                f"{_with_ci(control['logit_drop'], control['logit_drop_ci_low'], control['logit_drop_ci_high'], 2)}; "
+                f"{len(above)} of {len(cams)} maps' intervals lie above the random control's"
+                + (f" ({', '.join(above)})" if above else ""))
+    if lsr is not None and len(lsr):
+        row = lsr.iloc[0]
+        parts.append("filling in the lesion zone costs more evidence than filling in ordinary "
+                     f"tissue of the same shape by {_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} "
+                     f"scaled-logit units (lesion-specific reliance, n {int(row['n'])} images)")
+    if not parts:
+        return f"{RQ_TITLES[3]} could not be computed ({missing})."
+    return f"{RQ_TITLES[3]} " + _capitalised("; ".join(parts)) + " (95% CIs)."
+
+
+def _rq4_sentence(transfer: pd.DataFrame) -> str:
+    gradcam = transfer[transfer["method"] == method_label("gradcam")]
+    above = int((gradcam["ci_low"] > gradcam["centre_baseline_iou"]).sum())
+    per_cohort = ", ".join(f"{r.cohort} {_with_ci(r.mean_iou, r.ci_low, r.ci_high, 2)} (centre "
+                           f"{_number(r.centre_baseline_iou, 2)})" for r in gradcam.itertuples())
+    return (f"{RQ_TITLES[4]} frozen on {len(gradcam)} external cohorts, Grad-CAM's mean IoU with the "
+            f"polyp is {per_cohort}; its 95% CI lies above the centre baseline's IoU in "
+            f"{_share(above, len(gradcam))}.")
+
+
+# Every table the brief reads (``verdict_lines``).
+BRIEF_TABLES = ("table_validity_gate", "table_s1_training", "table_checkpoint_learning",
+                "table4_spatial_audit", "table_threshold_sensitivity",
+                "table_checkpoint_failure_ranges", "table_lesion_tertiles",
+                "table_s_faithfulness_lsr", "table_transfer", "table_verdict_stability")
+
+# The paper's four research questions, each answered by one sentence of the brief.
+RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
+             2: "**RQ2, does it persist?**",
+             3: "**RQ3, do the maps cover what the model uses?**",
+             4: "**RQ4, transfer:**"}
+
+
+def verdict_lines(figures_dir: str | Path, synthetic: bool,
+                  unavailable: dict[str, str] | None = None) -> list[str]:
+    """The run in sentences, each read from its table: what the gate validates, how good the
+    primary is, one sentence per research question (RQ1 Table 4 panel A; RQ2 threshold,
+    checkpoint and lesion-size sensitivity; RQ3 deletion against random deletion and lesion
+    reliance; RQ4 transfer), and what did not hold under a perturbed seed.
+
+    ``unavailable`` maps a table's file stem to why it cannot be read in this run (e.g. "stage
+    05_robustness did not finish"): such a table counts as missing even when an earlier run left
+    it on disk. A sentence whose tables are missing says it could not be computed, and why."""
+    figures_dir, unavailable = Path(figures_dir), dict(unavailable or {})
+
+    def read(name: str) -> pd.DataFrame | None:
+        return None if name in unavailable else _read(figures_dir, name)
+
+    def why(*names: str) -> str:
+        reasons = list(dict.fromkeys(unavailable[n] for n in names if n in unavailable))
+        return "; ".join(reasons) if reasons else "its table is missing"
+
+    lines = []
+    gate = read("table_validity_gate")
     if gate is None:
-        lines.append("The validity gate did not run: no CAM method is validated.")
+        lines.append("The validity gate did not run: no CAM method is validated"
+                     + (f" ({why('table_validity_gate')})." if unavailable else "."))
     else:
         cams = gate[gate["method"].isin(CAM_METHODS)]
         counts = {v: [method_label(m) for m, w in zip(cams["method"], cams["verdict"]) if w == v]
@@ -210,8 +346,9 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
                      "shown to find planted evidence, so its failure rates say nothing about "
                      "lesion localisation.")
         lines.append(text)
-    training = _read(figures_dir, "table_s1_training")
-    learning = _read(figures_dir, "table_checkpoint_learning")
+    labels = _gate_labels(figures_dir) if gate is not None else {m: method_label(m) for m in (*CAM_METHODS, "random", "centre")}
+    training = read("table_s1_training")
+    learning = read("table_checkpoint_learning")
     if training is not None:
         primary = _primary_row(training)
         text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
@@ -225,33 +362,19 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
                      f"{int(learned.sum())} of {len(matrix)} checkpoints learned (validation AUPRC "
                      f">= 0.95 and non-constant Grad-CAM and Eigen-CAM maps).")
         lines.append(text)
-    table4 = _read(figures_dir, "table4_spatial_audit")
-    if table4 is not None:
-        panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
-        cams = panel[panel["method"].isin(CAM_METHODS)]
-        reference = {m: panel.loc[panel["method"] == m, "peak_failure"] for m in ("centre", "random")}
-        if cams.empty:
-            lines.append("**High score, where does the map look?** No audit image reached the "
-                         "score threshold, so panel A is empty.")
-        else:
-            low, high = _number(cams["peak_failure"].min(), 2), _number(cams["peak_failure"].max(), 2)
-            share = (f"{low} of maps for every method" if low == high else
-                     f"{low}-{high} of maps, by method")
-            lines.append(
-                f"**High score, where does the map look?** On the {int(cams['n'].iloc[0])} audit "
-                f"images the primary scores at or above the threshold, the CAM peak falls outside "
-                f"the lesion for {share} (centre baseline "
-                f"{_number(reference['centre'].iloc[0] if len(reference['centre']) else None, 2)}, "
-                f"random map {_number(reference['random'].iloc[0] if len(reference['random']) else None, 2)}).")
-    transfer = _read(figures_dir, "table_transfer")
-    if transfer is not None:
-        gradcam = transfer[transfer["method"] == method_label("gradcam")]
-        above = int((gradcam["ci_low"] > gradcam["centre_baseline_iou"]).sum())
-        lines.append(f"**Transfer**: frozen on {len(gradcam)} external cohorts, Grad-CAM's mean IoU "
-                     f"with the polyp is {_number(gradcam['mean_iou'].min(), 2)}-"
-                     f"{_number(gradcam['mean_iou'].max(), 2)}; its 95% CI lies above the centre "
-                     f"baseline's IoU in {_share(above, len(gradcam))}.")
-    stability = _read(figures_dir, "table_verdict_stability")
+    elif unavailable:
+        lines.append(f"**Classifier**: could not be computed ({why('table_s1_training')}).")
+    table4 = read("table4_spatial_audit")
+    lines.append(_rq1_sentence(table4, labels) if table4 is not None
+                 else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
+    robustness = ("table_threshold_sensitivity", "table_checkpoint_failure_ranges", "table_lesion_tertiles")
+    lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness)))
+    lines.append(_rq3_sentence(table4, read("table_s_faithfulness_lsr"), labels,
+                               why("table4_spatial_audit", "table_s_faithfulness_lsr")))
+    transfer = read("table_transfer")
+    lines.append(_rq4_sentence(transfer) if transfer is not None
+                 else f"{RQ_TITLES[4]} could not be computed ({why('table_transfer')}).")
+    stability = read("table_verdict_stability")
     if stability is not None:
         held = stability["held"].map(lambda v: str(v).lower())
         open_count = int((~held.isin(["true", "false"])).sum())
@@ -259,6 +382,8 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool) -> list[str]:
                      f"verdicts held under a perturbed seed; {int((held == 'false').sum())} did not "
                      "and are printed as UNSTABLE"
                      + (f"; {open_count} could not be rerun" if open_count else "") + ".")
+    elif unavailable:
+        lines.append(f"**Stability**: could not be computed ({why('table_verdict_stability')}).")
     if synthetic:
         lines.append("**Data**: every number comes from the synthetic cohort the package generates (synthetic "
                      "HyperKvasir-, ETIS-, PolypGen- and PolypDB-like frames), not from patients.")
