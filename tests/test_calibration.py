@@ -167,3 +167,39 @@ def test_reliability_raw_vs_scaled_and_its_figure():
     count_ax = fig.axes[1]
     heights = [patch.get_height() for patch in count_ax.patches]
     assert heights == reliability["count"].tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bootstrap_ece_equals_ece_of_each_resample(seed):
+    """The closed form sum_b |drawn scores - drawn targets| / n against the definition applied
+    to each resampled image set (bins fixed by the scores)."""
+    from endoexplain_core.analysis import stats
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 60))
+    score = rng.uniform(size=n) ** rng.uniform(0.3, 3)
+    target = (rng.uniform(size=n) < score).astype(int)
+    counts = stats.bootstrap_draw_counts(n, 25, seed)
+    fast = calibration.bootstrap_ece(score, target, 10, counts.astype(float))
+    reference = [calibration.ece(np.repeat(score, row), np.repeat(target, row), 10) for row in counts]
+    np.testing.assert_allclose(fast, reference, rtol=1e-12, atol=1e-12)
+
+
+def test_ece_intervals_are_paired_and_cover_their_estimates():
+    rng = np.random.default_rng(3)
+    n = 120
+    z = rng.normal(0, 3, size=n)
+    target = (rng.uniform(size=n) < 1 / (1 + np.exp(-z / 2))).astype(int)
+    scores = pd.DataFrame({"checkpoint_id": "m", "role": "test", "target": target,
+                           "raw_score": 1 / (1 + np.exp(-z)), "scaled_score": 1 / (1 + np.exp(-z / 2))})
+    table = calibration.ece_intervals(scores, "m", "test", 10, replicates=400, seed=1)
+    assert list(table["score"]) == ["Raw", "Temperature-scaled", "Change (scaled - raw)"]
+    raw, scaled, change = table.to_dict("records")
+    assert raw["ece"] == pytest.approx(calibration.ece(scores["raw_score"], target, 10))
+    assert change["ece"] == pytest.approx(scaled["ece"] - raw["ece"])
+    for row in (raw, scaled, change):
+        assert row["ci_low"] <= row["ece"] <= row["ci_high"] and row["n"] == n
+    # paired: the difference's interval is not the naive difference of the two intervals
+    assert change["ci_high"] - change["ci_low"] < (raw["ci_high"] - raw["ci_low"]) + (scaled["ci_high"] - scaled["ci_low"])
+    with pytest.raises(ValueError, match="no rows for split"):
+        calibration.ece_intervals(scores, "m", "val", 10, replicates=10, seed=1)

@@ -296,6 +296,31 @@ def test_figure2a_ece_from_the_bins_equals_the_calibration_ece_and_small_bins_ar
     plt.close(fig)
 
 
+def test_reliability_lines_never_cross_an_empty_bin_and_every_point_has_an_interval():
+    table = pd.DataFrame({"bin": range(10), "lower": np.arange(10) / 10, "upper": np.arange(1, 11) / 10,
+                          "count": [40, 6, 0, 0, 7, 8, 3, 0, 9, 50],
+                          "mean_score": [0.02, 0.15, np.nan, np.nan, 0.45, 0.55, 0.66, np.nan, 0.85, 0.98],
+                          "observed_frequency": [0.0, 0.17, np.nan, np.nan, 0.43, 0.5, 0.67, np.nan, 0.89, 1.0]})
+    both = pd.concat([table.assign(score="Raw"), table.assign(score="Temperature-scaled")])
+    ece = pd.DataFrame({"score": ["Raw", "Temperature-scaled", "Change (scaled - raw)"], "n": 123,
+                        "ece": [0.1, 0.07, -0.03], "ci_low": [0.06, 0.04, -0.06], "ci_high": [0.14, 0.1, 0.0]})
+    fig = calibration_figures.plot_reliability_with_counts(both, ece)
+    ax = fig.axes[0]
+    lines = [line for line in ax.lines if line.get_linestyle() != "None" and line.get_label() != "Perfect calibration"]
+    for line in lines:   # joined points are adjacent bins of >= MIN_BIN_COUNT images
+        xs = np.round(np.asarray(line.get_xdata()) * 10 - 0.5).astype(int)
+        assert len(xs) >= 2 and np.all(np.diff(xs) == 1), xs
+    # raw and scaled runs: bins 0-1, 4-5 and the lone 8-9 pair, twice
+    assert sorted(len(line.get_xdata()) for line in lines) == [2, 2, 2, 2, 2, 2]
+    intervals = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"]
+    assert sum(len(c.get_segments()) for c in intervals) == 2 * 7   # every non-empty bin, both kinds
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "Raw score (ECE 0.100, 95% CI 0.060 to 0.140)" in legend
+    assert "ECE change after scaling -0.030 (95% CI -0.060 to +0.000; n = 123" in ax.get_legend().get_title().get_text()
+    assert fig.axes[1].get_yscale() == "linear"
+    plt.close(fig)
+
+
 def test_every_saved_table_carries_the_footnotes_its_cells_call_for(tmp_path):
     """Not only the final tables: any table with a dagger, a double dagger, Eigen-CAM* or "not
     estimable" in its cells gets their notes below the Markdown and LaTeX; a synthetic run's

@@ -370,6 +370,14 @@ def test_training_curves_table_and_figure():
     loss_ax, auprc_ax = fig.axes
     assert len(loss_ax.lines) == 2 and list(auprc_ax.lines[1].get_ydata()) == [0.3] * 3
     assert "shuffled" in auprc_ax.get_legend().get_texts()[1].get_text()
+    # runs are dodged apart, never more than DODGE epochs off
+    xs = [np.asarray(line.get_xdata(), float) for line in loss_ax.lines]
+    assert not np.allclose(xs[0], xs[1]) and all(np.abs(x - [1, 2, 3]).max() <= training_figures.DODGE + 1e-9 for x in xs)
+    # a one-epoch run is a marker without a line, in the plot and in the legend
+    one_epoch = curves[curves["epoch"] == 1]
+    fig = training_figures.plot_training_curves(one_epoch)
+    legend = fig.axes[1].get_legend()
+    assert all(handle.get_linestyle() == "None" for handle in legend.legend_handles)
 
 
 @pytest.mark.parametrize("arch", ["efficientnet_b0", "resnet34", "convnext_tiny"])

@@ -98,6 +98,46 @@ def ece_from_bins(table: pd.DataFrame) -> float:
     return float((filled["count"] * gaps).sum() / filled["count"].sum())
 
 
+def bootstrap_ece(score: np.ndarray, target: np.ndarray, n_bins: int, counts: np.ndarray) -> np.ndarray:
+    """ECE of each bootstrap replicate: (R,) for ``counts`` (R, n), how often each image is
+    drawn (``stats.bootstrap_draw_counts``). Bins are fixed by the scores, so a replicate's
+    ECE is ``sum_b |sum of drawn scores in b - sum of drawn targets in b| / n``."""
+    score, target = _check_pair(score, target)
+    in_bin = np.eye(n_bins)[bin_index(score, n_bins)]                  # (n, B) one-hot
+    gaps = counts @ (in_bin * (score - target)[:, None])               # (R, B)
+    return np.abs(gaps).sum(axis=1) / len(score)
+
+
+def ece_intervals(scores: pd.DataFrame, checkpoint_id: str, split: str, n_bins: int, *,
+                  replicates: int, seed: int) -> pd.DataFrame:
+    """ECE of raw and temperature-scaled scores on one split, and the change from scaling,
+    with paired image-bootstrap 95% percentile intervals (the same resampled images for raw,
+    scaled and their difference).
+
+    Rows: Raw, Temperature-scaled, Change (scaled - raw). Columns: checkpoint_id, split,
+    score, n, ece, ci_low, ci_high."""
+    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
+    if part.empty:
+        raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+    target = part["target"].to_numpy(float)
+    counts = stats.bootstrap_draw_counts(len(part), replicates, seed).astype(float)
+    estimates, replicate_values = {}, {}
+    for kind, column in (("raw", "raw_score"), ("scaled", "scaled_score")):
+        values = part[column].to_numpy(float)
+        estimates[kind] = ece(values, target, n_bins)
+        replicate_values[kind] = bootstrap_ece(values, target, n_bins, counts)
+    estimates["change"] = estimates["scaled"] - estimates["raw"]
+    replicate_values["change"] = replicate_values["scaled"] - replicate_values["raw"]
+    rows = []
+    for kind, label in (("raw", SCORE_KINDS["raw"]), ("scaled", SCORE_KINDS["scaled"]),
+                        ("change", "Change (scaled - raw)")):
+        low, high = stats.percentile_interval(replicate_values[kind])
+        rows.append({"checkpoint_id": checkpoint_id, "split": SPLIT_LABELS.get(split, split),
+                     "score": label, "n": len(part), "ece": estimates[kind],
+                     "ci_low": float(low), "ci_high": float(high)})
+    return pd.DataFrame(rows)
+
+
 def fit_temperature(z_val: np.ndarray, y_val: np.ndarray,
                     bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> float:
     """The ``T`` minimising validation NLL of ``sigmoid(z / T)``, searched over log T.

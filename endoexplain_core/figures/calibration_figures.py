@@ -45,31 +45,49 @@ AXIS_MARGIN = 0.03   # axes run from -margin to 1 + margin so points at 0 and 1 
 MIN_BIN_COUNT = 5   # a bin with fewer images is drawn open and left off the line
 
 
-def draw_reliability(ax, reliability: pd.DataFrame) -> None:
-    """Observed positive frequency vs mean score per bin, raw and scaled; empty bins skipped.
+def _runs_of_adjacent_bins(part: pd.DataFrame) -> list[pd.DataFrame]:
+    """``part`` split where the bin index jumps: a line is never drawn across a skipped bin."""
+    bins = part["bin"].to_numpy()
+    breaks = np.flatnonzero(np.diff(bins) != 1) + 1
+    return [part.iloc[a:b] for a, b in zip([0, *breaks], [*breaks, len(part)])]
 
-    Bins of at least ``MIN_BIN_COUNT`` images are joined by a line; smaller bins are drawn as
-    open markers only (a frequency of 1 of 2 images is not a calibration estimate). The
-    temperature-scaled points carry Wilson 95% intervals; each legend entry gives its ECE.
+
+def draw_reliability(ax, reliability: pd.DataFrame, ece_intervals: pd.DataFrame | None = None) -> None:
+    """Observed positive frequency vs mean score per bin, raw and scaled, each point with its
+    Wilson 95% interval; empty bins skipped.
+
+    Only adjacent bins of at least ``MIN_BIN_COUNT`` images are joined by a line (never across
+    an empty or small bin); smaller bins are open markers (a frequency of 1 of 2 images is not
+    a calibration estimate). The raw points sit a little left of their mean score, the scaled
+    a little right, so that their intervals do not overlap. Each legend entry gives its ECE,
+    with its bootstrap interval when ``ece_intervals`` (``calibration.ece_intervals``) is given,
+    and the legend's title the change from scaling with its interval.
     The number of images per bin (temperature-scaled score) is printed in a row above the
     axes at each bin's centre, so that counts never sit on the points; the legend goes below
     the axes, clear of the diagonal.
     """
     ax.plot([0, 1], [0, 1], color="black", linewidth=0.7, linestyle=":", label="Perfect calibration")
-    for kind in ("Raw", "Temperature-scaled"):
+    for kind, nudge in (("Raw", -0.006), ("Temperature-scaled", 0.006)):
         part = reliability[(reliability["score"] == kind) & (reliability["count"] > 0)]
         colour = SCORE_COLOURS[kind]
         ece = calibration.ece_from_bins(part)
-        enough = part[part["count"] >= MIN_BIN_COUNT]
-        few = part[part["count"] < MIN_BIN_COUNT]
-        ax.plot(enough["mean_score"], enough["observed_frequency"], marker="o", markersize=3,
-                linewidth=1.0, color=colour, label=f"{kind} score (ECE {ece:.3f})", clip_on=False)
-        ax.plot(few["mean_score"], few["observed_frequency"], marker="o", markersize=3.5,
+        label = f"{kind} score (ECE {ece:.3f})"
+        if ece_intervals is not None and kind in set(ece_intervals["score"]):
+            row = ece_intervals[ece_intervals["score"] == kind].iloc[0]
+            label = f"{kind} score (ECE {row['ece']:.3f}, 95% CI {row['ci_low']:.3f} to {row['ci_high']:.3f})"
+        x = part["mean_score"] + nudge
+        for run in _runs_of_adjacent_bins(part[part["count"] >= MIN_BIN_COUNT]):
+            ax.plot(run["mean_score"] + nudge, run["observed_frequency"], linewidth=1.0,
+                    color=colour, clip_on=False)
+        enough = part["count"] >= MIN_BIN_COUNT
+        ax.plot(x[enough], part.loc[enough, "observed_frequency"], marker="o", markersize=3,
+                linestyle="none", color=colour, label=label, clip_on=False)
+        ax.plot(x[~enough], part.loc[~enough, "observed_frequency"], marker="o", markersize=3.5,
                 linestyle="none", markerfacecolor="white", color=colour, clip_on=False)
-        if kind == "Temperature-scaled" and len(part):
+        if len(part):
             positives = np.round(part["observed_frequency"] * part["count"]).astype(int)
             low, high = stats.wilson_interval(positives.to_numpy(), part["count"].to_numpy())
-            ax.vlines(part["mean_score"], low, high, color=colour, linewidth=0.8, alpha=0.7)
+            ax.vlines(x, low, high, color=colour, linewidth=0.8, alpha=0.7)
     scaled = reliability[reliability["score"] == "Temperature-scaled"]
     counts_transform = ax.get_xaxis_transform()          # x in data, y in axes fraction
     ax.text(-AXIS_MARGIN, 1.03, "n:", transform=counts_transform, ha="right", va="bottom",
@@ -86,9 +104,15 @@ def draw_reliability(ax, reliability: pd.DataFrame) -> None:
     ax.set_aspect("equal")
     ax.set_xlabel("Mean score in bin")
     ax.set_ylabel("Observed frequency of target")
+    title = f"open: bin of < {MIN_BIN_COUNT} images; bars: Wilson 95% CI"
+    change = (ece_intervals[ece_intervals["score"].str.startswith("Change")]
+              if ece_intervals is not None else [])
+    if len(change):
+        row = change.iloc[0]
+        title += (f"\nECE change after scaling {row['ece']:+.3f} (95% CI {row['ci_low']:+.3f} to "
+                  f"{row['ci_high']:+.3f}; n = {int(row['n'])}, paired image bootstrap)")
     ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7,
-              title=f"open: bin of < {MIN_BIN_COUNT} images; bars: Wilson 95% CI",
-              title_fontsize=6)
+              title=title, title_fontsize=6)
 
 
 def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
@@ -169,15 +193,17 @@ def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str
             f"bootstrap CIs; eligible images: {eligible}.")
 
 
-def plot_reliability_with_counts(reliability: pd.DataFrame):
+def plot_reliability_with_counts(reliability: pd.DataFrame, ece_intervals: pd.DataFrame | None = None):
     """Figure: (A) reliability raw vs temperature-scaled, (B) images per score bin.
 
-    ``reliability`` is ``reliability_raw_vs_scaled`` output. Panel A is drawn by
-    ``draw_reliability`` (the same drawing as Figure 2A).
+    ``reliability`` is ``reliability_raw_vs_scaled`` output; ``ece_intervals`` (optional) is
+    ``calibration.ece_intervals`` of the same split (the legend of panel A gives each ECE and
+    the change from scaling with their intervals). Panel A is drawn by ``draw_reliability`` (the same drawing as Figure 2A); panel B
+    has a linear count axis with each non-empty bar's count printed on it.
     """
     fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.8), layout="constrained",
                                              gridspec_kw={"width_ratios": [1, 1.1]})
-    draw_reliability(curve_ax, reliability)
+    draw_reliability(curve_ax, reliability, ece_intervals)
     style.panel_title(curve_ax, "A", "Reliability", pad=14)
     width = 0.045
     for offset, kind in ((-width / 2, "Raw"), (width / 2, "Temperature-scaled")):
@@ -185,8 +211,12 @@ def plot_reliability_with_counts(reliability: pd.DataFrame):
         centres = (part["lower"] + part["upper"]) / 2 + offset
         count_ax.bar(centres, part["count"], width=width, color=SCORE_COLOURS[kind],
                      label=f"{kind} score")
-    count_ax.set_yscale("symlog", linthresh=1)
-    count_ax.set(xlim=(0, 1), xlabel="Score bin", ylabel="Images in bin")
+        for centre, n in zip(centres, part["count"]):
+            if n > 0:
+                count_ax.text(centre, n, f"{int(n)}", ha="center", va="bottom", fontsize=5.5,
+                              color=SCORE_COLOURS[kind])
+    count_ax.set(xlim=(0, 1), ylim=(0, reliability["count"].max() * 1.12 + 1),
+                 xlabel="Score bin", ylabel="Images in bin")
     style.panel_title(count_ax, "B", "Bin counts")
-    count_ax.legend(frameon=False)
+    count_ax.legend(frameon=False, loc="upper center")
     return fig

@@ -13,34 +13,42 @@ from endoexplain_core.figures import style
 from endoexplain_core.models.training import CONTROL_NONE
 
 
+DODGE = 0.12   # largest sideways shift of a run, in epochs
+
+
 def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
     """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
 
     Architecture = grey level and marker (as in every figure; colours belong to the CAM methods),
     line style = seed; the shuffled-label control is drawn in the random reference's colour.
     ``primary_id``: the validation-selected checkpoint, drawn thicker, labelled "(primary)"
-    and starred at its best validation AUPRC. Returns the Matplotlib figure.
+    and starred at its best validation AUPRC. A run with one epoch is a marker without a line,
+    in the plot and in its legend entry (the legend shows only what is drawn). Runs are dodged
+    sideways by up to ``DODGE`` epochs so that markers at the same epoch do not hide each other.
+    Returns the Matplotlib figure.
     """
     dashes = ["-", "--", ":"]
     fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 1.0, 3.0),
                                             layout="constrained")
     seeds = sorted(curves.loc[curves["control"] == CONTROL_NONE, "seed"].unique())
-    for checkpoint, run in curves.groupby("checkpoint_id", sort=False):
+    runs = list(curves.groupby("checkpoint_id", sort=False))
+    for index, (checkpoint, run) in enumerate(runs):
+        shift = DODGE * (index / max(len(runs) - 1, 1) - 0.5) * 2
         control = run["control"].iloc[0] != CONTROL_NONE
         arch, seed = run["arch"].iloc[0], run["seed"].iloc[0]
         label = (f"{style.ARCH_LABELS.get(arch, arch)} shuffled labels" if control
                  else f"{style.ARCH_LABELS.get(arch, arch)} s{seed}")
         primary = checkpoint == primary_id
         line = {"color": style.RANDOM_REFERENCE["color"] if control else style.ARCH_COLOURS.get(arch, "grey"),
-                "linestyle": "-." if control else dashes[seeds.index(seed) % len(dashes)],
+                "linestyle": "none" if len(run) == 1 else ("-." if control else dashes[seeds.index(seed) % len(dashes)]),
                 "marker": "x" if control else style.ARCH_MARKERS.get(arch, "o"), "markersize": 2.5, "linewidth": 2.2 if primary else 1.0,
                 "label": label + (" (primary)" if primary else ""), "clip_on": False,
                 "zorder": 3 if primary else 2}
-        loss_ax.plot(run["epoch"], run["train_loss"], **line)
-        auprc_ax.plot(run["epoch"], run["val_auprc"], **line)
+        loss_ax.plot(run["epoch"] + shift, run["train_loss"], **line)
+        auprc_ax.plot(run["epoch"] + shift, run["val_auprc"], **line)
         if primary:
             best = run.loc[run["val_auprc"].idxmax()]
-            auprc_ax.plot(best["epoch"], best["val_auprc"], marker="*", markersize=11,
+            auprc_ax.plot(best["epoch"] + shift, best["val_auprc"], marker="*", markersize=11,
                           color=line["color"], markeredgecolor="black", linestyle="none",
                           clip_on=False, zorder=4, label="Primary: best validation epoch")
     loss_ax.set(xlabel="Epoch", ylabel="Training loss (label-smoothed CE)")
