@@ -123,9 +123,12 @@ def test_contact_sheet_is_written(tmp_path):
     synthetic.generate_cohort(tmp_path / "cohort", seed=1, design=TINY)
     out = synthetic.contact_sheet(tmp_path / "cohort", tmp_path / "sheet.png", per_row=2, thumb=24)
     with Image.open(out) as sheet:
-        assert sheet.width == 190 + 2 * 26
+        label_width = sheet.width - 2 * 28
+        assert 150 < label_width < 400   # as wide as the longest label at 16 px
         rows = 5 + 1 + 1 + 6 + 8  # labelled categories (polyps too), segmented, ETIS, PolypGen, PolypDB
-        assert sheet.height == rows * 26
+        assert sheet.height == rows * 28
+    with Image.open(synthetic.contact_sheet(tmp_path / "cohort", tmp_path / "default.png")) as sheet:
+        assert sheet.height == rows * (128 + 4)   # default thumbnails >= 120 px
 
 
 def test_generated_masks_have_the_papers_lesion_geometry(tmp_path):

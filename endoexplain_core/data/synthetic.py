@@ -898,24 +898,31 @@ def _contact_rows(root: Path, per_row: int) -> list[tuple[str, list[Path], list[
 
 
 def contact_sheet(root: str | Path, out_png: str | Path, *, per_row: int = 6,
-                  thumb: int = 72) -> Path:
+                  thumb: int = 128, font_px: int = 16) -> Path:
     """Save a PNG grid of the first ``per_row`` frames of every category/cohort under ``root``.
 
     One labelled row per HyperKvasir lower-GI category, one for the segmented set (mask
-    outlined in cyan) and one per external centre/modality. Works on real trees too. Written
-    to a temporary file and renamed. Returns ``out_png``.
+    outlined in cyan) and one per external centre/modality. Thumbnails fit in ``thumb`` pixels
+    (128: a polyp is recognisable), labels are DejaVu Sans at ``font_px`` pixels in a column
+    as wide as the longest label. Works on real trees too. Written to a temporary file and
+    renamed. Returns ``out_png``.
     """
+    from matplotlib import font_manager
+    from PIL import ImageFont
+
     root, out_png = Path(root), Path(out_png)
     rows = _contact_rows(root, per_row)
     if not rows:
         raise FileNotFoundError(f"{root}: no HyperKvasir or external cohort images found")
-    label_width, gap = 190, 2
+    font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), font_px)
+    gap = 4
+    label_width = int(max(font.getlength(label) for label, _, _ in rows)) + 3 * gap
     sheet = Image.new("RGB", (label_width + per_row * (thumb + gap), len(rows) * (thumb + gap)),
                       (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
     for row, (label, images, masks) in enumerate(rows):
         top = row * (thumb + gap)
-        draw.text((4, top + thumb // 2 - 6), label, fill=(0, 0, 0))
+        draw.text((gap, top + thumb // 2), label, fill=(0, 0, 0), font=font, anchor="lm")
         for column, (image_path, mask_path) in enumerate(zip(images, masks)):
             image = read_rgb(image_path)
             if mask_path is not None:
