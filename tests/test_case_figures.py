@@ -157,3 +157,40 @@ def test_figure4_names_identical_groups_from_the_run_tables_display_labels():
         fig = case_figures.figure4(pd.DataFrame(rows), left_out=["convnext_tiny_s1"])
         note = fig._supxlabel.get_text().replace("\n", " ")
         assert "Grad-CAM = XGrad-CAM = HiResCAM at ResNet-34" in note and "ConvNeXt-Tiny s1" in note
+
+
+def test_a_miss_needs_most_cam_peaks_clearly_outside():
+    """An image where one CAM misses and four hit is not a "miss", even when it is the image
+    with the most misses: the row is then not drawn."""
+    table = selection_table()
+    one_miss = table[table["sample_id"].isin(["c", "e"])]          # c: 1 of 5 out, e: 0 of 5
+    assert case_figures.select_figure3_cases(one_miss, 0.90, image_size=100)["miss"] is None
+    two_of_five = table[table["sample_id"].isin(["a"])]            # 2 of 5 out: no majority
+    assert case_figures.select_figure3_cases(two_of_five, 0.90, image_size=100)["miss"] is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_row_title_matches_its_own_peaks(seed):
+    """Random audit tables: the selected row's title counts exactly its CAM peaks outside the
+    lesion, and that count obeys its role's rule (miss: most out; discordant: some in, some out;
+    consensus: none out)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for sample in range(12):
+        p_out = rng.uniform()
+        for method in CAM_METHODS:
+            outside = bool(rng.uniform() < p_out)
+            rows.append({"sample_id": f"s{sample:02d}", "method": method, "scaled_score": 0.95,
+                         "peak_outside_mask": outside, "iou": rng.uniform(), "constant_map": False,
+                         "peak_lesion_distance": rng.uniform(6, 30) if outside else 0.0})
+    table = pd.DataFrame(rows)
+    selection = case_figures.select_figure3_cases(table, 0.9, image_size=100)
+    for role, sample in selection.items():
+        if sample is None:
+            continue
+        own = table[table["sample_id"] == sample].set_index("method")
+        info = {m: {"constant_map": False, "peak_outside_mask": bool(own.loc[m, "peak_outside_mask"])}
+                for m in CAM_METHODS}
+        outside = int(own["peak_outside_mask"].sum())
+        assert case_figures.row_title(role, info).split(": ")[1] == f"{outside} of 5 CAM peaks outside the lesion"
+        assert {"miss": outside >= 3, "discordant": 0 < outside < 5, "consensus": outside == 0}[role]

@@ -200,7 +200,7 @@ def test_figure_specific_fixes(figures):
 
     figure3_text = " ".join(t.get_text() for t in figures["figure3"].findobj(Text))
     assert "IoU 0.30\nconstant" in figure3_text and "$\\mathbf{C}$  Consensus: not drawn" in figure3_text
-    assert "$\\mathbf{A}$  Typical high-score miss: not drawn" in figure3_text and "\\u2013" not in figure3_text and "score >0.999" in figure3_text
+    assert "$\\mathbf{A}$  High-score miss: not drawn" in figure3_text and "\\u2013" not in figure3_text and "score >0.999" in figure3_text
     assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
     peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]

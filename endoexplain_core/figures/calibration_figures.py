@@ -213,7 +213,7 @@ def plot_reliability_with_counts(reliability: pd.DataFrame, ece_intervals: pd.Da
                      label=f"{kind} score")
         for centre, n in zip(centres, part["count"]):
             if n > 0:
-                count_ax.text(centre, n, f"{int(n)}", ha="center", va="bottom", fontsize=5.5,
+                count_ax.text(centre, n, f"{int(n)}", ha="center", va="bottom", fontsize=6,
                               color=SCORE_COLOURS[kind])
     count_ax.set(xlim=(0, 1), ylim=(0, reliability["count"].max() * 1.12 + 1),
                  xlabel="Score bin", ylabel="Images in bin")

@@ -2,14 +2,15 @@
 
 Figure 3 selection rule (docs/protocol.md), applied to the primary checkpoint's audit table
 before anything is drawn, among high-score images (scaled score >= threshold), CAMs only:
-- typical miss: a clear miss is a CAM peak at least ``MISS_MARGIN_FRACTION`` of the input side
-  outside the lesion; among the images (other than the discordant case) with the most clear
-  misses, the one whose median miss distance is closest to the median over all clear misses
-  (a typical miss, not the worst one);
+- miss: a clear miss is a CAM peak at least ``MISS_MARGIN_FRACTION`` of the input side
+  outside the lesion; among the images (other than the discordant case) where more than half
+  of the CAM peaks clearly miss, and of them those with the most, the one whose median miss
+  distance is closest to the median over all clear misses (a typical miss, not the worst one);
 - discordant: at least one CAM peak inside and one outside the mask; maximise the balance
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;
 - consensus: all five CAM peaks inside; maximise the mean IoU;
 - remaining ties: the smallest sample id.
+Each row's title counts its own CAM peaks outside the lesion (``row_title``).
 The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint
 and checked against the table by ``analysis.case_maps.redraw_cases``; this module only selects
 and draws.
@@ -65,10 +66,12 @@ def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
 
 
 def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str | None) -> str | None:
-    """The typical high-score miss: among the images with the most clearly missing CAM peaks
-    (other than ``exclude``, the discordant case), the one whose median miss distance is
-    closest to the median over every clear miss; ties by sample id. None without a clear miss."""
+    """The typical high-score miss: among the images where most CAM peaks clearly miss (more
+    than half of the image's CAMs; other than ``exclude``, the discordant case), those with the
+    most misses, and of them the one whose median miss distance is closest to the median over
+    every clear miss; ties by sample id. None when no image has a majority of clear misses."""
     defined = cam_rows[~cam_rows["constant_map"].astype(bool)] if "constant_map" in cam_rows else cam_rows
+    n_cams = cam_rows.groupby("sample_id")["method"].size()
     misses = defined[defined["peak_outside_mask"].astype(bool)]
     has_distance = "peak_lesion_distance" in misses and image_size
     if has_distance:
@@ -76,7 +79,10 @@ def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str |
     distance = misses["peak_lesion_distance"] if has_distance else misses["scaled_score"]
     per_image = misses.assign(distance=distance).groupby("sample_id").agg(
         n_misses=("method", "size"), distance=("distance", "median")).reset_index()
-    per_image = per_image[per_image["sample_id"] != exclude]
+    if per_image.empty:
+        return None
+    majority = 2 * per_image["n_misses"].to_numpy() > per_image["sample_id"].map(n_cams).to_numpy()
+    per_image = per_image[majority & (per_image["sample_id"] != exclude).to_numpy()]
     if per_image.empty:
         return None
     most = per_image[per_image["n_misses"] == per_image["n_misses"].max()]
@@ -84,13 +90,25 @@ def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str |
     return most.sort_values(["off", "sample_id"])["sample_id"].iloc[0]
 
 
-ROLE_TITLES = {"miss": "Typical high-score miss", "discordant": "Discordant CAMs",
+ROLE_TITLES = {"miss": "High-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
-    "miss": "no high-score image has a CAM peak clearly outside the mask",
-    "discordant": "no high-score image has CAM peaks both inside and outside the mask",
-    "consensus": "no high-score image has all five CAM peaks inside the mask",
+    "miss": "no high-score image has most of its CAM peaks clearly outside the lesion",
+    "discordant": "no high-score image has CAM peaks both inside and outside the lesion",
+    "consensus": "no high-score image has all its CAM peaks inside the lesion",
 }
+
+
+def row_title(role: str, rows: dict) -> str:
+    """A Figure 3 row's title, read from the row's own maps: the role, then how many of its
+    CAM peaks lie outside the lesion (a constant map has no peak and is counted apart), e.g.
+    "High-score miss: 4 of 5 CAM peaks outside the lesion"."""
+    cams = [rows[m] for m in CAM_METHODS if m in rows]
+    constant = sum(bool(info["constant_map"]) for info in cams)
+    outside = sum(bool(info["peak_outside_mask"]) and not info["constant_map"] for info in cams)
+    title = (f"{ROLE_TITLES.get(role, role.capitalize())}: {outside} of {len(cams) - constant} "
+             "CAM peaks outside the lesion")
+    return title + (f" ({constant} constant map{'s' if constant > 1 else ''})" if constant else "")
 
 
 def format_score(score: float) -> str:
@@ -149,6 +167,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
             continue
         case = by_role[role]
         ids.append(f"{letter} = {case['sample_id']}")
+        title = row_title(role, case["rows"])
         subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {title} (scaled score {format_score(case['score'])})",
                            x=0.0, ha="left", fontsize=8, fontweight="bold")
         axes = subfigure.subplots(1, n_columns)

@@ -230,7 +230,7 @@ FIGURE_CAPTIONS = {
     "figure2_calibration_threshold": "Figure 2. (A) Reliability of the primary's scores before and "
                                      "after temperature scaling; (B) peak failure per map against "
                                      "the score threshold, with the images each threshold keeps.",
-    "figure3_cases": "Figure 3. High-score cases chosen by rule (a typical miss, discordant CAMs, "
+    "figure3_cases": "Figure 3. High-score cases chosen by rule (a miss by most CAMs, discordant CAMs, "
                      "consensus): each map's peak, top-20% area, IoU and the peak's distance "
                      "from the lesion, beside the centre and random baselines.",
     "figure4_robustness": "Figure 4. The architecture x seed matrix: peak failure on each "
