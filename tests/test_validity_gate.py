@@ -326,7 +326,20 @@ def test_practical_identity_flags_pairs_over_the_thresholds():
     assert flags.loc["gradcampp", "identical_in_practice"] and not flags.loc["gradcampp", "independent_evidence"]
     assert not flags.loc["hirescam", "identical_in_practice"]
     assert flags.loc["hirescam", "identical_by_construction"] and not flags.loc["hirescam", "independent_evidence"]
-    assert flags.loc["hirescam", "same_peak_share"] == 0.5
+    assert flags.loc["hirescam", "same_peak_share"] == 0.5 and flags.loc["hirescam", "peak_disagreements"] == 1
+
+
+def test_a_pair_whose_peaks_part_on_one_image_is_not_identical_in_practice():
+    """Medians over the thresholds, but the peaks differ on one image (the peak verdicts can
+    differ there): two pieces of evidence. A constant map's image does not count either way."""
+    agreement = pd.DataFrame({"sample_id": ["a", "b", "c", "d"], "first": "gradcam", "second": "gradcampp",
+                              "pearson": [0.999, 0.999, 0.999, np.nan], "top_iou": [0.95, 0.95, 0.95, np.nan],
+                              "same_peak": [1.0, 1.0, 0.0, np.nan]})
+    row = map_diagnostics.practical_identity(agreement).iloc[0]
+    assert row["peak_disagreements"] == 1 and not row["identical_in_practice"] and row["independent_evidence"]
+    agreement.loc[2, "same_peak"] = 1.0
+    row = map_diagnostics.practical_identity(agreement).iloc[0]
+    assert row["peak_disagreements"] == 0 and row["identical_in_practice"]
 
 
 def test_pearson_per_map_is_nan_for_constant_maps():

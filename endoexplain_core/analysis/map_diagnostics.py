@@ -14,7 +14,10 @@ Three questions asked of every audited checkpoint, before its failure rates are 
    model uses the lesion, the map does not show it".
 3. **Practical identity.** Two methods are *identical in practice* on a checkpoint when their
    maps agree on the audited images: median per-image Pearson correlation >= 0.99 **or** median
-   top-20% IoU >= 0.90 (``IDENTITY_PEARSON``, ``IDENTITY_TOP_IOU``). Pearson 0.99 leaves about
+   top-20% IoU >= 0.90 (``IDENTITY_PEARSON``, ``IDENTITY_TOP_IOU``), **and** the two peaks are
+   the same pixel on every audited image where both maps are defined (a pair whose peaks part
+   on one image can give different peak verdicts, so its rates are two pieces of evidence,
+   however close the medians). Pearson 0.99 leaves about
    2% of the pixel variance unexplained; top-20% IoU 0.90 means the deleted / scored areas
    differ by about 5% of their pixels -- less than bilinear resizing alone moves between
    neighbouring grid cells. Such pairs are one piece of evidence, not two, like the pairs
@@ -39,7 +42,8 @@ from endoexplain_core.data.imageio import read_rgb
 IDENTITY_PEARSON = 0.99
 IDENTITY_TOP_IOU = 0.90
 IDENTITY_RULE = (f"identical in practice: median per-image Pearson >= {IDENTITY_PEARSON} or "
-                 f"median top-20% IoU >= {IDENTITY_TOP_IOU} between the two methods' maps")
+                 f"median top-20% IoU >= {IDENTITY_TOP_IOU} between the two methods' maps, and the "
+                 "same peak pixel on every audited image")
 
 
 def feature_grid(model: torch.nn.Module, layer: torch.nn.Module, image_size: int,
@@ -178,21 +182,24 @@ def practical_identity(agreement: pd.DataFrame, identical_groups=(),
     """Per method pair: median Pearson, median top-set IoU, same-peak share and the flags.
 
     Columns: first, second, pair, n, median_pearson, median_top_iou, n_constant_pairs (images
-    where either map is constant, left out of the medians), same_peak_share,
-    identical_by_construction, identical_in_practice, independent_evidence (False when either
-    identity holds).
+    where either map is constant, left out of the medians), same_peak_share, peak_disagreements
+    (images whose two peaks differ), identical_by_construction, identical_in_practice (the
+    medians' rule and no peak disagreement), independent_evidence (False when either identity
+    holds).
     """
     rows = []
     for (first, second), group in agreement.groupby(["first", "second"], sort=False):
         median_pearson = float(group["pearson"].median())   # NaN (constant maps) skipped
         median_iou = float(group["top_iou"].median())
         by_construction = any(first in g and second in g for g in identical_groups)
-        in_practice = bool(median_pearson >= pearson or median_iou >= top_iou)
+        peak_disagreements = int((group["same_peak"] == 0).sum())   # NaN (constant) not counted
+        in_practice = bool((median_pearson >= pearson or median_iou >= top_iou) and peak_disagreements == 0)
         rows.append({"first": first, "second": second,
                      "pair": f"{method_label(first)} vs {method_label(second)}", "n": len(group),
                      "median_pearson": median_pearson, "median_top_iou": median_iou,
                      "n_constant_pairs": int(group["top_iou"].isna().sum()),
                      "same_peak_share": float(group["same_peak"].mean()),
+                     "peak_disagreements": peak_disagreements,
                      "identical_by_construction": by_construction,
                      "identical_in_practice": in_practice,
                      "independent_evidence": not (by_construction or in_practice)})
