@@ -229,13 +229,15 @@ def test_table2_counts_by_role_and_kind():
         "role": ["train", "train", "train", "val", "test", "spatial_audit", "spatial_audit"],
         "source": ["cecum", "dyed-lifted-polyps", "polyps", "bbps-2-3", "dyed-resection-margins",
                    "polyps", "polyps"],
-        "target": [0, 1, 1, 0, 0, 1, 1]})
+        "target": [0, 1, 1, 0, 0, 1, 1],
+        "mask_path": ["", "", "", "", "", "masks/a.jpg", ""]})   # the last: a copy without a mask
     table = roles.table2(manifest).set_index("role")
-    assert table.loc["train"].tolist() == [1, 1, 1, 3]
-    assert table.loc["val"].tolist() == [1, 0, 0, 1]
-    assert table.loc["test"].tolist() == [1, 0, 0, 1]
-    assert table.loc["spatial_audit"].tolist() == [0, 0, 2, 2]
-    assert table.loc["total"].tolist() == [3, 1, 3, 7]
+    assert table.loc["train"].tolist() == [1, 1, 1, 3, 0]
+    assert table.loc["val"].tolist() == [1, 0, 0, 1, 0]
+    assert table.loc["test"].tolist() == [1, 0, 0, 1, 0]
+    assert table.loc["spatial_audit"].tolist() == [0, 0, 2, 2, 1]
+    assert table.loc["total"].tolist() == [3, 1, 3, 7, 1]
+    assert table.columns[-1] == roles.AUDITED_COLUMN
 
 
 @pytest.mark.slow
@@ -262,4 +264,6 @@ def test_roles_notebook_reproduces_the_committed_smoke_manifest(tmp_path):
     assert table.loc["total", "total"] == len(manifest)
     assert table.loc["spatial_audit", "standard polyp"] == (
         parameters["n_segmented"] + parameters["n_audit_near_duplicates"])
+    # the audited column is the masked pool Table 4 panel B reads: the copies have no mask
+    assert table.loc["spatial_audit", roles.AUDITED_COLUMN] == parameters["n_segmented"]
     assert (tmp_path / "figures" / "contact_sheet.png").is_file()

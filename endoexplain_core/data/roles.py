@@ -451,10 +451,19 @@ def image_kind(source: str, target: int) -> str:
     return "dyed-lifted polyp" if source == "dyed-lifted-polyps" else "standard polyp"
 
 
+AUDITED_COLUMN = "audited (with mask)"
+
+
 def table2(manifest: pd.DataFrame) -> pd.DataFrame:
     """Table 2: image counts per study role (rows, plus ``total``) and kind (columns, plus
-    ``total``). Columns: ``role``, ``negative``, ``dyed-lifted polyp``, ``standard polyp``,
-    ``total`` (int)."""
+    ``total``), and how many of them the spatial audit reads. Columns: ``role``, ``negative``,
+    ``dyed-lifted polyp``, ``standard polyp``, ``total``, ``AUDITED_COLUMN`` (int).
+
+    ``AUDITED_COLUMN`` counts the images with a lesion mask in the ``spatial_audit`` role (the
+    masked pool behind Table 4 panel B). The role can hold a few images without a mask: copies
+    of segmented polyps found elsewhere in the dataset, grouped with their originals so that
+    no copy reaches training; they are held out and never audited, and the column shows the
+    difference."""
     kinds = ["negative", "dyed-lifted polyp", "standard polyp"]
     kind = [image_kind(s, t) for s, t in zip(manifest["source"], manifest["target"])]
     counts = pd.crosstab(manifest["role"], pd.Series(kind, index=manifest.index, name="kind"))
@@ -462,4 +471,9 @@ def table2(manifest: pd.DataFrame) -> pd.DataFrame:
     counts.loc["total"] = counts.sum()
     counts["total"] = counts.sum(axis=1)
     counts.columns.name = None
-    return counts.rename_axis("role").reset_index().astype({c: int for c in kinds + ["total"]})
+    has_mask = (manifest["mask_path"].fillna("").astype(str) != "") if "mask_path" in manifest else False
+    audited = manifest[(manifest["role"] == "spatial_audit") & has_mask]["role"].value_counts()
+    counts[AUDITED_COLUMN] = audited.reindex(counts.index, fill_value=0)
+    counts.loc["total", AUDITED_COLUMN] = int(audited.sum())
+    columns = kinds + ["total", AUDITED_COLUMN]
+    return counts.rename_axis("role").reset_index().astype({c: int for c in columns})
