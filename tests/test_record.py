@@ -333,3 +333,21 @@ def test_an_interrupted_run_says_so_in_its_banner(tmp_path):
     provenance["status"] = "interrupted"
     provenance["stages"][1].update(status="interrupted", error=None)
     assert "Run interrupted in 05_robustness (Ctrl-C)." in record.failure_banner(provenance)
+
+
+@pytest.mark.browser
+def test_a_wide_headline_table_fits_the_page_in_chromium(tmp_path):
+    """Table 4 has about 20 columns of long numbers: in the record its cells wrap, so the table
+    is no wider than the page and its last column is on screen."""
+    from tests.browser import run_in_page
+
+    run_dir, figures_dir, provenance = fake_run(tmp_path)
+    wide = pd.DataFrame({f"peak_failure_ci_high_column_{i}": [0.123456789 * i] * 3 for i in range(20)})
+    artefacts.save_table(wide, "table4_panel_a", figures_dir)
+    page = record.write_run_index(run_dir, figures_dir, provenance)
+    table_width, page_width, last_right = run_in_page(page, [
+        "document.querySelector('.scroll table').getBoundingClientRect().width",
+        "document.body.clientWidth",
+        "Array.from(document.querySelectorAll('.scroll table tr:first-child th')).pop()"
+        ".getBoundingClientRect().right"], wait_seconds=0.0, size=(1100, 900))
+    assert table_width <= page_width and last_right <= 1100

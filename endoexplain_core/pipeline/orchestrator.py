@@ -267,7 +267,15 @@ def export_html(executed: Path) -> Path:
 
     notebook = nbformat.read(executed, as_version=4)
     body, _ = HTMLExporter().from_notebook_node(notebook)
+    body = body.replace("</head>", WIDE_TABLE_STYLE + "</head>", 1)
     return files.write_text_atomic(executed.with_suffix(".html"), body)
+
+
+# Wide tables (Table 4 has 20 columns) wrap their cells and scroll inside their output instead
+# of running off the page, where the last columns would be cut off.
+WIDE_TABLE_STYLE = ("<style>.jp-OutputArea-output { overflow-x: auto; max-width: 100%; }\n"
+                    ".jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal; "
+                    "max-width: 12em; overflow-wrap: anywhere; }</style>\n")
 
 
 def execute_stage(notebook: Path, executed: Path, parameters: dict[str, Any],

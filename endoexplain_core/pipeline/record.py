@@ -194,7 +194,7 @@ code { font-size: 0.9em; }
 .scroll { overflow-x: auto; max-height: 32em; overflow-y: auto; border: 1px solid #eee;
           margin-bottom: 1.5em; }
 .scroll table { margin: 0; }
-.scroll td { white-space: nowrap; }
+.scroll td, .scroll th { white-space: normal; max-width: 14em; overflow-wrap: anywhere; }
 .gallery { display: grid; grid-template-columns: repeat(auto-fill, minmax(24em, 1fr)); gap: 1.2em; }
 figure { margin: 0; }
 figure img { width: 100%; max-height: 22em; object-fit: contain; border: 1px solid #ddd;
