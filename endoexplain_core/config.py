@@ -160,7 +160,7 @@ class SharedSettings(Section):
     prior_negatives: int = Field(
         48, ge=0, le=MAX_IMAGES, description="held-out test negatives behind each method's prior map (04 and 05)")
     audit_batch_size: int = Field(
-        16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the audits (04-07) and of the case "
+        16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the audits (01's validation map check, 04-07) and of the case "
                               "browser's redraws (09): one value, so the browser redraws the audited maps exactly")
     decision_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="scaled-score decision boundary t (02's source-category "
@@ -285,7 +285,8 @@ class TrainingSettings(Section):
 class TrainingStageSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
                                               "training_seeds", "scheduler",
-                                              "allow_insecure_scheduler", "channels_last")
+                                              "allow_insecure_scheduler", "channels_last",
+                                              "audit_batch_size")
     training_settings: dict[str, Any] = Field(default_factory=dict,
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(

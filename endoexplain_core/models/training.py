@@ -730,7 +730,7 @@ def validation_map_share(model: nn.Module, arch: str, dataset: datasets.Manifest
 
 def add_validation_map_shares(summaries: list[dict[str, Any]], manifest: pd.DataFrame,
                               data_root: str | Path, manifest_digest: str, image_size: int,
-                              device: str = "cpu", batch_size: int = 16) -> list[dict[str, Any]]:
+                              *, device: str = "cpu", batch_size: int) -> list[dict[str, Any]]:
     """``summaries`` with ``val_map_share`` (``validation_map_share`` on the validation
     positives) for every non-control ``PRIMARY_ARCH`` checkpoint, NaN for the others (they do
     not compete for primary)."""
@@ -771,7 +771,7 @@ LOGIT_ROLES = ("val", "test")
 
 def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str | Path,
                   run_dir: str | Path, manifest_digest: str, image_size: int,
-                  batch_size: int = 64, device: str = "cpu", show_progress: bool = True,
+                  batch_size: int, device: str = "cpu", show_progress: bool = True,
                   roles: tuple[str, ...] = LOGIT_ROLES) -> pd.DataFrame:
     """Both logits of every checkpoint for the manifest images of ``roles``.
 
