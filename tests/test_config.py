@@ -370,3 +370,40 @@ def test_the_paper_reference_manifest_is_refused_for_generated_data(tmp_path, ca
         orchestrator.manifest_reference_dir("default", str(tmp_path), None, adopt=True)
     assert orchestrator.main(["--profile", "smoke", "--set-file", str(tmp_path / "missing.sets")]) == 2
     assert "missing.sets" in capsys.readouterr().err
+
+
+def test_a_docstring_or_comment_edit_leaves_every_stage_digest_valid(tmp_path):
+    """Stage digests hash what the core computes, not its wording: editing a docstring, a
+    comment or a line break in a copy of the core leaves every stage's code digest unchanged;
+    changing one constant changes the digest of exactly the stages that import that module."""
+    import shutil
+
+    core = tmp_path / "endoexplain_core"
+    shutil.copytree(orchestrator.CORE_DIR, core, ignore=shutil.ignore_patterns("__pycache__"))
+    notebooks = orchestrator.discover_stages()
+
+    def digests():
+        return {n.stem: orchestrator.core_code_digest(orchestrator.core_modules_used(n, core), core)
+                for n in notebooks}
+
+    before = digests()
+    module = core / "kernels" / "metrics.py"
+    source = module.read_text()
+    worded = source.replace('"""', '"""A reworded docstring. ', 1) + "\n# a new comment\n\n"
+    function_doc = worded.index("def ")
+    worded = worded[:function_doc] + "# why, briefly\n" + worded[function_doc:]
+    module.write_text(worded)
+    assert digests() == before
+    module.write_text(source + "\nEXTRA_CONSTANT = 1\n")
+    after = digests()
+    users = {n.stem for n in notebooks if core / "kernels" / "metrics.py" in orchestrator.core_modules_used(n, core)}
+    assert users and {stage for stage in before if after[stage] != before[stage]} == users
+
+
+def test_code_fingerprint_drops_docstrings_only():
+    plain = orchestrator.code_fingerprint("def f(x):\n    return x + 1\n")
+    assert orchestrator.code_fingerprint('def f(x):\n    """Add one."""\n    # comment\n    return x + 1\n') == plain
+    assert orchestrator.code_fingerprint("def f(x):\n    return x + 2\n") != plain
+    # a string that is not the first statement is code (e.g. a message), not a docstring
+    assert orchestrator.code_fingerprint('def f(x):\n    y = 1\n    "text"\n    return x + 1\n') != plain
+    assert orchestrator.code_fingerprint('def f():\n    """Only a docstring."""\n') == orchestrator.code_fingerprint("def f():\n    pass\n")

@@ -131,12 +131,29 @@ def core_modules_used(notebook: Path, core_dir: Path = CORE_DIR) -> list[Path]:
     return sorted(files)
 
 
+def code_fingerprint(source: str) -> str:
+    """What a module computes, without its wording: the syntax tree of ``source`` with every
+    docstring (module, class, function) removed, dumped without line numbers. Comments,
+    docstrings, blank lines and line breaks leave it unchanged; any change to code changes it."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR) -> str:
-    """Digest of core source files (default: every one): a change to any of them reruns."""
+    """Digest of core source files (default: every one): a change to the code of any of them
+    reruns; a docstring or comment edit does not (``code_fingerprint``)."""
     digest = hashlib.sha256()
     for path in sorted(files if files is not None else core_dir.rglob("*.py")):
         digest.update(path.relative_to(core_dir).as_posix().encode())
-        digest.update(path.read_bytes())
+        digest.update(code_fingerprint(path.read_text()).encode())
     return digest.hexdigest()
 
 
