@@ -90,6 +90,9 @@ def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str |
     return most.sort_values(["off", "sample_id"])["sample_id"].iloc[0]
 
 
+# Why HiResCAM can look inverted (docs/protocol.md, "HiResCAM dark on the polyp").
+HIRESCAM_NOTE = ("HiResCAM can be dark on the lesion (negative pre-activations enter it with "
+                 "flipped sign); the gate decides whether it is read. ")
 ROLE_TITLES = {"miss": "High-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
@@ -216,6 +219,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                   "of some frames is the scope-position overlay of the frame, not an annotation. "
                   "Random: random heatmap; Centre: centre baseline. Maps "
                   "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
+                  + ("\n" + HIRESCAM_NOTE if "hirescam" in methods else "")
                   + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),
                   fontsize=6.5, x=0.0, ha="left", wrap=True)
     return fig
