@@ -220,8 +220,9 @@ def test_localisation_scales_and_the_decision_threshold_have_one_shared_home():
              for key in ("localisation", "decision_threshold")}
     assert users == {"localisation": ["07_extended_localisation", "08_faithfulness"],
                      "decision_threshold": ["02_calibration", "08_faithfulness"]}
+    shared_only = {*config.LocalisationSettings.model_fields, "decision_threshold", "audit_batch_size"}
     for model in config.STAGE_SETTINGS.values():
-        assert not set(model.model_fields) & set(config.MOVED_KEYS), model.__name__
+        assert not set(model.model_fields) & shared_only, model.__name__
     scales = config.load_profile("smoke").shared.localisation
     assert scales.pixels(100) == pytest.approx({"dog_sigma_small_px": 1.0, "dog_sigma_large_px": 8.0,
                                                 "radius_px": 3.0, "smooth_sigma_px": 1.0})
@@ -241,30 +242,21 @@ def test_no_stage_key_repeats_another_stages_key_without_a_reason():
     assert repeated == {}
 
 
-@pytest.mark.parametrize("stage, key, home", [
-    ("07_extended_localisation", "energy_alpha", "shared.localisation.energy_alpha"),
-    ("08_faithfulness", "tolerance_radius_fraction", "shared.localisation.pointing_radius_fraction"),
-    ("02_calibration", "decision_threshold", "shared.decision_threshold"),
-    ("05_robustness", "audit_batch_size", "shared.audit_batch_size"),
-    ("09_figures", "case_browser_batch_size", "shared.audit_batch_size"),
-])
-def test_a_key_that_moved_to_shared_is_named_with_its_new_home(tmp_path, stage, key, home):
+@pytest.mark.parametrize("stage, key", [("07_extended_localisation", "energy_alpha"),
+                                        ("02_calibration", "decision_threshold"),
+                                        ("05_robustness", "audit_batch_size")])
+def test_a_shared_key_set_in_a_stage_section_is_refused(tmp_path, stage, key):
     path = write_profile(tmp_path, lambda raw: raw["stages"][stage].update({key: 0.5}))
-    with pytest.raises(config.ProfileError, match=f"stages.{stage}.{key}: this key moved to {home}"):
-        config.load_profile(path)
-
-
-def test_the_gates_own_batch_size_is_named_with_its_new_key(tmp_path):
-    path = write_profile(tmp_path, lambda raw: raw["stages"]["03_validity_gate"].update({"audit_batch_size": 8}))
-    with pytest.raises(config.ProfileError, match="stages.03_validity_gate.audit_batch_size: this key is now "
-                                                  "stages.03_validity_gate.pool_batch_size"):
+    with pytest.raises(config.ProfileError, match=f"stages.{stage}.{key}: unknown key"):
         config.load_profile(path)
 
 
 def test_the_audits_and_the_case_browser_read_one_batch_size():
-    """The browser redraws 04's and 06's maps to the last bit only in the audits' batches: one key."""
+    """The browser redraws 04's and 06's maps to the last bit only in the audits' batches: one key
+    (01's validation map check computes the same maps, so it reads the same key)."""
     users = sorted(s for s, model in config.STAGE_SETTINGS.items() if "audit_batch_size" in model.uses_shared)
-    assert users == ["04_spatial_audit", "05_robustness", "06_transfer", "07_extended_localisation", "09_figures"]
+    assert users == ["01_training", "04_spatial_audit", "05_robustness", "06_transfer", "07_extended_localisation",
+                     "09_figures"]
     assert all("batch_size" not in key or key in ("pool_batch_size", "faithfulness_batch_size", "batch_size")
                for model in config.STAGE_SETTINGS.values() for key in model.model_fields)
 
