@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from endoexplain_core import config
 from endoexplain_core.pipeline import orchestrator
 
 pytestmark = pytest.mark.slow
@@ -132,7 +133,7 @@ def test_figure_index_lists_every_file(smoke_run):
 
 def test_manifest_matches_the_committed_reference(smoke_run):
     digest = (smoke_run / "runs" / "smoke" / "manifest" / "manifest.sha256").read_text().strip()
-    reference = (orchestrator.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
+    reference = (config.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
     assert digest == reference.read_text().strip()
 
 
@@ -224,7 +225,7 @@ def test_a_notebook_reruns_by_hand_from_notebooks_and_in_place_in_its_record(smo
     record notebook reruns in place on its own run; both give the orchestrated run's table."""
     import shutil
 
-    repo = orchestrator.REPO_ROOT
+    repo = config.REPO_ROOT
     expected = (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes()
     # The project's layout around the test's run: notebooks/ and data_manifest/ beside runs/.
     hand = smoke_run / "notebooks"

@@ -92,7 +92,6 @@ GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
 DAGGER = NOT_VALIDATED_MARK
-GATE_FOOTNOTE = marks.GATE_FOOTNOTE
 VERDICTS = ("passes", "fails", "inconclusive")
 
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
@@ -773,7 +772,7 @@ def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column:
     ``validity_gate`` per row: "passes" / "fails" / "inconclusive" for CAM methods, "reference"
     for other rows (baselines, random deletion), "not run" when ``gate`` is None. Methods that
     do not pass get ``DAGGER`` appended to ``label_column`` (when given and present); the
-    footnote to print beside the table is ``GATE_FOOTNOTE``.
+    footnote to print beside the table is ``marks.GATE_FOOTNOTE``.
     """
     table = table.copy()
     methods = table[method_column].astype(str)
