@@ -190,8 +190,9 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
             ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
             ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
             top = (case.get("tops") or {}).get(method)
-            # The random map's top area is scattered pixels by design: no outline to draw.
-            if top is not None and method != "random" and top.any() and not top.all():
+            # The random map's top area is scattered pixels by design, and a constant map's is set
+            # by the tie-break order alone (stripes): no outline to draw for either.
+            if top is not None and method != "random" and not info["constant_map"] and top.any() and not top.all():
                 ax.contour(np.asarray(top, dtype=float), levels=[0.5], colors="white",
                            linewidths=0.6, linestyles="--")
             if not info["constant_map"]:
