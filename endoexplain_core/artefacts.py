@@ -66,17 +66,16 @@ def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: s
     return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
-SYNTHETIC_FOOTER = marks.SYNTHETIC_FOOTER
 # White margin around a saved figure's tight box (inches): the printed width is the drawn
 # width plus twice this (tests/test_figures.py measures both).
 SAVE_PAD_INCHES = 0.02
 
 
 def data_footer(data_root: str | Path | None) -> str:
-    """The footer every figure of a run carries: ``SYNTHETIC_FOOTER`` when the run read
+    """The footer every figure of a run carries: ``marks.SYNTHETIC_FOOTER`` when the run read
     synthetic frames (``config.is_synthetic_data``: the embedded cohort or a generated data root
     such as the mirror), else ""."""
-    return SYNTHETIC_FOOTER if config.is_synthetic_data(data_root) else ""
+    return marks.SYNTHETIC_FOOTER if config.is_synthetic_data(data_root) else ""
 
 
 def wrap_to_width(text: str, width_inches: float, *, fontsize: float, share: float = 0.95) -> str:

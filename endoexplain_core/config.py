@@ -160,7 +160,7 @@ class SharedSettings(Section):
     prior_negatives: int = Field(
         48, ge=0, le=MAX_IMAGES, description="held-out test negatives behind each method's prior map (04 and 05)")
     audit_batch_size: int = Field(
-        16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the audits (04-07) and of the case "
+        16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the audits (01's validation map check, 04-07) and of the case "
                               "browser's redraws (09): one value, so the browser redraws the audited maps exactly")
     decision_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="scaled-score decision boundary t (02's source-category "
@@ -285,7 +285,8 @@ class TrainingSettings(Section):
 class TrainingStageSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
                                               "training_seeds", "scheduler",
-                                              "allow_insecure_scheduler", "channels_last")
+                                              "allow_insecure_scheduler", "channels_last",
+                                              "audit_batch_size")
     training_settings: dict[str, Any] = Field(default_factory=dict,
                                               description="TrainingSettings for every architecture")
     arch_overrides: dict[str, dict[str, Any]] = Field(
@@ -501,16 +502,6 @@ def short_value(value: Any, limit: int = 40) -> str:
     return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-# Stage keys that now have one shared home: a profile that still sets one is told where it went.
-MOVED_KEYS = {**{key: f"shared.localisation.{key}" for key in LocalisationSettings.model_fields},
-              "tolerance_radius_fraction": "shared.localisation.pointing_radius_fraction",
-              "decision_threshold": "shared.decision_threshold",
-              "audit_batch_size": "shared.audit_batch_size",
-              "case_browser_batch_size": "shared.audit_batch_size"}
-# Stage keys renamed inside their own stage: (stage, old key) -> new key.
-RENAMED_KEYS = {("03_validity_gate", "audit_batch_size"): "pool_batch_size"}
-
-
 def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem: ``<file>: <key path>: <message>`` with a suggestion for typos."""
     lines = []
@@ -518,14 +509,6 @@ def _format_error(path: Path, prefix: str, error: ValidationError, model: type[B
         location = ".".join(str(part) for part in (prefix, *problem["loc"]))
         if problem["type"] == "extra_forbidden":
             key = problem["loc"][-1]
-            renamed = RENAMED_KEYS.get((prefix.removeprefix("stages."), key))
-            if renamed:
-                lines.append(f"{path}: {location}: this key is now {prefix}.{renamed}")
-                continue
-            if prefix.startswith("stages.") and key in MOVED_KEYS:
-                lines.append(f"{path}: {location}: this key moved to {MOVED_KEYS[key]} (one "
-                             f"home for the stages that use it)")
-                continue
             lines.append(f"{path}: {location}: unknown key{_suggest(key, model.model_fields)}")
         else:
             message = problem["msg"].removeprefix("Value error, ")

@@ -145,19 +145,13 @@ def test_validator_rejects_each_kind_of_bad_table(breakage, message):
         audit_schema.validate_audit_table(breakage(valid_table()))
 
 
-def test_an_audit_table_written_before_the_rename_reads_with_top_fraction(tmp_path):
-    old = valid_table().rename(columns={"top_fraction": "threshold"})
+def test_a_table_without_top_fraction_is_refused_naming_the_file(tmp_path):
+    """No migration shim: a table whose top fraction sits under another name is an error that
+    names the file and the missing column (the audit then reruns it)."""
     path = tmp_path / "old.parquet"
-    old.to_parquet(path)
-    table = audit_schema.read_audit_table(path)
-    assert "threshold" not in table.columns and set(table["top_fraction"]) == {0.2}
-    pd.testing.assert_frame_equal(table, valid_table().reset_index(drop=True), check_like=True)
-    deletion = pd.DataFrame({"dataset": ["unit"], "sample_id": ["a"], "checkpoint_id": ["m"],
-                             "threshold": [0.2], "repetitions": [1], "logit_drop_00": [0.5]})
-    deletion.to_parquet(tmp_path / "old_random.parquet")
-    read_back = audit_schema.read_random_deletion(tmp_path / "old_random.parquet")
-    assert list(read_back.columns) == ["dataset", "sample_id", "checkpoint_id", "top_fraction",
-                                       "repetitions", "logit_drop_00"]
+    valid_table().rename(columns={"top_fraction": "threshold"}).to_parquet(path)
+    with pytest.raises(audit_schema.AuditTableError, match=r"old\.parquet: missing columns \['top_fraction'\]"):
+        audit_schema.read_audit_table(path)
 
 
 def test_audit_is_deterministic_and_independent_of_batch_size(tmp_path):

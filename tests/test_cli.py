@@ -85,7 +85,7 @@ def test_case_table_is_the_notebook_audit_of_the_same_cases(demo, tmp_path):
                                   for c in cases),
                            dataset="own", image_size=64, table_path=reference,
                            random_deletion_path=tmp_path / "deletion.parquet", top_fraction=0.2,
-                           repetitions=3)
+                           repetitions=3, batch_size=16)   # the CLI's --batch-size default
     ours = pd.read_parquet(demo["out"] / "case_table.parquet")
     theirs = pd.read_parquet(reference)
     pd.testing.assert_frame_equal(ours, theirs)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from endoexplain_core import config
 from endoexplain_core.pipeline import orchestrator
 
 pytestmark = pytest.mark.slow
@@ -132,7 +133,7 @@ def test_figure_index_lists_every_file(smoke_run):
 
 def test_manifest_matches_the_committed_reference(smoke_run):
     digest = (smoke_run / "runs" / "smoke" / "manifest" / "manifest.sha256").read_text().strip()
-    reference = (orchestrator.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
+    reference = (config.REPO_ROOT / "data_manifest" / "smoke" / "manifest.sha256")
     assert digest == reference.read_text().strip()
 
 
@@ -224,7 +225,7 @@ def test_a_notebook_reruns_by_hand_from_notebooks_and_in_place_in_its_record(smo
     record notebook reruns in place on its own run; both give the orchestrated run's table."""
     import shutil
 
-    repo = orchestrator.REPO_ROOT
+    repo = config.REPO_ROOT
     expected = (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes()
     # The project's layout around the test's run: notebooks/ and data_manifest/ beside runs/.
     hand = smoke_run / "notebooks"
@@ -238,3 +239,41 @@ def test_a_notebook_reruns_by_hand_from_notebooks_and_in_place_in_its_record(smo
     (smoke_run / "figures" / "smoke" / "table3_calibration.csv").unlink()
     _execute_by_hand(smoke_run / "runs" / "smoke" / "notebooks" / "02_calibration.ipynb")
     assert (smoke_run / "figures" / "smoke" / "table3_calibration.csv").read_bytes() == expected
+
+
+# --------------------------------------------------------------------------- thin data
+# Last in this module: they rerun the smoke run in place with a raised score threshold.
+
+def _threshold_for_panel_a(root: Path, size: int) -> float:
+    """A score threshold that leaves exactly ``size`` audit images in the primary's panel A."""
+    from endoexplain_core.run_layout import RunLayout
+
+    layout = RunLayout(root / "runs" / "smoke")
+    scores = pd.read_parquet(layout.audit_paths("hyperkvasir", layout.primary_id())["table"],
+                             columns=["sample_id", "scaled_score"]).drop_duplicates("sample_id")
+    ranked = sorted(scores["scaled_score"], reverse=True)
+    if size == 0:
+        return min(1.0 - 1e-12, (ranked[0] + 1.0) / 2)
+    if size >= len(ranked) or ranked[size - 1] == ranked[size]:
+        pytest.skip(f"no threshold leaves exactly {size} images (tied scores)")
+    return (ranked[size - 1] + ranked[size]) / 2
+
+
+@pytest.mark.parametrize("panel_a_size", [3, 1, 0])
+def test_a_thin_panel_a_completes_every_stage_and_says_not_estimable(smoke_run, panel_a_size):
+    """The thin-data suite (issue 35): panel A of 3, 1 and 0 images. Every stage completes, Table 4
+    panel A holds that many images, and whatever a few images cannot carry reads "not estimable"
+    (a reason in the row) instead of a number or a stopped run."""
+    threshold = _threshold_for_panel_a(smoke_run, panel_a_size)
+    result = run_all(smoke_run, "--set", f"shared.score_threshold={threshold!r}")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    provenance = json.loads((smoke_run / "runs" / "smoke" / "provenance.json").read_text())
+    assert provenance["status"] == "complete"
+    figures = smoke_run / "figures" / "smoke"
+    table4 = pd.read_csv(figures / "table4_spatial_audit.csv")
+    assert set(table4.loc[table4["panel"] == "A", "n"]) == {panel_a_size}
+    if panel_a_size < 10:
+        table5 = pd.read_csv(figures / "table5_adjusted_model.csv")
+        terms = table5[table5["term"].str.contains("versus Grad-CAM", regex=False)]
+        assert (~terms["estimable"].astype(bool)).all(), "an adjusted model on fewer than 10 images"
+    assert "not estimable" in (figures / "summary.md").read_text() or panel_a_size > 0

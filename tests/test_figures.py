@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
+from endoexplain_core import marks  # noqa: E402
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
                                       extended_figures, faithfulness_figures, style,
@@ -234,7 +235,7 @@ def test_a_synthetic_run_prints_its_footer_below_every_figure(tmp_path):
 
     from endoexplain_core import artefacts
 
-    assert artefacts.data_footer("") == artefacts.SYNTHETIC_FOOTER and artefacts.data_footer("/data") == ""
+    assert artefacts.data_footer("") == marks.SYNTHETIC_FOOTER and artefacts.data_footer("/data") == ""
     heights = {}
     for footer in ("", artefacts.data_footer("")):
         fig, ax = plt.subplots(figsize=(3, 2), layout="constrained")
@@ -245,7 +246,7 @@ def test_a_synthetic_run_prints_its_footer_below_every_figure(tmp_path):
         texts = [t.get_text() for t in fig.texts]
         plt.close(fig)
         heights[name] = Image.open(tmp_path / f"{name}.png").size[1]
-        assert (artefacts.SYNTHETIC_FOOTER in texts) == bool(footer)
+        assert (marks.SYNTHETIC_FOOTER in texts) == bool(footer)
     assert heights["with"] > heights["without"]          # below everything: the canvas grows
 
 
@@ -367,7 +368,7 @@ def test_a_saved_figure_with_the_longest_footer_stays_within_two_columns(tmp_pat
 
     style.apply()
     figure = case_figures.figure4(inputs.robustness_table(), n_images=150, not_validated=NOT_VALIDATED)
-    footer = style.footer_lines(validity_gate.FIGURE_GATE_NOTE, artefacts.SYNTHETIC_FOOTER)
+    footer = style.footer_lines(validity_gate.FIGURE_GATE_NOTE, marks.SYNTHETIC_FOOTER)
     png, _ = artefacts.save_figure(figure, "wide", tmp_path, footer=footer)
     plt.close(figure)
     with Image.open(png) as saved:

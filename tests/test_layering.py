@@ -177,7 +177,7 @@ PROTOCOL_PARAMETERS = {
     "top_fraction", "repetitions", "replicates", "seed", "prior_negatives", "score_threshold",
     "score_thresholds", "decision_threshold", "thresholds", "noise_std", "n_regions",
     "energy_alpha", "road_fractions", "shape_repetitions", "n_bins", "split", "fractions",
-    "margin", "min_accuracy", "max_control_accuracy", "radius_px", "sigma_px",
+    "margin", "min_accuracy", "max_control_accuracy", "radius_px", "sigma_px", "batch_size",
 }
 # Fixed definitions, not profile values: the AUC-IoU threshold grid and top-k sweep are part of
 # the metric's formula (the threshold-free paper's), TOST's alpha is the test's convention.

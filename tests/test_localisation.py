@@ -399,11 +399,11 @@ def test_score_checkpoint_rows_columns_and_consistency_with_kernels(scored):
 def test_summaries_rankings_and_tests(scored):
     from endoexplain_core.analysis import extended_localisation as ext
     table = scored[0]
-    summary = ext.auc_iou_table(table, replicates=2000, seed=SEED)
+    summary = ext.auc_iou_table(table, top_fraction=0.2, replicates=2000, seed=SEED)
     assert list(summary["method"]) == list(ext.EXTENDED_METHODS) and (summary["n"] == 7).all()
     row = summary.iloc[0]
     assert row["rel_diff_0.5_pct"] == pytest.approx((row["auc_iou"] - row["iou_at_0.5"]) / row["iou_at_0.5"] * 100)
-    ranks, agreement = ext.ranking_table(summary)
+    ranks, agreement = ext.ranking_table(summary, ext.ranking_metrics(0.2))
     assert agreement.set_index("metric").loc["auc_iou", "kendall_tau_vs_auc_iou"] == pytest.approx(1.0)
     assert agreement.set_index("metric").loc["auc_iou", "reversed_pairs"] == 0
     tests = ext.pairwise_wilcoxon(table)
@@ -411,12 +411,12 @@ def test_summaries_rankings_and_tests(scored):
     # the by-subset forms are the same tables with a subset column, empty subsets left out
     subsets = {"all images": table, "panel A": table[table["sample_id"] == table["sample_id"].iloc[0]],
                "none": table.iloc[:0]}
-    by_subset = ext.auc_iou_by_subset(subsets, replicates=100, seed=1)
+    by_subset = ext.auc_iou_by_subset(subsets, top_fraction=0.2, replicates=100, seed=1)
     assert list(by_subset["subset"].unique()) == ["all images", "panel A"]
     pd.testing.assert_frame_equal(
         by_subset[by_subset["subset"] == "all images"].drop(columns="subset").reset_index(drop=True),
-        ext.auc_iou_table(table, replicates=100, seed=1))
-    rankings, _ = ext.rankings_by_subset(by_subset)
+        ext.auc_iou_table(table, top_fraction=0.2, replicates=100, seed=1))
+    rankings, _ = ext.rankings_by_subset(by_subset, top_fraction=0.2)
     assert set(rankings["n"]) == {7, 1}
     assert list(ext.wilcoxon_by_subset(subsets)["subset"].unique()) == ["all images"]
     chance = ext.chance_table(table, replicates=200, seed=SEED)
@@ -426,14 +426,30 @@ def test_summaries_rankings_and_tests(scored):
     assert len(ext.iou_curves(table)) == 19 * len(ext.EXTENDED_METHODS)
 
 
+def test_the_top_area_metric_follows_top_fraction(scored):
+    """Notebook 07's top-area IoU is the profile's top_fraction, not a literal 20%: at 0.30 the
+    column is top30_iou and holds the mean of the 30% sweep column; a fraction outside the sweep
+    is refused by name."""
+    from endoexplain_core.analysis import extended_localisation as ext
+    table = scored[0]
+    summary = ext.auc_iou_table(table, top_fraction=0.30, replicates=50, seed=1).set_index("method")
+    expected = table.groupby("method")[ext.topk_column("iou", 0.30)].mean()
+    np.testing.assert_allclose(summary["top30_iou"], expected[summary.index], rtol=1e-6)
+    assert "top20_iou" not in summary.columns
+    assert "top30_iou" in ext.auc_iou_by_size(table, top_fraction=0.30).columns
+    assert ext.ranking_metrics(0.30)[-1] == "top30_iou" and ext.ranking_column("top30_iou") == "topk_iou_30"
+    with pytest.raises(ValueError, match="top_fraction 0.33 is not in the top-k sweep"):
+        ext.auc_iou_table(table, top_fraction=0.33, replicates=50, seed=1)
+
+
 def test_ranking_reversal_count_on_a_hand_case():
     from endoexplain_core.analysis import extended_localisation as ext
     summary = pd.DataFrame({"method": ["a", "b", "c"], "auc_iou": [0.3, 0.2, 0.1],
                             "iou_at_0.3": [0.1, 0.2, 0.3], "iou_at_0.5": [0.3, 0.2, 0.1],
                             "iou_at_0.7": [0.2, 0.3, 0.1], "top20_iou": [0.3, 0.2, 0.1]})
-    ranks, agreement = ext.ranking_table(summary)
+    ranks, agreement = ext.ranking_table(summary, ext.ranking_metrics(0.2))
     assert ranks["auc_iou"].tolist() == [1, 2, 3] and ranks["auc_iou"].dtype.kind == "i"
-    tied = ext.ranking_table(summary.assign(auc_iou=[0.3, 0.3, 0.1]))[0]["auc_iou"]
+    tied = ext.ranking_table(summary.assign(auc_iou=[0.3, 0.3, 0.1]), ext.ranking_metrics(0.2))[0]["auc_iou"]
     assert tied.tolist() == [1.5, 1.5, 3.0]
     reversed_pairs = agreement.set_index("metric")["reversed_pairs"]
     assert reversed_pairs["iou_at_0.3"] == 3 and reversed_pairs["iou_at_0.7"] == 1
@@ -478,7 +494,7 @@ def test_auc_iou_intervals_are_paired_bootstrap_of_the_means(scored):
     from endoexplain_core.analysis import extended_localisation as ext
     from endoexplain_core.analysis import stats
     table = scored[0]
-    summary = ext.auc_iou_table(table, replicates=300, seed=5).set_index("method")
+    summary = ext.auc_iou_table(table, top_fraction=0.2, replicates=300, seed=5).set_index("method")
     wide = table.pivot(index="sample_id", columns="method", values="auc_iou")[list(ext.EXTENDED_METHODS)]
     reference = stats.bootstrap_mean_ci(wide.to_numpy(), replicates=300, seed=5)
     np.testing.assert_allclose(summary.loc[list(ext.EXTENDED_METHODS), "auc_iou_ci_low"], reference["ci_low"])
@@ -496,7 +512,8 @@ def test_ranking_stability_counts_how_often_a_reversal_holds():
             rows.append({"dataset": "d", "checkpoint_id": "c", "sample_id": f"s{i}", "method": method,
                          "auc_iou": auc, ext.iou_column(0.3): iou3, ext.iou_column(0.5): iou5,
                          ext.iou_column(0.7): iou5, ext.topk_column("iou", 0.20): auc})
-    tau, reversals = ext.ranking_stability(pd.DataFrame(rows), methods=("a", "b"), replicates=400, seed=3)
+    tau, reversals = ext.ranking_stability(pd.DataFrame(rows), ext.ranking_metrics(0.2), methods=("a", "b"),
+                                           replicates=400, seed=3)
     by_metric = reversals.set_index("metric")
     assert by_metric.loc["iou_at_0.5", "share_reversed"] == 1.0
     # image s0 is the only one where b > a at 0.3: replicates without it tie (no reversal)
@@ -594,7 +611,8 @@ def test_negative_rows_carry_the_polyp_rows_columns_and_class(scored):
     assert (negative["n_audited"] == 6).all() and negative["n_gold"].between(0, 6).all()
     # the logits' sign alone decides each image's class: every image is in one of the two gold lists
     positive = ext.score_checkpoint(model, metadata, 1.0, _cases(6, seed=1), dataset="toy", image_size=64,
-                                    settings=config.LocalisationSettings(), replicates=2000, seed=SEED)[1]
+                                    settings=config.LocalisationSettings(), replicates=2000, seed=SEED,
+                                    batch_size=16)[1]
     assert positive["n_gold"].iloc[0] + negative["n_gold"].iloc[0] == 6
 
 

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from endoexplain_core import artefacts  # noqa: E402
+from endoexplain_core import artefacts, marks, presentation  # noqa: E402
 from endoexplain_core.pipeline import record  # noqa: E402
 from tests.browser import broken_resources, render_in_chromium  # noqa: E402
 
@@ -164,7 +164,7 @@ def test_final_table_formats_estimates_cis_p_values_and_labels():
                           "failure_ci_high": [0.07, 0.69], "iou": [0.5, 0.25],
                           "ci_low": [0.4, 0.2], "ci_high": [0.6, 0.3],
                           "p_holm": [0.0004, 0.2], "energy_in_mask": [0.33333, np.nan]})
-    final = record.final_table(table)
+    final = presentation.final_table(table)
     assert list(final.columns) == ["method", "n", "failure (95% CI)", "iou (95% CI)", "p holm",
                                    "energy in mask"]
     assert final["method"].tolist() == ["Grad-CAM", "Eigen-CAM*"]
@@ -179,9 +179,9 @@ def test_final_table_shows_a_method_once_even_when_its_label_carries_the_gate_da
     # Table 4's label column is daggered by notebook 03 before notebook 09 formats it.
     table = pd.DataFrame({"method": ["gradcam", "random"], "label": ["Grad-CAM\u2020", "Random heatmap"],
                           "n": [127, 127]})
-    assert list(record.final_table(table).columns) == ["label", "n"]
+    assert list(presentation.final_table(table).columns) == ["label", "n"]
     other = table.assign(label=["Grad-CAM (own subset)", "Random heatmap"])
-    assert list(record.final_table(other).columns) == ["method", "label", "n"]
+    assert list(presentation.final_table(other).columns) == ["method", "label", "n"]
 
 
 def test_collect_final_tables_names_missing_files(tmp_path):
@@ -262,12 +262,12 @@ def test_final_tables_carry_their_footnotes_into_markdown_and_latex(tmp_path):
     table = pd.DataFrame({"label": ["Grad-CAM\u2020", "HiResCAM\u2021", "Eigen-CAM*"],
                           "odds ratio": ["1.2 (0.5 to 3.1)", "not estimable (bootstrap interval unbounded: 18 replicates separated)", ""]})
     notes = record.final_table_notes(table, synthetic=True)
-    assert notes == [validity_gate.GATE_FOOTNOTE, stability.UNSTABLE_FOOTNOTE, "* Eigen-CAM is class-agnostic (no target class).",
-                     record.NOT_ESTIMABLE_NOTE, artefacts.SYNTHETIC_FOOTER]
+    assert notes == [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, "* Eigen-CAM is class-agnostic (no target class).",
+                     marks.NOT_ESTIMABLE_NOTE, marks.SYNTHETIC_FOOTER]
     assert record.final_table_notes(pd.DataFrame({"label": ["Grad-CAM"]}), synthetic=False) == []
     artefacts.save_table(table, "final_t", tmp_path, notes=notes)
     markdown = (tmp_path / "final_t.md").read_text()
-    assert markdown.rstrip().endswith(artefacts.SYNTHETIC_FOOTER) and validity_gate.GATE_FOOTNOTE[:40] in markdown
+    assert markdown.rstrip().endswith(marks.SYNTHETIC_FOOTER) and marks.GATE_FOOTNOTE[:40] in markdown
     latex = (tmp_path / "final_t.tex").read_text()
     assert r"\par\footnotesize Synthetic cohort" in latex and "\u2020" not in latex and r"\dag{}" in latex
     assert pd.read_csv(tmp_path / "final_t.csv").shape == (3, 2)            # the CSV stays data only

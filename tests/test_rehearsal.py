@@ -195,7 +195,7 @@ def test_the_shrunk_paper_profile_runs_every_stage(layout, request, tmp_path):
 
 
 def synthetic_labelled_count(data_root: Path) -> int:
-    marker = json.loads((data_root / synthetic.MARKER_FILE).read_text())
+    marker = json.loads((data_root / config.SYNTHETIC_MARKER).read_text())
     return marker["hyper-kvasir"]["labelled_total"]
 
 

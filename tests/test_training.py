@@ -307,7 +307,7 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
         control_seed=1129, show_progress=False)
     assert [s["checkpoint_id"] for s in summaries] == ["efficientnet_b0_s1129",
                                                        "efficientnet_b0_shuffled_s1129"]
-    summaries = training.add_validation_map_shares(summaries, manifest, root, DIGEST, IMAGE_SIZE)
+    summaries = training.add_validation_map_shares(summaries, manifest, root, DIGEST, IMAGE_SIZE, batch_size=16)
     validation = pd.DataFrame(summaries)[list(training.SELECTION_COLUMNS)]
     assert 0.0 <= validation["val_map_share"].iloc[0] <= 1.0          # measured on validation
     assert np.isnan(validation["val_map_share"].iloc[1])               # the control does not compete
@@ -316,7 +316,7 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
     assert list(registry.columns) == training.REGISTRY_COLUMNS
     assert registry["is_primary"].tolist() == [True, False]
     assert registry["path"].tolist()[0] == "checkpoints/efficientnet_b0_s1129.safetensors"
-    logits = training.export_logits(registry, manifest, root, tmp_path, DIGEST, IMAGE_SIZE,
+    logits = training.export_logits(registry, manifest, root, tmp_path, DIGEST, IMAGE_SIZE, batch_size=64,
                                     show_progress=False)
     exported = manifest[manifest["role"].isin(training.LOGIT_ROLES)]
     assert list(logits.columns) == training.LOGIT_COLUMNS and len(logits) == 2 * len(exported)

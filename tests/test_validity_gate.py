@@ -309,7 +309,7 @@ def test_prior_maps_average_negatives_and_find_the_corner_prior():
     model = CornerModel()
     images = torch.randn(3, 3, 32, 32)
     priors, rows = map_diagnostics.prior_maps(model, model.features, images, ["a", "b", "c"], grid=(4, 4),
-                                                 top_fraction=0.2)
+                                                 top_fraction=0.2, batch_size=2)
     gradcam = rows[rows["method"] == "gradcam"]
     assert gradcam["peak_corner_cell"].all() and gradcam["peak_border_ring"].all()
     assert priors["gradcam"].shape == (32, 32)

@@ -151,7 +151,7 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
 def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable,
                      *, dataset: str, image_size: int, table_path: str | Path,
                      random_deletion_path: str | Path, top_fraction: float,
-                     repetitions: int, batch_size: int = 16, device: str = "cpu",
+                     repetitions: int, batch_size: int, device: str = "cpu",
                      target_layer: tuple[str, torch.nn.Module] | None = None,
                      total: int | None = None,
                      priors: dict[str, torch.Tensor] | None = None) -> dict:
@@ -260,7 +260,7 @@ def load_calibrated_model(run_dir: str | Path, checkpoint_id: str, image_size: i
 
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 image_size: int, top_fraction: float, repetitions: int,
-                                batch_size: int = 16, device: str = "cpu",
+                                batch_size: int, device: str = "cpu",
                                 dataset: str = "hyperkvasir", reuse: bool = True,
                                 prior_negatives: int) -> dict:
     """Audit a checkpoint of the run's registry on the run's masked HyperKvasir pool.
@@ -317,7 +317,7 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
 
 def audit_registry(run_dir: str | Path, data_root: str | Path, *, image_size: int,
                    top_fraction: float, repetitions: int,
-                   other_repetitions: int | None = None, batch_size: int = 16,
+                   other_repetitions: int | None = None, batch_size: int,
                    device: str = "cpu", dataset: str = "hyperkvasir",
                    prior_negatives: int, task_map=None,
                    checkpoint_ids=None) -> pd.DataFrame:

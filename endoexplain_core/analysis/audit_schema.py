@@ -4,8 +4,7 @@ One row per (dataset, sample_id, checkpoint_id, method), with the columns of ``A
 (fixed, so batches stream into one Parquet file); the per-image random-deletion table has
 ``random_deletion_schema``. ``validate_audit_table`` checks the rules of docs/protocol.md
 ("Audit-table validation") and ``read_audit_table`` reads a file with them, naming the file in
-every error; ``read_random_deletion`` reads the second table. Both readers rename the columns
-of older tables (``LEGACY_COLUMNS``).
+every error; ``read_random_deletion`` reads the second table.
 """
 
 from __future__ import annotations
@@ -44,9 +43,6 @@ AUDIT_SCHEMA = pa.schema([
 ])
 DIAGNOSTIC_COLUMNS = ("feature_grid_height", "feature_grid_width", "peak_border_ring",
                       "peak_corner_cell", "prior_top_iou", "lesion_logit_drop", "peak_lesion_distance")
-# Old name -> name: audit tables written before the top fraction had one name ("threshold"
-# meant it here, a score level in the sensitivity table and an IoU level in 07) stay readable.
-LEGACY_COLUMNS = {"threshold": "top_fraction"}
 # Tables written before the diagnostics existed (and hand-made test tables) stay valid.
 REQUIRED_COLUMNS = tuple(n for n in AUDIT_SCHEMA.names if n not in DIAGNOSTIC_COLUMNS)
 
@@ -65,21 +61,13 @@ def random_deletion_schema(repetitions: int) -> pa.Schema:
     return pa.schema(fields)
 
 
-def with_current_names(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the column names of older tables brought up to date (``LEGACY_COLUMNS``)."""
-    return table.rename(columns={old: new for old, new in LEGACY_COLUMNS.items()
-                                 if old in table.columns and new not in table.columns})
-
-
 def validate_audit_table(table: pd.DataFrame, source: str = "audit table") -> pd.DataFrame:
     """Check the rules every audit table obeys; raise ``AuditTableError`` saying what is wrong.
 
     Rules: all required columns present; no duplicate (dataset, sample_id, checkpoint_id,
     method) rows; every method covers the same images (per dataset and checkpoint); a single
-    top fraction; one scaled score per image and checkpoint. Returns the table, with the
-    column names of older tables brought up to date (``LEGACY_COLUMNS``).
+    top fraction; one scaled score per image and checkpoint. Returns the table.
     """
-    table = with_current_names(table)
     missing = [column for column in REQUIRED_COLUMNS if column not in table.columns]
     if missing:
         raise AuditTableError(f"{source}: missing columns {missing}")
@@ -122,9 +110,9 @@ def read_audit_table(path: str | Path) -> pd.DataFrame:
 
 
 def read_random_deletion(path: str | Path) -> pd.DataFrame:
-    """Read a per-image random-deletion table (``random_deletion_schema``), older column names
-    brought up to date (``LEGACY_COLUMNS``); errors name the file."""
+    """Read a per-image random-deletion table (``random_deletion_schema``); errors name the
+    file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"random-deletion table {path} does not exist")
-    return with_current_names(pd.read_parquet(path))
+    return pd.read_parquet(path)

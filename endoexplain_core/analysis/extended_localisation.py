@@ -34,6 +34,7 @@ image score frame; it is notebook 07's analysis, kept in one place.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,21 @@ def iou_column(threshold: float) -> str:
 def topk_column(kind: str, fraction: float) -> str:
     """Case-table column of the top-k sweep, e.g. ``topk_iou_20`` or ``topk_energy_05``."""
     return f"topk_{kind}_{round(fraction * 100):02d}"
+
+
+def top_area_metric(top_fraction: float) -> str:
+    """The summary column of the audit's top-area IoU, e.g. ``top20_iou`` for 0.20 (the
+    profile's ``top_fraction``). ValueError unless the fraction is one of the top-k sweep's
+    (``localisation.TOP_K_FRACTIONS``), whose per-image column it reads."""
+    if not any(abs(top_fraction - k) < 1e-9 for k in localisation.TOP_K_FRACTIONS):
+        raise ValueError(f"top_fraction {top_fraction} is not in the top-k sweep "
+                         f"{localisation.TOP_K_FRACTIONS}: the extended metrics have no IoU for it")
+    return f"top{round(top_fraction * 100)}_iou"
+
+
+def ranking_metrics(top_fraction: float) -> tuple[str, ...]:
+    """The metrics a ranking compares: AUC-IoU, IoU at 0.3/0.5/0.7 and the top-area IoU."""
+    return ("auc_iou", "iou_at_0.3", "iou_at_0.5", "iou_at_0.7", top_area_metric(top_fraction))
 
 
 # --- maps and scores of one batch -------------------------------------------------------------
@@ -182,7 +198,7 @@ def _checkpoint_columns(metadata: dict, dataset: str) -> dict:
 
 def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float, cases: Iterable, *,
                      dataset: str, image_size: int, settings: LocalisationSettings,
-                     replicates: int, seed: int, batch_size: int = 16, device: str = "cpu",
+                     replicates: int, seed: int, batch_size: int, device: str = "cpu",
                      total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Extended scores of one checkpoint on one masked cohort.
 
@@ -307,7 +323,7 @@ def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: Locali
 
 def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                      image_size: int, settings: LocalisationSettings, replicates: int, seed: int,
-                     batch_size: int = 16, device: str = "cpu", cases: pd.DataFrame | None = None,
+                     batch_size: int, device: str = "cpu", cases: pd.DataFrame | None = None,
                      dataset: str = "hyperkvasir", case_iterator=None
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """``score_checkpoint`` for a checkpoint of the run's registry (``audit.load_calibrated_model``). Default cases: the run's masked HyperKvasir pool; pass
@@ -325,7 +341,7 @@ def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: 
 
 
 def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size: int,
-                     batch_size: int = 16) -> Iterator[tuple[list[str], torch.Tensor]]:
+                     batch_size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(sample ids, normalised float32 (B, 3, S, S) images) of manifest rows of negatives
     (``map_diagnostics.held_out_negatives``), read batch by batch with
     ``map_diagnostics.negative_images`` (decoded at ``image_size``, as every model input)."""
@@ -337,7 +353,7 @@ def negative_batches(negatives: pd.DataFrame, data_root: str | Path, image_size:
 
 def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 max_images: int, image_size: int, settings: LocalisationSettings,
-                                replicates: int, seed: int, batch_size: int = 16,
+                                replicates: int, seed: int, batch_size: int,
                                 device: str = "cpu") -> pd.DataFrame:
     """``negative_class_c_scores`` of a checkpoint of the run's registry (its fitted temperature)
     over the first ``max_images`` held-out test negatives by sample id (the audit's prior-map
@@ -354,7 +370,7 @@ def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, chec
 
 def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                           image_size: int, settings: LocalisationSettings, replicates: int,
-                          seed: int, batch_size: int = 16, device: str = "cpu") -> pd.DataFrame:
+                          seed: int, batch_size: int, device: str = "cpu") -> pd.DataFrame:
     """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id``
     (``training.epoch_snapshots``) on the run's masked pool, with ``epoch`` and that epoch's
     ``val_auprc``; an empty frame when no snapshot was kept.
@@ -400,19 +416,22 @@ def _single_group(table: pd.DataFrame) -> None:
         raise ValueError(f"expected the rows of one dataset and checkpoint, got {groups} groups")
 
 
-def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *,
+def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *, top_fraction: float,
                   replicates: int,
                   seed: int) -> pd.DataFrame:
     """Per method: n, mean AUC-IoU (raw, max 0.9) with its image-bootstrap 95% CI, mean IoU at
-    0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean top-20%
-    IoU with its CI, n_constant. The CIs resample the images shared by every method together.
+    0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean IoU of
+    the top ``top_fraction`` area (the audit's rule; column ``top_area_metric``, e.g.
+    ``top20_iou``) with its CI, n_constant. The CIs resample the images shared by every method
+    together.
 
     The relative difference is -10% for any binary map by construction (``binary_map_reference``):
     only its departure from -10% says something about a method.
     """
     _single_group(table)
+    top_area = top_area_metric(top_fraction)
     intervals = {}
-    for metric, column in (("auc_iou", "auc_iou"), ("top20_iou", topk_column("iou", 0.20))):
+    for metric, column in (("auc_iou", "auc_iou"), (top_area, topk_column("iou", top_fraction))):
         matrix, _ = _method_matrix(table, column, methods)
         intervals[metric] = stats.bootstrap_mean_ci(matrix, replicates=replicates, seed=seed)
     rows = []
@@ -426,9 +445,9 @@ def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *,
             mean = part[iou_column(level)].mean()
             row[f"iou_at_{level:.1f}"] = mean
             row[f"rel_diff_{level:.1f}_pct"] = (row["auc_iou"] - mean) / mean * 100 if mean > 0 else np.nan
-        row["top20_iou"] = part[topk_column("iou", 0.20)].mean()
-        row["top20_iou_ci_low"] = intervals["top20_iou"]["ci_low"][index]
-        row["top20_iou_ci_high"] = intervals["top20_iou"]["ci_high"][index]
+        row[top_area] = part[topk_column("iou", top_fraction)].mean()
+        row[f"{top_area}_ci_low"] = intervals[top_area]["ci_low"][index]
+        row[f"{top_area}_ci_high"] = intervals[top_area]["ci_high"][index]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -447,19 +466,17 @@ def binary_map_reference() -> pd.DataFrame:
                           **{f"rel_diff_{level:.1f}_pct": (width - 1.0) * 100 for level in IOU_LEVELS}}])
 
 
-RANKING_METRICS = ("auc_iou", "iou_at_0.3", "iou_at_0.5", "iou_at_0.7", "top20_iou")
-
-
 def ranking_column(metric: str) -> str:
-    """The per-image column of a ``RANKING_METRICS`` name."""
+    """The per-image column of a ``ranking_metrics`` name."""
     if metric == "auc_iou":
         return "auc_iou"
-    if metric == "top20_iou":
-        return topk_column("iou", 0.20)
+    top_area = re.fullmatch(r"top(\d+)_iou", metric)
+    if top_area:
+        return topk_column("iou", int(top_area.group(1)) / 100)
     return iou_column(float(metric.removeprefix("iou_at_")))
 
 
-def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
+def ranking_table(summary: pd.DataFrame, metrics: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ranks: method x metric, 1 = best mean; agreement: per metric, Kendall tau against the
     AUC-IoU ranking and the number of method pairs whose order it reverses, out of all pairs).
 
@@ -483,7 +500,7 @@ def ranking_table(summary: pd.DataFrame, metrics=RANKING_METRICS) -> tuple[pd.Da
     return ranks, pd.DataFrame(rows)
 
 
-def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTENDED_METHODS, *,
+def ranking_stability(table: pd.DataFrame, metrics: tuple[str, ...], methods=EXTENDED_METHODS, *,
                       replicates: int,
                       seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """How much of ``ranking_table`` survives resampling the images.
@@ -523,20 +540,21 @@ def ranking_stability(table: pd.DataFrame, metrics=RANKING_METRICS, methods=EXTE
     return pd.DataFrame(tau_rows), pd.DataFrame(reversal_rows, columns=reversal_columns)
 
 
-def auc_iou_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
+def auc_iou_by_subset(subsets: dict[str, pd.DataFrame], *, top_fraction: float, replicates: int,
                       seed: int) -> pd.DataFrame:
     """``auc_iou_table`` of every non-empty subset (name -> case rows) with a ``subset``
     column, concatenated in subset order."""
-    return pd.concat([auc_iou_table(rows, replicates=replicates, seed=seed).assign(subset=subset)
+    return pd.concat([auc_iou_table(rows, top_fraction=top_fraction, replicates=replicates,
+                                    seed=seed).assign(subset=subset)
                       for subset, rows in subsets.items() if not rows.empty], ignore_index=True)
 
 
-def rankings_by_subset(auc_table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def rankings_by_subset(auc_table: pd.DataFrame, *, top_fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``ranking_table`` of each subset of ``auc_iou_by_subset``'s table, with ``subset`` and
     its image count ``n``: (rankings, agreement between the rankings)."""
     rank_tables, agreement_tables = [], []
     for subset, part in auc_table.groupby("subset", sort=False):
-        ranks, agreement = ranking_table(part.reset_index(drop=True))
+        ranks, agreement = ranking_table(part.reset_index(drop=True), ranking_metrics(top_fraction))
         rank_tables.append(ranks.assign(subset=subset, n=int(part["n"].iloc[0])))
         agreement_tables.append(agreement.assign(subset=subset, n=int(part["n"].iloc[0])))
     return pd.concat(rank_tables, ignore_index=True), pd.concat(agreement_tables, ignore_index=True)
@@ -549,7 +567,7 @@ def wilcoxon_by_subset(subsets: dict[str, pd.DataFrame]) -> pd.DataFrame:
                      ignore_index=True)
 
 
-def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, replicates: int,
+def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, top_fraction: float, replicates: int,
                                 seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``ranking_stability`` for every non-empty subset (name -> case rows), each result
     with a ``subset`` column, concatenated: (tau table, reversal table)."""
@@ -557,7 +575,7 @@ def ranking_stability_by_subset(subsets: dict[str, pd.DataFrame], *, replicates:
     for subset, rows in subsets.items():
         if rows.empty:
             continue
-        tau, reversal = ranking_stability(rows, replicates=replicates, seed=seed)
+        tau, reversal = ranking_stability(rows, ranking_metrics(top_fraction), replicates=replicates, seed=seed)
         taus.append(tau.assign(subset=subset))
         reversals.append(reversal.assign(subset=subset))
     return pd.concat(taus, ignore_index=True), pd.concat(reversals, ignore_index=True)
@@ -672,13 +690,14 @@ def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = 
     return pd.DataFrame(rows)
 
 
-def auc_iou_by_size(table: pd.DataFrame, methods=EXTENDED_METHODS) -> pd.DataFrame:
-    """Mean AUC-IoU and top-20% IoU per method and lesion-size tertile (n per cell)."""
+def auc_iou_by_size(table: pd.DataFrame, methods=EXTENDED_METHODS, *, top_fraction: float) -> pd.DataFrame:
+    """Mean AUC-IoU and top-area IoU (``top_fraction``) per method and lesion-size tertile (n
+    per cell)."""
     _single_group(table)
     table = table.assign(size_tertile=size_tertiles(table))
     grouped = table[table["method"].isin(methods)].groupby(["size_tertile", "method"], sort=False)
     result = grouped.agg(n=("auc_iou", "size"), auc_iou=("auc_iou", "mean"),
-                         top20_iou=(topk_column("iou", 0.20), "mean")).reset_index()
+                         **{top_area_metric(top_fraction): (topk_column("iou", top_fraction), "mean")}).reset_index()
     return result
 
 

@@ -81,7 +81,7 @@ def negative_images(rows: pd.DataFrame, data_root: str | Path, image_size: int) 
 
 def prior_maps(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
                sample_ids, *, grid: tuple[int, int], top_fraction: float,
-               batch_size: int = 16) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
+               batch_size: int) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
     """Prior map per CAM method over negatives, and where each negative's map peaks.
 
     ``images``: normalised (N, 3, S, S) negatives on the model's device. Returns (method ->
@@ -218,7 +218,7 @@ def identity_statement(identity: pd.DataFrame) -> str:
 
 
 def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
-                               sample_ids, *, top_fraction: float, batch_size: int = 16,
+                               sample_ids, *, top_fraction: float, batch_size: int,
                                identical_groups=()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Practical identity and the Grad-CAM++ epsilon share of one checkpoint on ``images``.
 

@@ -19,7 +19,7 @@ from endoexplain_core.run_layout import RunLayout
 
 def resolution_audit(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                      native_size: int, check_size: int, top_fraction: float,
-                     repetitions: int, batch_size: int = 16, device: str = "cpu") -> dict:
+                     repetitions: int, batch_size: int, device: str = "cpu") -> dict:
     """Audit a registered checkpoint (trained at ``native_size``) at another input size.
 
     The same weights and temperature see every masked pool image resized to ``check_size``;

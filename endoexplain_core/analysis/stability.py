@@ -16,7 +16,7 @@ decisive parts of the audit under a perturbed seed, using what the run already c
 
 ``stability_table`` puts them in one table (columns part, subject, verdict, under_perturbation,
 held); ``unstable_subjects`` and ``mark_unstable`` carry the verdicts that did not hold into the
-final tables, where they are printed with ``UNSTABLE_MARK``.
+final tables, where they are printed with ``marks.UNSTABLE_MARK``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from endoexplain_core.analysis import adjusted_model, stats, summaries
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models.training import PRIMARY_TIE_AUPRC, primary_candidates
 
-UNSTABLE_MARK = marks.UNSTABLE_MARK
-UNSTABLE_FOOTNOTE = marks.UNSTABLE_FOOTNOTE
 SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the same primary
 
 
@@ -197,7 +195,7 @@ def unstable_subjects(stability: pd.DataFrame | None, part: str) -> list[str]:
 
 
 def mark_unstable(table: pd.DataFrame, methods) -> pd.DataFrame:
-    """Copy of a formatted table with ``UNSTABLE_MARK`` after every text cell that starts with
+    """Copy of a formatted table with ``marks.UNSTABLE_MARK`` after every text cell that starts with
     the display label of one of ``methods`` (e.g. "HiResCAM" -> "HiResCAM‡")."""
     table = table.copy()
     labels = [method_label(m) for m in methods]
@@ -208,7 +206,7 @@ def mark_unstable(table: pd.DataFrame, methods) -> pd.DataFrame:
         if isinstance(value, str):
             for label in labels:
                 if value == label or value.startswith(label + "\u2020") or value.startswith(label + " "):
-                    return value.replace(label, label + UNSTABLE_MARK, 1)
+                    return value.replace(label, label + marks.UNSTABLE_MARK, 1)
         return value
     for column in table.columns:
         if pd.api.types.is_object_dtype(table[column]) or pd.api.types.is_string_dtype(table[column]):

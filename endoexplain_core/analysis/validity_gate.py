@@ -92,7 +92,6 @@ GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
 DAGGER = NOT_VALIDATED_MARK
-GATE_FOOTNOTE = marks.GATE_FOOTNOTE
 VERDICTS = ("passes", "fails", "inconclusive")
 
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
@@ -256,7 +255,7 @@ def _normalise(batch: torch.Tensor) -> torch.Tensor:
 
 
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
-             batch_size: int = 64) -> float:
+             batch_size: int) -> float:
     """Share of ``images`` (uint8 (n, 3, S, S)) whose argmax logit equals ``labels``."""
     model.eval()
     correct = 0
@@ -320,9 +319,10 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
 
 
 def build_gate_models(arch: str, settings: GateSettings, seed: int,
-                      shared_control: tuple[nn.Module, int] | None = None
+                      shared_control: tuple[nn.Module, int] | None = None, *, batch_size: int
                       ) -> tuple[dict[str, nn.Module], pd.DataFrame]:
-    """The four gate models of one replicate (``seed``) and a table of their training facts.
+    """The four gate models of one replicate (``seed``) and a table of their training facts
+    (accuracies measured ``batch_size`` frames per forward pass).
 
     ``shared_control``: (shuffled-label model, the seed it was trained with) to reuse instead of
     training this replicate's own (``GateSettings.shuffled_control_per_replicate`` off); its
@@ -357,9 +357,9 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
             task, labels, label_text = recipes[name]
             model = train_gate_model(arch, data[task][0], labels, settings, seed)
         own_frames = trained_with == seed
-        train_acc = (accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1])
-                     if own_frames else float("nan"))
-        held_acc = accuracy(model, *held_out[task])
+        train_acc = (accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1],
+                              batch_size=batch_size) if own_frames else float("nan"))
+        held_acc = accuracy(model, *held_out[task], batch_size=batch_size)
         if name in ("lesion", "shortcut"):
             required, ok = f">= {settings.min_accuracy:.2f}", held_acc >= settings.min_accuracy
         elif name == "shuffled":
@@ -379,7 +379,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
 
 def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir: str | Path, *,
                       arch: str, layer_name: str, settings: GateSettings, seed: int,
-                      top_fraction: float, batch_size: int = 16) -> pd.DataFrame:
+                      top_fraction: float, batch_size: int) -> pd.DataFrame:
     """Audit every gate model of replicate ``seed`` on its pool; return case rows with the cue
     columns added.
 
@@ -687,7 +687,7 @@ def gate_stability(gate: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
-             layer_name: str | None = None, top_fraction: float, batch_size: int = 16,
+             layer_name: str | None = None, top_fraction: float, batch_size: int,
              progress=None) -> dict:
     """Build, audit and judge the gate models of every replicate at ``arch``'s target layer.
 
@@ -703,7 +703,7 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     for index, seed in enumerate(settings.seeds):
         if progress is not None:
             progress(f"gate replicate {index + 1}/{len(settings.seeds)} (seed {seed})")
-        models, model_facts = build_gate_models(arch, settings, seed, shared_control)
+        models, model_facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size)
         if not settings.shuffled_control_per_replicate and shared_control is None:
             shared_control = (models["shuffled"], seed)
         layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
@@ -772,7 +772,7 @@ def mark_table(table: pd.DataFrame, gate: pd.DataFrame | None, *, method_column:
     ``validity_gate`` per row: "passes" / "fails" / "inconclusive" for CAM methods, "reference"
     for other rows (baselines, random deletion), "not run" when ``gate`` is None. Methods that
     do not pass get ``DAGGER`` appended to ``label_column`` (when given and present); the
-    footnote to print beside the table is ``GATE_FOOTNOTE``.
+    footnote to print beside the table is ``marks.GATE_FOOTNOTE``.
     """
     table = table.copy()
     methods = table[method_column].astype(str)

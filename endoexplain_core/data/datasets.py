@@ -38,7 +38,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 NORMALISATION = {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 
-ROLES = roles.ROLES
 
 
 class ImageDecodeError(RuntimeError):
@@ -104,18 +103,18 @@ def load_manifest(manifest_path: str | Path) -> pd.DataFrame:
             f"{manifest_path} does not match its digest {digest_path} (changed after 00_roles "
             f"wrote it); rerun 00_roles (./run_all.sh --force --only 00_roles)")
     manifest = roles.read_manifest(manifest_path)
-    unknown_roles = sorted(set(manifest["role"]) - set(ROLES))
+    unknown_roles = sorted(set(manifest["role"]) - set(roles.ROLES))
     if unknown_roles:
         raise ValueError(f"manifest {manifest_path} has unknown roles {unknown_roles}")
     return manifest
 
 
-def rows_of_roles(manifest: pd.DataFrame, roles: Sequence[str]) -> pd.DataFrame:
-    """Manifest rows whose role is in ``roles``, in manifest order, with a fresh 0..n-1 index."""
-    unknown = sorted(set(roles) - set(ROLES))
+def rows_of_roles(manifest: pd.DataFrame, wanted: Sequence[str]) -> pd.DataFrame:
+    """Manifest rows whose role is in ``wanted``, in manifest order, with a fresh 0..n-1 index."""
+    unknown = sorted(set(wanted) - set(roles.ROLES))
     if unknown:
-        raise ValueError(f"unknown roles {unknown}; known roles are {list(ROLES)}")
-    return manifest[manifest["role"].isin(roles)].reset_index(drop=True)
+        raise ValueError(f"unknown roles {unknown}; known roles are {list(roles.ROLES)}")
+    return manifest[manifest["role"].isin(wanted)].reset_index(drop=True)
 
 
 class ImageCache:

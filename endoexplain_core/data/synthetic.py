@@ -52,7 +52,6 @@ from endoexplain_core.data import mirror
 from endoexplain_core.data.imageio import is_image_file, read_mask, read_rgb
 
 GENERATOR_VERSION = 2
-MARKER_FILE = config.SYNTHETIC_MARKER
 LAYOUTS = ("embedded", "mirror", "downloaded")
 JPEG_QUALITY = 92
 
@@ -589,9 +588,9 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
         raise ValueError("n_audit_near_duplicates cannot exceed n_segmented")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if root.exists() and not (root / MARKER_FILE).is_file():
+    if root.exists() and not (root / config.SYNTHETIC_MARKER).is_file():
         raise FileExistsError(f"{root} exists and is not a synthetic cohort written by this "
-                              f"generator (no {MARKER_FILE}); refusing to overwrite it")
+                              f"generator (no {config.SYNTHETIC_MARKER}); refusing to overwrite it")
     parameters = {
         "generator_version": GENERATOR_VERSION, "seed": int(seed), "frame_size": int(frame_size),
         "category_counts": {k: int(counts[k]) for k in sorted(counts)},
@@ -631,7 +630,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     summary["files"] = len(writer.written)
     if layout == "downloaded":
         summary["downloaded"] = mirror.rearrange_as_downloaded(partial)
-    writer.write(MARKER_FILE, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    writer.write(config.SYNTHETIC_MARKER, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     _replace_directory(partial, root)
     return summary
 

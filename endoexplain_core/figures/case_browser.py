@@ -343,7 +343,7 @@ const IDENTICAL = {script_json(identical or {})};
 
 
 def build_case_browser(run_dir: str | Path, data_root: str | Path | None, *, image_size: int,
-                       top_fraction: float, score_threshold: float, batch_size: int = 16,
+                       top_fraction: float, score_threshold: float, batch_size: int,
                        device: str | torch.device = "cpu", cohort_names=None,
                        not_validated=()) -> Path:
     """Write ``<run_dir>/cases/index.html`` and its strips for the primary checkpoint's audits:

@@ -90,6 +90,9 @@ def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str |
     return most.sort_values(["off", "sample_id"])["sample_id"].iloc[0]
 
 
+# Why HiResCAM can look inverted (docs/protocol.md, "HiResCAM dark on the polyp").
+HIRESCAM_NOTE = ("HiResCAM can be dark on the lesion (negative pre-activations enter it with "
+                 "flipped sign); the gate decides whether it is read. ")
 ROLE_TITLES = {"miss": "High-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
@@ -187,8 +190,9 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
             ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
             ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
             top = (case.get("tops") or {}).get(method)
-            # The random map's top area is scattered pixels by design: no outline to draw.
-            if top is not None and method != "random" and top.any() and not top.all():
+            # The random map's top area is scattered pixels by design, and a constant map's is set
+            # by the tie-break order alone (stripes): no outline to draw for either.
+            if top is not None and method != "random" and not info["constant_map"] and top.any() and not top.all():
                 ax.contour(np.asarray(top, dtype=float), levels=[0.5], colors="white",
                            linewidths=0.6, linestyles="--")
             if not info["constant_map"]:
@@ -216,6 +220,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                   "of some frames is the scope-position overlay of the frame, not an annotation. "
                   "Random: random heatmap; Centre: centre baseline. Maps "
                   "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
+                  + ("\n" + HIRESCAM_NOTE if "hirescam" in methods else "")
                   + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),
                   fontsize=6.5, x=0.0, ha="left", wrap=True)
     return fig

@@ -49,7 +49,6 @@ from endoexplain_core.models import networks
 from endoexplain_core.models.learning import MAP_CHECK_METHODS, MIN_NONCONSTANT_SHARE, MIN_VAL_AUPRC
 
 CHECKPOINT_FORMAT = 2  # 2: safetensors + JSON (1 was a torch pickle)
-CHECKPOINT_SUFFIX = checkpoint_files.SUFFIX
 CONTROL_NONE = "none"
 CONTROL_SHUFFLED = "shuffled_labels"
 PRIMARY_ARCH = "efficientnet_b0"
@@ -305,14 +304,14 @@ EPOCH_SNAPSHOT_DIR = "epochs"
 
 def epoch_snapshot_path(checkpoint_dir: str | Path, checkpoint_id: str, epoch: int) -> Path:
     """``<checkpoint_dir>/epochs/<checkpoint_id>.epochNNN.safetensors`` (epoch 1-based)."""
-    return Path(checkpoint_dir) / EPOCH_SNAPSHOT_DIR / f"{checkpoint_id}.epoch{epoch:03d}{CHECKPOINT_SUFFIX}"
+    return Path(checkpoint_dir) / EPOCH_SNAPSHOT_DIR / f"{checkpoint_id}.epoch{epoch:03d}{checkpoint_files.SUFFIX}"
 
 
 def epoch_snapshots(checkpoint_dir: str | Path, checkpoint_id: str) -> list[tuple[int, Path]]:
     """(epoch, path) of every kept snapshot of ``checkpoint_id``, by epoch; [] when none."""
     folder = Path(checkpoint_dir) / EPOCH_SNAPSHOT_DIR
     found = []
-    for path in folder.glob(f"{checkpoint_id}.epoch[0-9][0-9][0-9]{CHECKPOINT_SUFFIX}"):
+    for path in folder.glob(f"{checkpoint_id}.epoch[0-9][0-9][0-9]{checkpoint_files.SUFFIX}"):
         found.append((int(path.name[len(checkpoint_id) + 6:len(checkpoint_id) + 9]), path))
     return sorted(found)
 
@@ -418,8 +417,8 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     device = torch.device(device)
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    best_path = checkpoint_dir / f"{spec.checkpoint_id}{CHECKPOINT_SUFFIX}"
-    resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume{CHECKPOINT_SUFFIX}"
+    best_path = checkpoint_dir / f"{spec.checkpoint_id}{checkpoint_files.SUFFIX}"
+    resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume{checkpoint_files.SUFFIX}"
 
     steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
     if settings.max_steps_per_epoch is not None:
@@ -730,7 +729,7 @@ def validation_map_share(model: nn.Module, arch: str, dataset: datasets.Manifest
 
 def add_validation_map_shares(summaries: list[dict[str, Any]], manifest: pd.DataFrame,
                               data_root: str | Path, manifest_digest: str, image_size: int,
-                              device: str = "cpu", batch_size: int = 16) -> list[dict[str, Any]]:
+                              *, device: str = "cpu", batch_size: int) -> list[dict[str, Any]]:
     """``summaries`` with ``val_map_share`` (``validation_map_share`` on the validation
     positives) for every non-control ``PRIMARY_ARCH`` checkpoint, NaN for the others (they do
     not compete for primary)."""
@@ -771,7 +770,7 @@ LOGIT_ROLES = ("val", "test")
 
 def export_logits(registry: pd.DataFrame, manifest: pd.DataFrame, data_root: str | Path,
                   run_dir: str | Path, manifest_digest: str, image_size: int,
-                  batch_size: int = 64, device: str = "cpu", show_progress: bool = True,
+                  batch_size: int, device: str = "cpu", show_progress: bool = True,
                   roles: tuple[str, ...] = LOGIT_ROLES) -> pd.DataFrame:
     """Both logits of every checkpoint for the manifest images of ``roles``.
 

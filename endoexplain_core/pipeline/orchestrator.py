@@ -37,8 +37,7 @@ from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, RunLayout
 from endoexplain_core import config as profiles
 from endoexplain_core import artefacts, files, numerics
 
-REPO_ROOT = profiles.REPO_ROOT
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+NOTEBOOK_DIR = profiles.REPO_ROOT / "notebooks"
 CORE_DIR = Path(__file__).resolve().parent.parent  # endoexplain_core/ (this file is in pipeline/)
 KERNEL_NAME = "endoexplain"
 # Packages whose versions go into the provenance record.
@@ -131,17 +130,34 @@ def core_modules_used(notebook: Path, core_dir: Path = CORE_DIR) -> list[Path]:
     return sorted(files)
 
 
+def code_fingerprint(source: str) -> str:
+    """What a module computes, without its wording: the syntax tree of ``source`` with every
+    docstring (module, class, function) removed, dumped without line numbers. Comments,
+    docstrings, blank lines and line breaks leave it unchanged; any change to code changes it."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR) -> str:
-    """Digest of core source files (default: every one): a change to any of them reruns."""
+    """Digest of core source files (default: every one): a change to the code of any of them
+    reruns; a docstring or comment edit does not (``code_fingerprint``)."""
     digest = hashlib.sha256()
     for path in sorted(files if files is not None else core_dir.rglob("*.py")):
         digest.update(path.relative_to(core_dir).as_posix().encode())
-        digest.update(path.read_bytes())
+        digest.update(code_fingerprint(path.read_text()).encode())
     return digest.hexdigest()
 
 
 REFERENCE_KEYS = ("adopt_manifest", "manifest_reference_dir")
-PAPER_VALUES = REPO_ROOT / "data_manifest" / "paper" / "paper_reported_values.csv"  # read by 09
+PAPER_VALUES = profiles.REPO_ROOT / "data_manifest" / "paper" / "paper_reported_values.csv"  # read by 09
 
 
 def data_fingerprint(data_root: str, reference_dir: Path | None) -> str:
@@ -298,7 +314,7 @@ def execute_stage(notebook: Path, executed: Path, parameters: dict[str, Any],
         ) from error
 
 
-def git_state(repo_root: Path = REPO_ROOT) -> dict[str, Any]:
+def git_state(repo_root: Path = profiles.REPO_ROOT) -> dict[str, Any]:
     """Commit hash and whether tracked or untracked (non-ignored) files differ from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True,
@@ -401,7 +417,7 @@ def check_scheduler(config: profiles.Profile, scheduler: str | None,
         raise SchedulerError(f"{where}: {error}") from None
 
 
-def checked_run(profile: str, *, data_root: str = "", output_root: Path = REPO_ROOT,
+def checked_run(profile: str, *, data_root: str = "", output_root: Path = profiles.REPO_ROOT,
                 notebook_dir: Path = NOTEBOOK_DIR,
                 stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
                 shared_settings: type | None = None, scheduler: str | None = None,
@@ -442,7 +458,7 @@ def _one_run_per_folder(function):
     @functools.wraps(function)
     def locked(profile: str, *args, wait_for_lock: float = 0.0, **kwargs):
         checked_run(profile, **{k: v for k, v in kwargs.items() if k in CHECKED_ARGUMENTS})
-        with run_folder_lock(profile, kwargs.get("output_root", REPO_ROOT), wait_for_lock):
+        with run_folder_lock(profile, kwargs.get("output_root", profiles.REPO_ROOT), wait_for_lock):
             return function(profile, *args, **kwargs)
     return locked
 
@@ -450,7 +466,7 @@ def _one_run_per_folder(function):
 @_one_run_per_folder
 def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  only: list[str] | None = None, adopt_manifest: bool = False,
-                 output_root: Path = REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
+                 output_root: Path = profiles.REPO_ROOT, notebook_dir: Path = NOTEBOOK_DIR,
                  kernel_name: str = KERNEL_NAME,
                  stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
                  shared_settings: type | None = None, scheduler: str | None = None,
@@ -697,7 +713,7 @@ def manifest_reference_dir(profile_name: str, data_root: str, manifest_reference
                          "cohort's reference) with the manifest of a "
                          + ("generated data root" if generated_root else "mirror-layout cohort")
                          + ": give it its own folder with --manifest-reference DIR")
-    return REPO_ROOT / "data_manifest" / profile_name
+    return profiles.REPO_ROOT / "data_manifest" / profile_name
 
 
 def preflight_main(profile: str, data_root: str, output_root: Path, overrides: list[str],
@@ -716,7 +732,7 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
         return 2
     run_dir = RunPaths(config.profile, output_root.resolve()).run_dir
     # The paper's counts are printed beside the data's only for the paper profile.
-    reference = REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
+    reference = profiles.REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
     findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference,
                                        estimate=True)
     try:
@@ -749,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the reference manifest that stage 00 compares with and "
                              "--adopt-manifest writes (default: data_manifest/<profile>/; a "
                              "rehearsal of the paper profile on generated data needs its own)")
-    parser.add_argument("--output-root", default=str(REPO_ROOT),
+    parser.add_argument("--output-root", default=str(profiles.REPO_ROOT),
                         help="where runs/ and figures/ are written (default: the repository)")
     parser.add_argument("--scheduler", default=None, metavar="WHERE",
                         help='where training/audit tasks run: "sequential" (in this process), '

@@ -275,7 +275,7 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
                          tables: dict[str, str] = HEADLINE_TABLES,
                          stale: dict[str, str] | None = None) -> list[str]:
     """HTML blocks for the headline tables that exist in ``figures_dir``: heading, the whole
-    table formatted like the paper's final tables (``final_table``) in a scroll box, and links
+    table formatted like the paper's final tables (``presentation.final_table``) in a scroll box, and links
     to the CSV and to the executed notebook (HTML) that wrote it. Missing tables are skipped."""
     figures_dir, run_dir = Path(figures_dir), Path(run_dir)
     attribution = attribute_files(figures_dir, stage_records)
@@ -284,7 +284,7 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
         path = figures_dir / f"{stem}.csv"
         if not path.is_file():
             continue
-        table = final_table(pd.read_csv(path))
+        table = presentation.final_table(pd.read_csv(path))
         producer = attribution.get(f"{stem}.csv")
         source = _link(path, run_dir, path.name)
         if producer and producer.get("html"):
@@ -568,8 +568,6 @@ FINAL_TABLES = {"table2_roles": "00_roles", "table3_calibration": "02_calibratio
                 "table_source_category": "02_calibration", "table_transfer": "06_transfer"}
 FINAL_PREFIX = "final_"
 # The presentation rules of the final tables live in the foundation (notebooks use them too).
-final_table = presentation.final_table
-NOT_ESTIMABLE_NOTE = marks.NOT_ESTIMABLE_NOTE
 
 
 def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_threshold: float,
@@ -614,7 +612,7 @@ def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
 def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_TABLES,
                          digits: int = 3) -> dict[str, pd.DataFrame]:
     """Read each paper table CSV an earlier notebook saved in ``figures_dir`` and format it with
-    ``final_table``. Raises ``FileNotFoundError`` naming the missing file and its notebook."""
+    ``presentation.final_table``. Raises ``FileNotFoundError`` naming the missing file and its notebook."""
     figures_dir = Path(figures_dir)
     missing = [f"{figures_dir / (n + '.csv')} (written by {stage})" for n, stage in names.items()
                if not (figures_dir / f"{n}.csv").is_file()]
@@ -630,5 +628,5 @@ def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_
             firth = pd.read_csv(firth_path) if firth_path.is_file() else None
             tables[name] = adjusted_model.format_table(table, digits, firth=firth)
         else:
-            tables[name] = final_table(table, digits)
+            tables[name] = presentation.final_table(table, digits)
     return tables

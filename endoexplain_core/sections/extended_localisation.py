@@ -63,27 +63,31 @@ def primary_scores(run_dir: str | Path, data_dir: str | Path, primary_id: str, s
     return PrimaryScores(table, c_score, run, subsets), Section(files=[path], statement=statement)
 
 
-def auc_iou(subsets: dict[str, pd.DataFrame], *, replicates: int, seed: int) -> tuple[pd.DataFrame, Section]:
+def auc_iou(subsets: dict[str, pd.DataFrame], *, top_fraction: float, replicates: int, seed: int
+            ) -> tuple[pd.DataFrame, Section]:
     """AUC-IoU per method and subset with bootstrap CIs (``auc_iou_by_subset``), saved beside the
     binary-map reference row (a relative difference of -10% is the threshold grid, not a finding)."""
-    table = ext.auc_iou_by_subset(subsets, replicates=replicates, seed=seed)
+    table = ext.auc_iou_by_subset(subsets, top_fraction=top_fraction, replicates=replicates, seed=seed)
     saved = pd.concat([table, ext.binary_map_reference()], ignore_index=True)
     return table, Section(tables=_noted({"table_s_extended_auc_iou": saved}), views=[table])
 
 
-def rankings(subsets: dict[str, pd.DataFrame], auc_table: pd.DataFrame, *, replicates: int, seed: int) -> Section:
+def rankings(subsets: dict[str, pd.DataFrame], auc_table: pd.DataFrame, *, top_fraction: float, replicates: int,
+             seed: int) -> Section:
     """Method rankings per metric and their agreement (``rankings_by_subset``), and how much of
     each ranking survives resampling the images (``ranking_stability_by_subset``)."""
-    ranked, agreement = ext.rankings_by_subset(auc_table)
-    rank_stability, reversals = ext.ranking_stability_by_subset(subsets, replicates=replicates, seed=seed)
+    ranked, agreement = ext.rankings_by_subset(auc_table, top_fraction=top_fraction)
+    rank_stability, reversals = ext.ranking_stability_by_subset(subsets, top_fraction=top_fraction,
+                                                                replicates=replicates, seed=seed)
     everything = ranked[ranked["subset"] == "all images"]
     by_auc = " > ".join(method_label(m) for m in everything.sort_values("auc_iou")["method"])
-    by_top20 = " > ".join(method_label(m) for m in everything.sort_values("top20_iou")["method"])
+    by_top_area = " > ".join(method_label(m) for m in everything.sort_values(ext.top_area_metric(top_fraction))["method"])
     return Section(tables=_noted({"table_s_extended_rankings": ranked, "table_s_extended_rank_agreement": agreement,
                                   "table_s_extended_rank_stability": rank_stability,
                                   "table_s_extended_rank_reversals": reversals}),
                    views=[ranked, agreement, rank_stability, reversals],
-                   statement=f"**All images, ranking by AUC-IoU:** {by_auc}.\n\n**By top-20% IoU:** {by_top20}.")
+                   statement=f"**All images, ranking by AUC-IoU:** {by_auc}.\n\n**By top-{top_fraction:.0%} IoU:** "
+                             f"{by_top_area}.")
 
 
 def paired_tests(subsets: dict[str, pd.DataFrame]) -> Section:
@@ -97,10 +101,11 @@ def paired_tests(subsets: dict[str, pd.DataFrame]) -> Section:
                                                          values="grid_mean_difference").round(3)])
 
 
-def size_and_curves(primary: PrimaryScores, auc_table: pd.DataFrame, primary_id: str, not_validated) -> Section:
+def size_and_curves(primary: PrimaryScores, auc_table: pd.DataFrame, primary_id: str, not_validated, *,
+                    top_fraction: float) -> Section:
     """AUC-IoU by lesion-size tertile and the IoU-against-threshold curves of the primary."""
     table = primary.table
-    by_size = ext.auc_iou_by_size(table)
+    by_size = ext.auc_iou_by_size(table, top_fraction=top_fraction)
     figure = extended_figures.iou_threshold_curves(
         ext.iou_curves(table), auc_table[auc_table["subset"] == "all images"],
         title=f"{style.checkpoint_label(primary_id)}: IoU against threshold "
@@ -140,8 +145,8 @@ def chance_and_energy(primary: PrimaryScores, primary_id: str, not_validated, *,
 
 
 def checkpoint_matrix(run_dir: str | Path, data_dir: str | Path, primary: PrimaryScores, primary_id: str,
-                      not_validated, *, all_checkpoints: bool, c_score_negatives: int, scoring: dict
-                      ) -> tuple[list[dict], Section]:
+                      not_validated, *, all_checkpoints: bool, c_score_negatives: int, top_fraction: float,
+                      scoring: dict) -> tuple[list[dict], Section]:
     """AUC-IoU of every checkpoint (``all_checkpoints``; else the primary only) and the C-Scores of
     both classes: the lesion class over each checkpoint's masked images, the negative class over
     its correctly classified test negatives (at most ``c_score_negatives``). Returns the runs
@@ -149,7 +154,8 @@ def checkpoint_matrix(run_dir: str | Path, data_dir: str | Path, primary: Primar
     replicates, seed = scoring["replicates"], scoring["seed"]
     registry = RunLayout(run_dir).read_registry()
     c_rows = [primary.c_score]
-    matrix_rows = [ext.auc_iou_table(primary.table, replicates=replicates, seed=seed).assign(checkpoint_id=primary_id)]
+    matrix_rows = [ext.auc_iou_table(primary.table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                   .assign(checkpoint_id=primary_id)]
     others = [c for c in registry["checkpoint_id"] if c != primary_id] if all_checkpoints else []
     runs, files = [], []
     for checkpoint_id in others:
@@ -157,7 +163,8 @@ def checkpoint_matrix(run_dir: str | Path, data_dir: str | Path, primary: Primar
         files.append(_keep_cases(run_dir, table, "hyperkvasir", checkpoint_id))
         runs.append(run)
         c_rows.append(c_score)
-        matrix_rows.append(ext.auc_iou_table(table, replicates=replicates, seed=seed).assign(checkpoint_id=checkpoint_id))
+        matrix_rows.append(ext.auc_iou_table(table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                           .assign(checkpoint_id=checkpoint_id))
     for checkpoint_id in [primary_id, *others]:
         c_rows.append(ext.negative_c_score_registered(run_dir, data_dir, checkpoint_id,
                                                       max_images=c_score_negatives, **scoring))
@@ -185,8 +192,8 @@ def epoch_c_scores(run_dir: str | Path, data_dir: str | Path, primary_id: str, *
                              "(n_gold per row in the table).")
 
 
-def external_cohorts(run_dir: str | Path, data_dir: str | Path, primary_id: str, datasets, *, scoring: dict
-                     ) -> tuple[list[dict], Section]:
+def external_cohorts(run_dir: str | Path, data_dir: str | Path, primary_id: str, datasets, *,
+                     top_fraction: float, scoring: dict) -> tuple[list[dict], Section]:
     """The primary's AUC-IoU and chance tables on each external cohort found under ``data_dir``
     (``transfer.external_cases``). Returns the runs scored here and the section."""
     replicates, seed = scoring["replicates"], scoring["seed"]
@@ -196,7 +203,8 @@ def external_cohorts(run_dir: str | Path, data_dir: str | Path, primary_id: str,
                                              case_iterator=cohorts.iter_cases, **scoring)
         files.append(_keep_cases(run_dir, table, dataset, primary_id))
         runs.append(run)
-        auc_rows.append(ext.auc_iou_table(table, replicates=replicates, seed=seed).assign(dataset=dataset))
+        auc_rows.append(ext.auc_iou_table(table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                        .assign(dataset=dataset))
         chance_rows.append(ext.chance_table(table, by_size=False, replicates=replicates, seed=seed)
                            .assign(dataset=dataset))
     if not runs:

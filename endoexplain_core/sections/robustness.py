@@ -16,6 +16,7 @@ from endoexplain_core.analysis import adjusted_model as adjusted
 from endoexplain_core.figures import case_figures
 from endoexplain_core.files import write_csv_atomic
 from endoexplain_core.models.learning import LEARNING_RULE, other_checkpoints_to_audit
+from endoexplain_core import marks
 from endoexplain_core.presentation import Section
 from endoexplain_core.run_layout import RunLayout
 
@@ -149,7 +150,7 @@ def adjusted_model(primary: pd.DataFrame, learning: pd.DataFrame, gate, primary_
                  f"{', '.join(not_learned_ids(learning)) or 'none'}). Firth-penalised logistic (Jeffreys prior), "
                  "profile penalised-likelihood intervals; rows are treated as independent although each image "
                  "gives five CAM rows, so these intervals are too narrow."
-                 + (f"\n\n{validity_gate.GATE_FOOTNOTE} Failing: {', '.join(failing)}." if failing else ""))
+                 + (f"\n\n{marks.GATE_FOOTNOTE} Failing: {', '.join(failing)}." if failing else ""))
     return Section(tables={"table5_adjusted_model": table5, "table5_adjusted_model_formatted": table5_shown,
                            "table5_firth": firth, "table5_firth_formatted": firth_shown},
                    views=[heading, table5_shown,

@@ -16,6 +16,7 @@ from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.figures import audit_report
 from endoexplain_core.models import networks
 from endoexplain_core.numerics import resolve_device
+from endoexplain_core import marks
 from endoexplain_core.presentation import Section
 from endoexplain_core.run_layout import RunLayout
 
@@ -65,7 +66,7 @@ def spatial_audit_table(primary: PrimaryAudit, gate, *, score_threshold: float, 
                                          replicates=replicates, seed=seed, gate=gate)
     table4 = summary.summary
     n_a, n_b = summary.n_high_score, summary.n_audited
-    gate_line = (validity_gate.GATE_FOOTNOTE if gate is not None and validity_gate.failing_methods(gate)
+    gate_line = (marks.GATE_FOOTNOTE if gate is not None and validity_gate.failing_methods(gate)
                  else "All CAM methods pass the validity gate." if gate is not None else
                  "The validity gate has not been run.")
     statement = "\n\n".join([
