@@ -335,10 +335,13 @@ def brief_html(figures_dir: Path, run_dir: Path, provenance: dict | None = None)
     unfinished = unfinished_stages(provenance or {})
     if unfinished:
         stale = stale_files(figures_dir, provenance)
-        reason = f"stage {unfinished[0]['stage']} did not finish in this run"
+        not_finished = {r["stage"] for r in unfinished}
         unavailable = {Path(n).stem: why for n, why in stale.items() if n.endswith(".csv")}
-        unavailable |= {stem: reason for stem in summary.BRIEF_TABLES
-                        if stem not in unavailable and not (figures_dir / f"{stem}.csv").is_file()}
+        # A table of an unfinished stage is unavailable even when no file is stale; a table of a
+        # stage that finished keeps its plain "missing" reason.
+        unavailable |= {stem: f"stage {stage} did not finish in this run"
+                        for stem, stage in summary.BRIEF_TABLES.items()
+                        if stage in not_finished and stem not in unavailable}
         lines = summary.verdict_lines(figures_dir, is_synthetic(provenance), unavailable)
         return ["<h2>In brief (what this run finished)</h2>",
                 f'<div class="brief">{mistune.html("".join(f"- {line}{chr(10)}" for line in lines))}</div>']

@@ -214,11 +214,12 @@ def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str]) -> str:
         return (f"{RQ_TITLES[1]} No audit image reached the score threshold, so panel A is empty: "
                 "not estimable.")
     references = panel[panel["method"].isin(["centre", "random"])]
+    baselines = (f"baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}; "
+                 if len(references) else "")
     return (f"{RQ_TITLES[1]} On the {int(cams['n'].iloc[0])} audit images the primary scores at or "
             f"above the threshold, the CAM peak falls outside the lesion for "
             f"{_rate_list(cams, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')} "
-            f"(baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}; "
-            "Table 4 panel A, Wilson 95% CIs).")
+            f"({baselines}Table 4 panel A, Wilson 95% CIs).")
 
 
 def _rq2_sentence(threshold: pd.DataFrame | None, ranges: pd.DataFrame | None,
@@ -296,11 +297,13 @@ def _rq4_sentence(transfer: pd.DataFrame) -> str:
             f"{_share(above, len(gradcam))}.")
 
 
-# Every table the brief reads (``verdict_lines``).
-BRIEF_TABLES = ("table_validity_gate", "table_s1_training", "table_checkpoint_learning",
-                "table4_spatial_audit", "table_threshold_sensitivity",
-                "table_checkpoint_failure_ranges", "table_lesion_tertiles",
-                "table_s_faithfulness_lsr", "table_transfer", "table_verdict_stability")
+# Every table the brief reads (``verdict_lines``) -> the stage that writes it.
+BRIEF_TABLES = {"table_validity_gate": "03_validity_gate", "table_s1_training": "01_training",
+                "table_checkpoint_learning": "05_robustness", "table4_spatial_audit": "04_spatial_audit",
+                "table_threshold_sensitivity": "05_robustness",
+                "table_checkpoint_failure_ranges": "05_robustness", "table_lesion_tertiles": "05_robustness",
+                "table_s_faithfulness_lsr": "08_faithfulness", "table_transfer": "06_transfer",
+                "table_verdict_stability": "05_robustness"}
 
 # The paper's four research questions, each answered by one sentence of the brief.
 RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
