@@ -22,6 +22,7 @@ from endoexplain_core.figures import style
 
 RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
 THRESHOLD_COLUMNS = ("score_threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
+ECE_COLUMNS = ("score", "n", "ece", "ci_low", "ci_high")   # 02: table_s2_ece_intervals
 SCORE_COLOURS = {"Raw": "#999999", "Temperature-scaled": "#1f4e79"}
 
 
@@ -169,12 +170,14 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
 
 
 def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame,
-                                  not_validated=(), score_threshold: float | None = None):
+                                  not_validated=(), score_threshold: float | None = None,
+                                  ece_intervals: pd.DataFrame | None = None):
     """Figure 2 with panels A (reliability) and B (failure vs threshold); 183 mm wide.
-    ``not_validated``: CAM methods whose labels carry the validity gate's mark."""
+    ``not_validated``: CAM methods whose labels carry the validity gate's mark;
+    ``ece_intervals``: 02's ``table_s2_ece_intervals`` (the ECEs with their intervals)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.2, 3.6),
                                       layout="constrained", gridspec_kw={"width_ratios": [1, 1.25]})
-    draw_reliability(left, reliability)
+    draw_reliability(left, reliability, ece_intervals)
     draw_threshold_sensitivity(right, sensitivity, not_validated, score_threshold)
     for ax, letter, title in ((left, "A", "Reliability"), (right, "B", "Failure by threshold")):
         style.panel_title(ax, letter, title, pad=14)
