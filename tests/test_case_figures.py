@@ -194,3 +194,12 @@ def test_each_row_title_matches_its_own_peaks(seed):
         outside = int(own["peak_outside_mask"].sum())
         assert case_figures.row_title(role, info).split(": ")[1] == f"{outside} of 5 CAM peaks outside the lesion"
         assert {"miss": outside >= 3, "discordant": 0 < outside < 5, "consensus": outside == 0}[role]
+
+
+def test_the_miss_majority_counts_maps_that_have_a_peak():
+    """2 of 2 defined peaks clearly out and 3 constant maps (no peak; the audit counts them as
+    outside): a miss."""
+    rows = [{"sample_id": "x", "method": m, "scaled_score": 0.95, "peak_outside_mask": True,
+             "iou": 0.0, "constant_map": i >= 2, "peak_lesion_distance": 20.0 if i < 2 else np.nan}
+            for i, m in enumerate(CAM_METHODS)]
+    assert case_figures.select_figure3_cases(pd.DataFrame(rows), 0.9, image_size=100)["miss"] == "x"

@@ -317,7 +317,7 @@ def test_a_failed_run_leads_with_the_stage_its_error_and_what_is_missing(tmp_pat
         assert missing in banner
     assert "Table 4 (RQ1)" not in banner  # 04 finished
     # Files an earlier run left are marked, never shown as this run's
-    assert "OUT OF DATE, from an earlier run (stage 06_transfer did not finish in this run)" in page
+    assert "OUT OF DATE (stage 06_transfer did not finish in this run)" in page
     # The brief is read from what this run finished, not the earlier run's summary.md
     assert "STALE SENTENCE" not in page
     brief = page[page.index("In brief (what this run finished)"):page.index("<h2>Figures</h2>")]
@@ -353,3 +353,15 @@ def test_a_wide_headline_table_fits_the_page_in_chromium(tmp_path):
         "Array.from(document.querySelectorAll('.scroll table tr:first-child th')).pop()"
         ".getBoundingClientRect().right"], wait_seconds=0.0, size=(1100, 900))
     assert table_width <= page_width and last_right <= 1100
+
+
+def test_a_run_stopped_between_stages_still_gets_its_banner(tmp_path):
+    """Ctrl-C while hashing, before the next stage started: no stage is "interrupted", yet the
+    record says the run stopped and what is missing from the first stage that did not run."""
+    provenance = {"status": "interrupted", "stages": [{"stage": "04_spatial_audit", "status": "ran"},
+                                                      {"stage": "05_robustness", "status": "not_run"}]}
+    banner = record.failure_banner(provenance)
+    assert "Run interrupted before 05_robustness ran." in banner and "Table 5 (adjusted model)" in banner
+    assert [r["stage"] for r in record.unfinished_stages(provenance)] == ["05_robustness"]
+    blank_error = {"status": "failed", "stages": [{"stage": "05_robustness", "status": "failed", "error": " \n"}]}
+    assert "Run FAILED in 05_robustness: no error recorded" in record.failure_banner(blank_error)

@@ -81,7 +81,7 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     # RQ2: its tables are missing here, and it says so
     assert lines[3] == "**RQ2, does it persist?** could not be computed (its table is missing)."
     # RQ3: deletion against the random control; the maps whose interval lies above it are named
-    assert "by 0.50 (0.30 to 0.70)" in lines[4]
+    assert "after deleting the same area at random 0.50 (0.30 to 0.70)" in lines[4]
     assert "3 of 5 maps' intervals lie above the random control's (Grad-CAM, Grad-CAM++, Eigen-CAM*)" in lines[4]
     assert "lesion-specific reliance" not in lines[4]  # no LSR table in this run
     assert "ETIS-LaribPolypDB 0.08 (0.06 to 0.10) (centre 0.08)" in lines[5]
@@ -102,10 +102,16 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
                         "threshold 0.80 (n 40) and 0.20 (0.05 to 0.52) at score threshold 0.95 (n 9); by "
                         "lesion area it is 0.60 (0.30 to 0.85) in the smallest tertile (n 10) against 0.10 "
                         "(0.02 to 0.40) in the largest (n 11) (95% CIs).")
-    assert "by 7.20 (7.00 to 7.40) scaled-logit units (lesion-specific reliance, n 68 images)" in lines[4]
+    assert "filling in ordinary tissue of the same shape) is 7.20 (7.00 to 7.40) scaled-logit units (n 68 images)" in lines[4]
     save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
                                   "n": [27] * 7, "peak_failure": [None] * 7, "logit_drop": [None] * 7})
-    assert "panel A is empty: not estimable" in summary.verdict_lines(tmp_path, synthetic=True)[2]
+    (tmp_path / "table_s_faithfulness_lsr.csv").unlink()
+    empty = summary.verdict_lines(tmp_path, synthetic=True)
+    assert "panel A is empty: not estimable" in empty[2] and "panel A is empty: not estimable" in empty[4]
+    # a failing Grad-CAM carries its mark in every sentence that names it
+    save("table_validity_gate", {"method": list(CAM_METHODS), "verdict": ["fails"] + ["passes"] * 4})
+    marked = summary.verdict_lines(tmp_path, synthetic=True)
+    assert "Grad-CAM\u2020's peak failure" in marked[3] and "Grad-CAM\u2020's mean IoU" in marked[5]
     missing = summary.verdict_lines(tmp_path / "missing", synthetic=False)
     assert missing[0] == "The validity gate did not run: no CAM method is validated."
     assert all("could not be computed (its table is missing)" in line for line in missing[1:])

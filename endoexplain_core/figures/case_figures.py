@@ -67,11 +67,11 @@ def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
 
 def _typical_miss(cam_rows: pd.DataFrame, image_size: int | None, exclude: str | None) -> str | None:
     """The typical high-score miss: among the images where most CAM peaks clearly miss (more
-    than half of the image's CAMs; other than ``exclude``, the discordant case), those with the
+    than half of the image's defined CAM peaks; other than ``exclude``, the discordant case), those with the
     most misses, and of them the one whose median miss distance is closest to the median over
     every clear miss; ties by sample id. None when no image has a majority of clear misses."""
     defined = cam_rows[~cam_rows["constant_map"].astype(bool)] if "constant_map" in cam_rows else cam_rows
-    n_cams = cam_rows.groupby("sample_id")["method"].size()
+    n_cams = defined.groupby("sample_id")["method"].size()   # maps with a peak
     misses = defined[defined["peak_outside_mask"].astype(bool)]
     has_distance = "peak_lesion_distance" in misses and image_size
     if has_distance:
@@ -96,7 +96,8 @@ HIRESCAM_NOTE = ("HiResCAM can be dark on the lesion (negative pre-activations e
 ROLE_TITLES = {"miss": "High-score miss", "discordant": "Discordant CAMs",
                "consensus": "Consensus"}
 MISSING_ROW_REASONS = {
-    "miss": "no high-score image has most of its CAM peaks clearly outside the lesion",
+    "miss": "no high-score image other than the discordant case has most of its CAM peaks clearly "
+            "outside the lesion",
     "discordant": "no high-score image has CAM peaks both inside and outside the lesion",
     "consensus": "no high-score image has all its CAM peaks inside the lesion",
 }

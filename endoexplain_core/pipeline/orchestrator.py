@@ -130,13 +130,13 @@ def core_modules_used(notebook: Path, core_dir: Path = CORE_DIR) -> list[Path]:
     return sorted(files)
 
 
-def code_fingerprint(source: str) -> str:
+def code_fingerprint(source: str | bytes) -> str:
     """What a module computes, without its wording: the syntax tree of ``source`` with every
     docstring (module, class, function) removed, dumped without line numbers. Comments,
     docstrings, blank lines and line breaks leave it unchanged; any change to code changes it."""
     import ast
 
-    tree = ast.parse(source)
+    tree = ast.parse(source)   # str or bytes (bytes: the file's own encoding declaration)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
@@ -152,7 +152,7 @@ def core_code_digest(files: list[Path] | None = None, core_dir: Path = CORE_DIR)
     digest = hashlib.sha256()
     for path in sorted(files if files is not None else core_dir.rglob("*.py")):
         digest.update(path.relative_to(core_dir).as_posix().encode())
-        digest.update(code_fingerprint(path.read_text()).encode())
+        digest.update(code_fingerprint(path.read_bytes()).encode())
     return digest.hexdigest()
 
 
@@ -580,6 +580,8 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             after = _figure_snapshot(paths.figures_dir)
             record["figure_files"] = sorted(name for name, mtime in after.items()
                                             if before.get(name) != mtime)
+            if failure is not None:   # what its last finished run wrote is its too (out of date now)
+                record["figure_files"] = sorted(set(record["figure_files"]) | set(stamp.get("figure_files", [])))
             if executed.is_file():
                 export_html(executed)
                 _link_provenance(paths.figures_dir, stage, executed, parameters, digest)

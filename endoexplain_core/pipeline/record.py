@@ -290,7 +290,7 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
         if producer and producer.get("html"):
             source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
         if f"{stem}.csv" in (stale or {}):
-            heading = f"{heading} (OUT OF DATE, from an earlier run: {stale[f'{stem}.csv']})"
+            heading = f"{heading} (OUT OF DATE: {stale[f'{stem}.csv']})"
         blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
                    '<div class="scroll">'
                    + table.to_html(index=False, escape=True, na_rep="", border=0) + "</div>"]
@@ -386,9 +386,11 @@ def unfinished_stages(provenance: dict) -> list[dict]:
     """The stage records of a failed or interrupted run from the stage that stopped it on
     (that stage, then every stage that did not run because of it); [] for a complete run."""
     stages = provenance.get("stages") or []
-    stopped = next((i for i, r in enumerate(stages) if r.get("status") in UNFINISHED), None)
-    if stopped is None or provenance.get("status") not in UNFINISHED:
+    if provenance.get("status") not in UNFINISHED:
         return []
+    stopped = next((i for i, r in enumerate(stages) if r.get("status") in UNFINISHED), None)
+    if stopped is None:   # stopped between stages (e.g. Ctrl-C while hashing): the first not run
+        stopped = next((i for i, r in enumerate(stages) if r.get("status") == "not_run"), len(stages))
     return stages[stopped:]
 
 
@@ -406,7 +408,7 @@ def stale_files(figures_dir: Path, provenance: dict) -> dict[str, str]:
     for name, producer in attribution.items():
         stage = producer["stage"] if producer and producer["stage"] in names else products.get(name)
         if stage:
-            stale[name] = f"stage {stage} did not finish in this run"
+            stale[name] = f"stage {stage} did not finish in this run"   # whenever it was written
     return stale
 
 
@@ -417,16 +419,18 @@ def failure_banner(provenance: dict) -> str:
     if not unfinished:
         return ""
     stopped = unfinished[0]
-    if stopped.get("status") == "interrupted":
+    if stopped.get("status") == "failed":
+        error = (str(stopped.get("error") or "").strip().splitlines() or ["no error recorded"])[0]
+        what = f"Run FAILED in {stopped['stage']}: {error}"
+    elif stopped.get("status") == "interrupted":
         what = f"Run interrupted in {stopped['stage']} (Ctrl-C)."
     else:
-        error = str(stopped.get("error") or "no error recorded").strip().splitlines()[0]
-        what = f"Run FAILED in {stopped['stage']}: {error}"
+        what = f"Run {provenance.get('status')} before {stopped['stage']} ran."
     missing = [f"{label} ({r['stage']})" for r in unfinished for label, _ in STAGE_PRODUCTS.get(r["stage"], [])]
     others = [r["stage"] for r in unfinished if r["stage"] not in STAGE_PRODUCTS]
     items = "".join(f"<li>{html.escape(text)}</li>" for text in missing + [f"everything {s} writes" for s in others])
     return (f'<div class="banner banner-failed"><p>{html.escape(what)}</p>'
-            "<p>Missing because of it (a file an earlier run left is marked out of date):</p>"
+            "<p>Missing because of it (a file of these stages on disk is marked out of date):</p>"
             f"<ul>{items}</ul></div>")
 
 
@@ -463,7 +467,7 @@ def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str],
         pdf = png.with_suffix(".pdf")
         caption = FIGURE_CAPTIONS.get(Path(name).stem, "")
         if name in stale:
-            caption = f"OUT OF DATE, from an earlier run ({stale[name]}). {caption}"
+            caption = f"OUT OF DATE ({stale[name]}). {caption}"
         links = _link(png, run_dir, name) + (f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else "")
         items.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
                      f' alt="{html.escape(caption or name)}" loading="eager"></a>'

@@ -217,25 +217,27 @@ def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str]) -> str:
     baselines = (f"baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}; "
                  if len(references) else "")
     return (f"{RQ_TITLES[1]} On the {int(cams['n'].iloc[0])} audit images the primary scores at or "
-            f"above the threshold, the CAM peak falls outside the lesion for "
+            f"above the threshold, the CAM peak falls outside the lesion (a constant map, which has "
+            f"no peak, counted as a failure) for "
             f"{_rate_list(cams, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')} "
             f"({baselines}Table 4 panel A, Wilson 95% CIs).")
 
 
 def _rq2_sentence(threshold: pd.DataFrame | None, ranges: pd.DataFrame | None,
-                  tertiles: pd.DataFrame | None, missing: str) -> str:
+                  tertiles: pd.DataFrame | None, missing: str, gradcam: str = "Grad-CAM") -> str:
     """Grad-CAM's peak failure across score thresholds, across the learned checkpoints, and in
     the smallest against the largest lesion-area tertile."""
     parts = []
     if threshold is not None:
         rows = threshold[threshold["method"] == "gradcam"].sort_values("score_threshold")
         if len(rows):
-            ends = [rows.iloc[0], rows.iloc[-1]]
-            parts.append("Grad-CAM's peak failure is " + " and ".join(
+            ends = [rows.iloc[0], rows.iloc[-1]] if len(rows) > 1 else [rows.iloc[0]]
+            parts.append(f"{gradcam}'s peak failure is " + " and ".join(
                 f"{_with_ci(r['failure_rate'], r['ci_low'], r['ci_high'], 2)} at score threshold "
                 f"{_number(r['score_threshold'], 2)} (n {int(r['n_eligible'])})" for r in ends))
     if ranges is not None:
-        own = ranges[(ranges["subset"] == "own high-score subset") & (ranges["method"] == "gradcam")]
+        own = ranges[(ranges["subset"] == "own high-score subset") & (ranges["method"] == "gradcam")
+                     & (ranges["n_checkpoints"] > 0) & ranges["min"].notna()]
         if len(own):
             row = own.iloc[0]
             parts.append(f"across the {int(row['n_checkpoints'])} learned checkpoints it ranges "
@@ -262,39 +264,46 @@ def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
     """Deleting each map's top area against deleting the same area at random (Table 4 panel A),
     and lesion-specific reliance (filling in the lesion against ordinary tissue)."""
     parts = []
+    panel_empty = False
     if table4 is not None:
         panel = table4[(table4["panel"] == "A") & table4["logit_drop"].notna()]
         cams = panel[panel["method"].isin(CAM_METHODS)]
         random_rows = panel[panel["method"] == "random_deletion"]
+        panel_empty = cams.empty
         if len(cams) and len(random_rows):
             control = random_rows.iloc[0]
-            above = [labels.get(m, m) for m, low in zip(cams["method"], cams["logit_drop_ci_low"])
-                     if pd.notna(low) and low > control["logit_drop_ci_high"]]
-            parts.append(
-                "deleting the top area of each map lowered the primary's logit by "
-                f"{_rate_list(cams, labels, 'logit_drop', 'logit_drop_ci_low', 'logit_drop_ci_high')}, "
-                "deleting the same area at random by "
-                f"{_with_ci(control['logit_drop'], control['logit_drop_ci_low'], control['logit_drop_ci_high'], 2)}; "
-                f"{len(above)} of {len(cams)} maps' intervals lie above the random control's"
-                + (f" ({', '.join(above)})" if above else ""))
+            text = ("the logit drop after deleting the top area of each map is "
+                    f"{_rate_list(cams, labels, 'logit_drop', 'logit_drop_ci_low', 'logit_drop_ci_high')}, "
+                    "after deleting the same area at random "
+                    f"{_with_ci(control['logit_drop'], control['logit_drop_ci_low'], control['logit_drop_ci_high'], 2)}")
+            if pd.notna(control["logit_drop_ci_high"]):
+                above = [labels.get(m, m) for m, low in zip(cams["method"], cams["logit_drop_ci_low"])
+                         if pd.notna(low) and low > control["logit_drop_ci_high"]]
+                text += (f"; {len(above)} of {len(cams)} maps' intervals lie above the random control's"
+                         + (f" ({', '.join(above)})" if above else ""))
+            parts.append(text)
     if lsr is not None and len(lsr):
         row = lsr.iloc[0]
-        parts.append("filling in the lesion zone costs more evidence than filling in ordinary "
-                     f"tissue of the same shape by {_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} "
-                     f"scaled-logit units (lesion-specific reliance, n {int(row['n'])} images)")
+        parts.append("lesion-specific reliance (evidence lost filling in the lesion zone minus "
+                     "filling in ordinary tissue of the same shape) is "
+                     f"{_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} scaled-logit units "
+                     f"(n {int(row['n'])} images)")
     if not parts:
-        return f"{RQ_TITLES[3]} could not be computed ({missing})."
+        reason = "panel A is empty: not estimable" if panel_empty else f"could not be computed ({missing})"
+        return f"{RQ_TITLES[3]} {reason}."
     return f"{RQ_TITLES[3]} " + _capitalised("; ".join(parts)) + " (95% CIs)."
 
 
-def _rq4_sentence(transfer: pd.DataFrame) -> str:
-    gradcam = transfer[transfer["method"] == method_label("gradcam")]
-    above = int((gradcam["ci_low"] > gradcam["centre_baseline_iou"]).sum())
+def _rq4_sentence(transfer: pd.DataFrame, gradcam_label: str = "Grad-CAM") -> str:
+    """Grad-CAM's mean IoU per external cohort against the centre baseline (``gradcam_label``:
+    its label with the gate's mark)."""
+    rows = transfer[transfer["method"] == method_label("gradcam")]
+    above = int((rows["ci_low"] > rows["centre_baseline_iou"]).sum())
     per_cohort = ", ".join(f"{r.cohort} {_with_ci(r.mean_iou, r.ci_low, r.ci_high, 2)} (centre "
-                           f"{_number(r.centre_baseline_iou, 2)})" for r in gradcam.itertuples())
-    return (f"{RQ_TITLES[4]} frozen on {len(gradcam)} external cohorts, Grad-CAM's mean IoU with the "
+                           f"{_number(r.centre_baseline_iou, 2)})" for r in rows.itertuples())
+    return (f"{RQ_TITLES[4]} frozen on {len(rows)} external cohorts, {gradcam_label}'s mean IoU with the "
             f"polyp is {per_cohort}; its 95% CI lies above the centre baseline's IoU in "
-            f"{_share(above, len(gradcam))}.")
+            f"{_share(above, len(rows))}.")
 
 
 # Every table the brief reads (``verdict_lines``) -> the stage that writes it.
@@ -371,11 +380,11 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     lines.append(_rq1_sentence(table4, labels) if table4 is not None
                  else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
     robustness = ("table_threshold_sensitivity", "table_checkpoint_failure_ranges", "table_lesion_tertiles")
-    lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness)))
+    lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness), labels["gradcam"]))
     lines.append(_rq3_sentence(table4, read("table_s_faithfulness_lsr"), labels,
                                why("table4_spatial_audit", "table_s_faithfulness_lsr")))
     transfer = read("table_transfer")
-    lines.append(_rq4_sentence(transfer) if transfer is not None
+    lines.append(_rq4_sentence(transfer, labels["gradcam"]) if transfer is not None
                  else f"{RQ_TITLES[4]} could not be computed ({why('table_transfer')}).")
     stability = read("table_verdict_stability")
     if stability is not None:
