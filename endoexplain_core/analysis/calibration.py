@@ -108,6 +108,14 @@ def bootstrap_ece(score: np.ndarray, target: np.ndarray, n_bins: int, counts: np
     return np.abs(gaps).sum(axis=1) / len(score)
 
 
+def split_rows(scores: pd.DataFrame, checkpoint_id: str, split: str) -> pd.DataFrame:
+    """The rows of ``scores`` of one checkpoint on one split; ValueError when there are none."""
+    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
+    if part.empty:
+        raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+    return part
+
+
 def ece_intervals(scores: pd.DataFrame, checkpoint_id: str, split: str, n_bins: int, *,
                   replicates: int, seed: int) -> pd.DataFrame:
     """ECE of raw and temperature-scaled scores on one split, and the change from scaling,
@@ -116,9 +124,7 @@ def ece_intervals(scores: pd.DataFrame, checkpoint_id: str, split: str, n_bins: 
 
     Rows: Raw, Temperature-scaled, Change (scaled - raw). Columns: checkpoint_id, split,
     score, n, ece, ci_low, ci_high."""
-    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
-    if part.empty:
-        raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+    part = split_rows(scores, checkpoint_id, split)
     target = part["target"].to_numpy(float)
     counts = stats.bootstrap_draw_counts(len(part), replicates, seed).astype(float)
     estimates, replicate_values = {}, {}
@@ -259,9 +265,7 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str, 
     The mean scaled score has an image-bootstrap percentile interval (``replicates``, ``seed``:
     the profile's).
     """
-    part = scores[(scores["checkpoint_id"] == checkpoint_id) & (scores["role"] == split)]
-    if part.empty:
-        raise ValueError(f"{checkpoint_id}: no rows for split {split!r}")
+    part = split_rows(scores, checkpoint_id, split)
     called_positive = part["scaled_score"] >= threshold
     errors = called_positive != (part["target"] == 1)
     total_fn = int((errors & (part["target"] == 1)).sum())

@@ -325,16 +325,18 @@ def is_synthetic(provenance: dict) -> bool:
     return not data_root or "synthetic" in data_root
 
 
-def brief_html(figures_dir: Path, run_dir: Path, provenance: dict | None = None) -> list[str]:
+def brief_html(figures_dir: Path, run_dir: Path, provenance: dict | None = None,
+               stale: dict[str, str] | None = None) -> list[str]:
     """The summary's "In brief" section as HTML. A complete run: ``summary.md`` (written by
     notebook 09), with a link to it; [] before notebook 09 has run. A failed or interrupted run:
     the brief read now from the tables this run finished, each sentence whose tables it did not
-    finish saying so (``summary.verdict_lines`` with ``unavailable``)."""
+    finish saying so (``summary.verdict_lines`` with ``unavailable``). ``stale``: the run's
+    ``stale_files``, when the caller has them already."""
     import mistune
 
     unfinished = unfinished_stages(provenance or {})
     if unfinished:
-        stale = stale_files(figures_dir, provenance)
+        stale = stale_files(figures_dir, provenance) if stale is None else stale
         not_finished = {r["stage"] for r in unfinished}
         unavailable = {Path(n).stem: why for n, why in stale.items() if n.endswith(".csv")}
         # A table of an unfinished stage is unavailable even when no file is stale; a table of a
@@ -402,8 +404,7 @@ def stale_files(figures_dir: Path, provenance: dict) -> dict[str, str]:
         return {}
     names = {r["stage"] for r in unfinished}
     attribution = attribute_files(figures_dir, provenance.get("stages") or [])
-    products = {Path(name).name: r["stage"] for r in unfinished
-                for _, name in STAGE_PRODUCTS.get(r["stage"], [])}
+    products = {name: r["stage"] for r in unfinished for _, name in STAGE_PRODUCTS.get(r["stage"], [])}
     stale = {}
     for name, producer in attribution.items():
         stage = producer["stage"] if producer and producer["stage"] in names else products.get(name)
@@ -558,7 +559,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
                       f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
                       "</title>", f"<style>{_STYLE}</style></head><body>",
-                      *head, *brief_html(figures_dir, run_dir, provenance),
+                      *head, *brief_html(figures_dir, run_dir, provenance, stale),
                       *figure_gallery(figures_dir, run_dir, names, stale), *headline, *table_list,
                       *stages, *checkpoint_part, "</body></html>", ""])
     path = RunLayout(run_dir).index_html

@@ -188,9 +188,9 @@ def _share(count: int, total: int) -> str:
     return f"{count} of {total}"
 
 
-def _gate_labels(figures_dir: Path) -> dict[str, str]:
-    """Display label of every map method with its gate mark (\u2020 where the gate did not pass)."""
-    gate = _read(figures_dir, "table_validity_gate")
+def _gate_labels(gate: pd.DataFrame | None) -> dict[str, str]:
+    """Display label of every map method with its gate mark (\u2020 where the gate, the table
+    ``table_validity_gate``, did not pass; no mark without a gate table)."""
     not_validated = () if gate is None else tuple(
         m for m, v in zip(gate["method"], gate["verdict"]) if m in CAM_METHODS and v != "passes")
     return {m: method_label(m, not_validated) for m in (*CAM_METHODS, "random", "centre")}
@@ -358,7 +358,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
                      "shown to find planted evidence, so its failure rates say nothing about "
                      "lesion localisation.")
         lines.append(text)
-    labels = _gate_labels(figures_dir) if gate is not None else {m: method_label(m) for m in (*CAM_METHODS, "random", "centre")}
+    labels = _gate_labels(gate)
     training = read("table_s1_training")
     learning = read("table_checkpoint_learning")
     if training is not None:
