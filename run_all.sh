@@ -16,4 +16,4 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$root/scripts/bootstrap.sh"
-exec "$root/.venv/bin/python" -m endoexplain_core.pipeline.orchestrator "$@"
+exec "$root/.venv/bin/python" -m endoexplain_core.pipeline "$@"

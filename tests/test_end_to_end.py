@@ -1,6 +1,6 @@
 """The README's promise on the smoke profile: one command regenerates every artefact.
 
-Runs ``python -m endoexplain_core.pipeline.orchestrator --profile smoke`` (what ``run_all.sh`` execs after
+Runs ``python -m endoexplain_core.pipeline --profile smoke`` (what ``run_all.sh`` execs after
 setting up the environment) into a temporary output root, then checks the artefacts, that a
 rerun skips every stage and that a forced rerun of stage 00 reproduces the manifest digest.
 """
@@ -29,7 +29,7 @@ EXPECTED_FIGURE_FILES = [
 
 
 def run_all(output_root: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "endoexplain_core.pipeline.orchestrator", "--profile", "smoke",
+    command = [sys.executable, "-m", "endoexplain_core.pipeline", "--profile", "smoke",
                "--output-root", str(output_root), *extra]
     # generous: a local:2 smoke run took over 25 min on 2 cores shared with other test runs
     return subprocess.run(command, capture_output=True, text=True, timeout=2700)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -12,6 +18,7 @@ import yaml
 
 from endoexplain_core import config
 from endoexplain_core.pipeline import orchestrator
+from tests.toy_run import ToyShared, ToyStage
 
 pytestmark = pytest.mark.slow  # each case executes real notebooks through Papermill
 
@@ -44,14 +51,6 @@ def project(tmp_path):
     profile.write_text(yaml.safe_dump({"shared": {"value": 1},
                                        "stages": {"00_first": {}, "01_second": {}}}))
     return tmp_path, notebooks, profile
-
-
-class ToyShared(config.Section):
-    value: int = 0
-
-
-class ToyStage(config.StageSettings):
-    uses_shared = ("value",)
 
 
 class ToySecondStage(config.StageSettings):
@@ -298,3 +297,115 @@ def test_a_run_stopped_in_05_leads_its_record_with_the_stage_error_and_missing_l
     assert "Table 5 (adjusted model) (05_robustness)" in banner and "transfer (RQ4) (06_transfer)" in banner
     assert "Table 4 (RQ1)" not in banner
     assert "RQ2, does it persist?</strong> could not be computed (stage 05_robustness did not finish" in page
+
+
+# ---------------------------------------------------------------- real signals, real kernels
+REPO = Path(__file__).resolve().parent.parent
+SLEEPING_STAGE = ("import time\nfor _ in range(30):\n    time.sleep(0.05)\n" + WRITE_TABLE)
+INTERRUPTED_MESSAGES = {
+    "run_all: interrupted; provenance.json and index.html say so, and the stopped stage reruns next time":
+        "recorded",
+    "run_all: interrupted before the run started; nothing was written": "untouched",
+    "run_all: interrupted while starting; nothing was written": "untouched",
+    "run_all: preflight interrupted; nothing was written": "untouched",
+}
+
+
+def start(command: list[str]) -> subprocess.Popen:
+    """``command`` in its own process group with Ctrl-C's default action, as a terminal starts
+    it (a shell's background job would ignore SIGINT)."""
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+# An interrupted process exits 130 or is ended by SIGINT itself: seen with ``python -m`` after
+# an interrupt that our handler caught and reported (CPython ends with SIGINT when its
+# unhandled-interrupt flag was set in nested C-level code); a shell reports both as 130.
+INTERRUPTED_CODES = (130, -signal.SIGINT)
+
+
+def ctrl_c_after(command: list[str], seconds: float) -> tuple[int, str]:
+    """Run ``command``, send SIGINT to its process group (what Ctrl-C does) after ``seconds``;
+    return (exit code, stderr)."""
+    process = start(command)
+    time.sleep(seconds)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def test_ctrl_c_at_seeded_random_moments_gives_one_line_and_a_record_that_says_so(project):
+    """Real SIGINTs to the process group at 8 seeded random moments of a two-stage run (loading,
+    hashing, kernel start-up, inside a cell, HTML export, between stages, the record): each
+    time exit 130 with exactly one line on stderr and a record that agrees with it (the run's
+    record says "interrupted", or nothing was written and the previous record is untouched),
+    or, if the signal came after the record was written, exit 0 and "complete"."""
+    root, notebooks, _ = project
+    for stage in ("00_first", "01_second"):
+        write_notebook(notebooks / f"{stage}.ipynb", SLEEPING_STAGE.format(stage=stage))
+    command = [sys.executable, "-m", "tests.toy_run", str(root), "--force"]
+    began = time.perf_counter()
+    assert subprocess.run(command, cwd=REPO, capture_output=True).returncode == 0
+    duration = time.perf_counter() - began
+    run_dir = root / "out" / "runs" / "tiny"
+    seen = []
+    moments = random.Random(36)
+    for moment in sorted(moments.uniform(0.1, 1.1 * duration) for _ in range(8)):
+        before = {name: (run_dir / name).read_bytes() for name in ("provenance.json", "index.html")}
+        code, stderr = ctrl_c_after(command, moment)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        status = json.loads((run_dir / "provenance.json").read_text())["status"]
+        if code == 0:
+            assert lines == [] and status == "complete", (moment, stderr)
+            seen.append("complete")
+            continue
+        assert code in INTERRUPTED_CODES and len(lines) == 1 and lines[0] in INTERRUPTED_MESSAGES, (moment, code, stderr)
+        outcome = INTERRUPTED_MESSAGES[lines[0]]
+        if outcome == "recorded":
+            assert status == "interrupted", moment
+            assert "status: interrupted" in (run_dir / "index.html").read_text(), moment
+        else:
+            assert {name: (run_dir / name).read_bytes() for name in before} == before, moment
+        seen.append(outcome)
+        assert not list((root / "out" / "runs").glob("*.owner")), moment  # the lock is free
+    assert {"recorded", "untouched"} <= set(seen), seen  # moments before and inside the run
+    assert subprocess.run(command[:-1], cwd=REPO, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ctrl_c_while_the_real_entry_point_loads_is_one_line(tmp_path, seed):
+    """``python -m endoexplain_core.pipeline`` (what run_all.sh execs), Ctrl-C in its first
+    second: exit 130 and one line, or it finished first. The interpreter's own start (about 50
+    ms, before any project code runs) is outside what a package can catch."""
+    command = [sys.executable, "-m", "endoexplain_core.pipeline", "--profile", "smoke", "--check",
+               "--output-root", str(tmp_path / "out")]
+    moments = random.Random(seed)
+    for moment in sorted(moments.uniform(0.1, 1.2) for _ in range(3)):
+        code, stderr = ctrl_c_after(command, moment)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        if code in (0, 2):   # the preflight finished before the signal
+            continue
+        assert code in INTERRUPTED_CODES and len(lines) == 1 and lines[0] in INTERRUPTED_MESSAGES, (moment, code, stderr)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_kernel_killed_mid_stage_is_a_failed_stage_with_its_record(project):
+    """A kernel the system kills (SIGKILL, as the out-of-memory killer does) raises no Python
+    error in the notebook: the stage is "failed" with a message saying that its kernel died,
+    the record leads with it, and the next run reruns the stage."""
+    root, notebooks, _ = project
+    write_notebook(notebooks / "01_second.ipynb",
+                   "import os, signal, sys\nprint('about to die', file=sys.__stderr__, flush=True)\n"
+                   "os.kill(os.getpid(), signal.SIGKILL)")
+    with pytest.raises(orchestrator.StageFailed, match="01_second.ipynb: its kernel died") as failure:
+        run(project)
+    assert "about to die" in str(failure.value)   # the kernel's last stderr line, from its log
+    run_dir = root / "out" / "runs" / "tiny"
+    on_disk = json.loads((run_dir / "provenance.json").read_text())
+    assert on_disk["status"] == "failed" and statuses(on_disk) == ["ran", "failed"]
+    page = (run_dir / "index.html").read_text()
+    assert "Run FAILED in 01_second" in page and "its kernel died" in page
+    write_notebook(notebooks / "01_second.ipynb", WRITE_TABLE.format(stage="second"))
+    assert statuses(run(project)) == ["skipped", "ran"]

@@ -405,7 +405,7 @@ def test_smoke_run_and_cli_need_no_network(tmp_path):
     """The whole smoke pipeline in subprocesses (notebook kernels included) with every
     non-loopback connection blocked; the CLI is covered by test_cli's socket-blocked fixture."""
     log = tmp_path / "network.log"
-    result = subprocess.run([sys.executable, "-m", "endoexplain_core.pipeline.orchestrator",
+    result = subprocess.run([sys.executable, "-m", "endoexplain_core.pipeline",
                              "--profile", "smoke", "--output-root", str(tmp_path / "out")],
                             cwd=REPO, env=no_network.network_guard_env(log), capture_output=True,
                             text=True, timeout=3600)

@@ -8,7 +8,7 @@ first stage) the input data -- equals the one stamped by its last successful run
 notebook stops the run naming the notebook and the failing cell; the partial notebook is kept.
 Every run ends with ``provenance.json``, the figure index and ``index.html``.
 
-Usage: ``python -m endoexplain_core.pipeline.orchestrator --profile smoke [--data-root DIR] [--force]
+Usage: ``python -m endoexplain_core.pipeline --profile smoke [--data-root DIR] [--force]
 [--only 00_roles 01_training] [--adopt-manifest] [--output-root DIR]``.
 
 Size: over 400 lines on purpose: stage order, digests, stamps, locking and resume are one state
@@ -25,8 +25,10 @@ import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -50,6 +52,12 @@ log = logging.getLogger("endoexplain")
 
 class StageFailed(RuntimeError):
     """A notebook raised; the message names the notebook, the cell and the partial output."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after it had begun changing the run folder; ``provenance.json``
+    and ``index.html`` say "interrupted" (a plain ``KeyboardInterrupt`` out of ``run_pipeline``
+    means nothing was written)."""
 
 
 @dataclass
@@ -294,22 +302,54 @@ WIDE_TABLE_STYLE = ("<style>.jp-OutputArea-output { overflow-x: auto; max-width:
                     "max-width: 12em; overflow-wrap: anywhere; }</style>\n")
 
 
+def kernel_manager_logging_to(kernel_log: Path) -> type:
+    """A Jupyter kernel manager class whose kernel process writes its own stderr to
+    ``kernel_log`` (appended) instead of the console: IPKernelApp's start-up warnings, C-library
+    messages, and the ZMQ traceback a kernel prints when Ctrl-C shuts it down mid-cell. What a
+    cell prints is unaffected (the kernel sends it to the notebook)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class StageKernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            with Path(kernel_log).open("ab") as stream:   # the child keeps its own copy
+                return await super()._async_launch_kernel(kernel_cmd, stderr=stream, **kw)
+
+    return StageKernelManager
+
+
 def execute_stage(notebook: Path, executed: Path, parameters: dict[str, Any],
-                  kernel_name: str = KERNEL_NAME) -> None:
-    """Run one notebook with Papermill; raise ``StageFailed`` naming the failing cell."""
+                  kernel_name: str = KERNEL_NAME, kernel_log: Path | None = None) -> None:
+    """Run one notebook with Papermill; raise ``StageFailed`` naming the failing cell, or saying
+    that the kernel died (a kernel the system killed, e.g. for memory, raises no Python error).
+    ``kernel_log``: where the kernel process's own stderr goes (``kernel_manager_logging_to``);
+    None: the console."""
     import papermill
+    from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
     executed.parent.mkdir(parents=True, exist_ok=True)
+    engine_options = {} if kernel_log is None else {
+        "kernel_manager_class": kernel_manager_logging_to(kernel_log)}
     try:
         papermill.execute_notebook(
             str(notebook), str(executed), parameters=parameters, kernel_name=kernel_name,
-            cwd=str(notebook.parent), log_output=True, progress_bar=False,
+            cwd=str(notebook.parent), log_output=True, progress_bar=False, **engine_options,
         )
     except PapermillExecutionError as error:
         raise StageFailed(
             f"{notebook.name} failed in cell {error.cell_index} (execution count "
             f"{error.exec_count}): {error.ename}: {error.evalue}\n"
+            f"  partial notebook kept at {executed}"
+        ) from error
+    except DeadKernelError as error:
+        last_words = ""
+        if kernel_log is not None and kernel_log.is_file():
+            lines = [line for line in kernel_log.read_text(errors="replace").splitlines() if line.strip()]
+            last_words = f"; the kernel's last stderr line: {files.short_text(lines[-1])}" if lines else ""
+            last_words += f" (all of it in {kernel_log})"
+        raise StageFailed(
+            f"{notebook.name}: its kernel died ({error}); a kernel the system kills, e.g. when "
+            f"memory runs out, ends this way{last_words}\n"
             f"  partial notebook kept at {executed}"
         ) from error
 
@@ -458,8 +498,14 @@ def _one_run_per_folder(function):
     @functools.wraps(function)
     def locked(profile: str, *args, wait_for_lock: float = 0.0, **kwargs):
         checked_run(profile, **{k: v for k, v in kwargs.items() if k in CHECKED_ARGUMENTS})
-        with run_folder_lock(profile, kwargs.get("output_root", profiles.REPO_ROOT), wait_for_lock):
-            return function(profile, *args, **kwargs)
+        provenance = None
+        try:
+            with run_folder_lock(profile, kwargs.get("output_root", profiles.REPO_ROOT), wait_for_lock):
+                provenance = function(profile, *args, **kwargs)
+        except KeyboardInterrupt:
+            if provenance is None:
+                raise
+        return provenance  # Ctrl-C while the lock was released: the run had finished its record
     return locked
 
 
@@ -514,16 +560,20 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if unknown:
         raise ValueError(f"--only names unknown stages {unknown}; stages are {names}")
 
-    _mark_running(RunLayout(paths.run_dir).provenance)
-    upstream = data_fingerprint(data_root, reference_dir)
-    # Later stages read the data through the manifest, not the reference it was checked
-    # against: adopting a reference (the first paper run) must not rerun them next time. The
-    # paper's reported values (the paper-vs-run table of 09) are an input of the whole chain.
-    data_only = data_fingerprint(data_root, None) + (
-        files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
+    # The record writer is loaded before the run touches its folder, so that the interrupt
+    # handler below never imports (an import cut by Ctrl-C leaves half a module behind).
+    import endoexplain_core.pipeline.record  # noqa: F401
+
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
     try:
+        _mark_running(RunLayout(paths.run_dir).provenance)
+        upstream = data_fingerprint(data_root, reference_dir)
+        # Later stages read the data through the manifest, not the reference it was checked
+        # against: adopting a reference (the first paper run) must not rerun them next time. The
+        # paper's reported values (the paper-vs-run table of 09) are an input of the whole chain.
+        data_only = data_fingerprint(data_root, None) + (
+            files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
         for notebook in stages:
             stage = notebook.stem
             parameters = {**profiles.stage_parameters(config, stage), "profile": profile_name,
@@ -568,9 +618,10 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             stage_started = time.perf_counter()
             record["started_at"] = stage_started
             before = _figure_snapshot(paths.figures_dir)
+            kernel_log = files.write_text_atomic(paths.run_dir / "logs" / f"{stage}.kernel.log", "")
             try:
                 with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
-                    execute_stage(notebook, executed, parameters, kernel_name)
+                    execute_stage(notebook, executed, parameters, kernel_name, kernel_log)
                 record["status"] = "ran"
             except StageFailed as error:
                 record["status"] = "failed"
@@ -596,7 +647,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         _record_interrupt(records, stages, notebook_dir)
         _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
                        config.overrides)
-        raise
+        raise RunInterrupted from None
 
     provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
                                 "failed" if failure else "complete", config.overrides)
@@ -665,7 +716,30 @@ def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: 
                    records: list[dict[str, Any]], started: float, status: str,
                    overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write ``provenance.json`` and the run record with ``status`` (complete, failed or
-    interrupted); return the provenance."""
+    interrupted); return the provenance. Ctrl-C is ignored meanwhile (``interrupts_ignored``):
+    a second one must not leave the two disagreeing."""
+    with interrupts_ignored():
+        return _write_provenance_and_record(paths, profile, profile_name, data_root, records,
+                                            started, status, overrides)
+
+
+@contextlib.contextmanager
+def interrupts_ignored():
+    """Ignore Ctrl-C (SIGINT) for the block, then restore its handler; outside the main thread
+    (where signal handlers cannot be set) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _write_provenance_and_record(paths: RunPaths, profile: str, profile_name: str, data_root: str,
+                                 records: list[dict[str, Any]], started: float, status: str,
+                                 overrides: tuple[str, ...]) -> dict[str, Any]:
     provenance = {
         "profile": profile_name,
         "config_file": str(profiles.profile_path(profile)),
@@ -746,9 +820,12 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
+         stage_settings: dict[str, type[profiles.StageSettings]] | None = None,
+         shared_settings: type | None = None) -> int:
     """``run_all.sh``: parse the command line, refuse a bad one in one line, run the pipeline;
-    returns the exit code.
+    returns the exit code. ``notebook_dir``, ``stage_settings`` and ``shared_settings`` as in
+    ``run_pipeline`` (the interrupt tests run throwaway stages through this entry point).
 
     Long on purpose: argument parsing and the one-line refusals of a bad command line.
     """
@@ -820,13 +897,18 @@ def main(argv: list[str] | None = None) -> int:
                                   wait_for_lock=args.wait_for_lock, scheduler=args.scheduler,
                                   allow_insecure_scheduler=args.allow_insecure_scheduler,
                                   overrides=args.overrides,
-                                  manifest_reference=args.manifest_reference)
+                                  manifest_reference=args.manifest_reference,
+                                  notebook_dir=notebook_dir, stage_settings=stage_settings,
+                                  shared_settings=shared_settings)
     except RunFolderLocked as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except RunInterrupted:
         print("\nrun_all: interrupted; provenance.json and index.html say so, and the stopped "
               "stage reruns next time", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(INTERRUPTED_BEFORE_THE_RUN, file=sys.stderr)
         return 130
     except StageFailed as error:
         print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
@@ -840,5 +922,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+INTERRUPTED_BEFORE_THE_RUN = "\nrun_all: interrupted before the run started; nothing was written"
+
+
+def exit_quietly(entry) -> None:
+    """Exit with ``entry()``'s code (``main``). Ctrl-C outside the run (reading the command
+    line) is one line, exit 130; once ``entry`` has returned, a late Ctrl-C cannot turn the
+    interpreter's exit into a traceback."""
+    try:
+        code = entry()
+    except KeyboardInterrupt:
+        print(INTERRUPTED_BEFORE_THE_RUN, file=sys.stderr)
+        code = 130
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main)
