@@ -436,7 +436,7 @@ class FaithfulnessSettings(StageSettings):
         ["etis", "polypgen", "polypdb"], description="external cohorts of the subgroup analysis")
     min_subgroup_images: int = Field(8, ge=2, le=MAX_IMAGES, description="images needed on each side of a contrast")
     subgroup_checkpoints: Literal["primary", "learned"] = Field(
-        "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; a checkpoint term)")
+        "learned", description="maps in the subgroup models: the primary's, or every learned checkpoint's (images stay the clusters; one intercept per method and checkpoint)")
     subgroup_faithfulness: bool = Field(
         True, description="SRG and LSR of the primary on the external subgroup cohorts too (ROAD on every external image); false: only on the audit pool, where 08 computes them anyway")
     bootstrap_replicates: int = Field(2000, ge=100, le=MAX_REPLICATES, description="replicates for SRG/LSR/curve CIs")

@@ -103,7 +103,11 @@ def test_pooled_checkpoints_add_a_checkpoint_term_and_recover_the_shared_gap():
     for _, row in gaps.iterrows():
         assert row["ci_low"] < -0.6 < row["ci_high"]
     result, design = subgroups.fit_gee(frame, "energy_lift", [subgroups.CHECKPOINT_TERM])
-    assert any(name.startswith("C(checkpoint_id)") for name in design.column_names)
+    # the density audit's design: one intercept per (method, checkpoint) = 2 x 3, plus one
+    # subgroup coefficient per method
+    assert len(design.column_names) == 2 * 3 + 2
+    cells = {name for name in design.column_names if name.startswith(f"C({subgroups.CELL_COLUMN})[")}
+    assert cells == {f"C({subgroups.CELL_COLUMN})[{m}/{c}]" for m in ("gradcam", "eigencam") for c in "abc"}
     crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",))
     assert (crude["crude_interval"] == "Welch t").all() and (crude["n_subgroup"] == 60).all()
     single = subgroups.crude_gaps(frame[frame["checkpoint_id"] == "a"], outcomes=("pointing_hit",))
@@ -143,12 +147,13 @@ def test_a_checkpoint_that_never_hits_is_left_out_of_the_pooled_logistic_fit_not
     gaps = subgroups.contrast_gaps(frame, contrast, outcomes=("pointing_hit",), models=("M0",),
                                    sensitivity_model="")
     assert gaps["estimable"].all() and not gaps["separated"].any()
-    assert gaps["note"].str.contains("left out, outcome constant in this contrast: c \\(0/160 hits\\)").all()
+    assert gaps["note"].str.contains("left out, outcome constant in this contrast: "
+                                     "eigencam/c \\(0/80 hits\\), gradcam/c \\(0/80 hits\\)").all()
+    assert (gaps["n_checkpoints"] == 2).all()
     without = subgroups.contrast_gaps(frame[frame["checkpoint_id"] != "c"], contrast,
                                       outcomes=("pointing_hit",), models=("M0",), sensitivity_model="")
     np.testing.assert_allclose(gaps["gap"], without["gap"])
-    kept, note = subgroups.drop_constant_checkpoints(frame, "pointing_hit", ["gradcam", "eigencam"],
-                                                     per_method=True)
+    kept, note = subgroups.fit_population(frame, "pointing_hit")
     assert set(kept["checkpoint_id"]) == {"a", "b"} and "gradcam/c (0/80 hits)" in note
 
 
@@ -206,3 +211,49 @@ def test_the_lesion_size_contrast_leaves_the_primary_family_and_its_chance_contr
     assert subgroup_controls._control_family(subgroups.LESION_SIZE_CONTRAST, subgroup_controls.CHANCE) == ""
     assert subgroup_controls._control_family("PolypGen: C1 vs other centres", subgroup_controls.CHANCE) == \
         subgroups.SECONDARY_FAMILY
+
+
+def test_crude_and_model_gaps_read_the_same_maps_and_hits_count_images():
+    """Issue 35, item 8: a (method, checkpoint) cell that never hits leaves the model fit and
+    the crude gap alike (one population per comparison); ``hits`` counts images (an image's
+    share of hit maps over its checkpoints), with the map counts beside; every gap row carries
+    the size of its fit's design; the crude table names its unit."""
+    frame = labelled(case_frame(n=80, checkpoints=("a", "b", "c"), seed=11))
+    never = (frame["checkpoint_id"] == "c") & (frame["method"] == "gradcam")
+    frame.loc[never, "pointing_hit"] = 0.0
+    contrast = subgroups.Contrast("C1", "C1", "other")
+    gaps = subgroups.contrast_gaps(frame, contrast, outcomes=("pointing_hit",), models=("M0",),
+                                   sensitivity_model="").set_index("method")
+    crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",)).set_index("method")
+    assert gaps.loc["gradcam", "n_checkpoints"] == crude.loc["gradcam", "n_checkpoints"] == 2
+    assert gaps.loc["eigencam", "n_checkpoints"] == crude.loc["eigencam", "n_checkpoints"] == 3
+    by_hand = subgroups.crude_gaps(frame[~never], outcomes=("pointing_hit",)).set_index("method")
+    assert crude.loc["gradcam", "crude_gap"] == pytest.approx(by_hand.loc["gradcam", "crude_gap"])
+    assert set(crude["unit"]) == {"pp"}
+    # the design: 2 x 3 intercepts less the dropped cell, 2 subgroup coefficients, 80 images
+    assert set(gaps["n_parameters"]) == {2 * 3 - 1 + 2} and set(gaps["n_clusters"]) == {80}
+    sub = frame[(frame["method"] == "gradcam") & (frame["subgroup"] == 1) & ~never]
+    shares = sub.groupby("cluster")["pointing_hit"].mean()
+    expected = f"{shares.sum():.1f}/40 subgroup"
+    assert gaps.loc["gradcam", "hits"].startswith(expected)
+    assert f"{int(sub['pointing_hit'].sum())}/80" in gaps.loc["gradcam", "hits"]
+
+
+def test_hits_of_one_checkpoint_are_whole_images():
+    frame = pd.DataFrame({"cluster": list("abcdef"), "method": "gradcam", "checkpoint_id": "x",
+                          "subgroup": [1, 1, 1, 0, 0, 0], "pointing_hit": [1, 0, 1, 0, 0, 1]})
+    assert subgroups.hit_counts(frame, "pointing_hit", "gradcam") == "2/3 subgroup, 1/3 reference images"
+    two = pd.concat([frame, frame.assign(checkpoint_id="y", pointing_hit=[1, 1, 0, 0, 0, 0])])
+    assert subgroups.hit_counts(two, "pointing_hit", "gradcam") == (
+        "2.0/3 subgroup, 0.5/3 reference images (4/6, 1/6 maps)")
+
+
+def test_too_few_clusters_for_the_intercepts_leaves_no_p_and_says_the_design():
+    """One intercept per (method, checkpoint): 8 checkpoints x 2 methods on 24 images leave
+    fewer than MIN_SPARE_CLUSTERS clusters beyond the parameters."""
+    frame = labelled(case_frame(n=24, checkpoints=tuple("abcdefgh"), seed=4))
+    gaps = subgroups.contrast_gaps(frame, subgroups.Contrast("C1", "C1", "other"),
+                                   outcomes=("energy_lift",), models=("M0",), sensitivity_model="")
+    assert gaps["p"].isna().all() and not gaps["estimable"].any()
+    assert gaps["note"].str.contains("too few clusters: 24 clusters for 18 parameters").all()
+    assert set(gaps["n_parameters"]) == {18} and set(gaps["n_clusters"]) == {24}

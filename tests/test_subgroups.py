@@ -148,7 +148,7 @@ def test_a_separated_subgroup_is_not_estimable_never_significant_or_equivalent(
     assert separated["separated"].all() and not separated["estimable"].any()
     assert separated["gap"].isna().all() and separated["p_holm"].isna().all()
     assert not separated["tost_equivalent"].any()
-    counts = f"{subgroup_n}/{subgroup_n} subgroup, {reference_hits}/{reference_n} reference"
+    counts = f"{subgroup_n}/{subgroup_n} subgroup, {reference_hits}/{reference_n} reference images"
     assert separated["note"].str.contains(f"not estimable ({counts}; separation)", regex=False).all()
     ordinary = gaps[gaps["method"] == "eigencam"]
     assert ordinary["estimable"].all() and not ordinary["separated"].any()

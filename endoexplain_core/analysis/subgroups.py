@@ -42,10 +42,15 @@ A GEE is read only when it converged (else refitted under independence working c
 else "not estimable") and only with ``MIN_SPARE_CLUSTERS`` clusters beyond its parameters.
 
 Checkpoints. The frame may hold several checkpoints (every learned checkpoint of the matrix):
-then every model, M0 included, adds a checkpoint term ``C(checkpoint_id)`` and the images stay
+then every model, M0 included, has one intercept per checkpoint and method, as the density
+audit's design has one per classifier and method (``CHECKPOINT_TERM``), and the images stay
 the clusters (the maps of one image under several classifiers are correlated), so a gap is the
-subgroup effect pooled over the classifiers. Crude gaps and the control contrasts
-(``subgroup_controls``) average each image's outcome over the checkpoints first.
+subgroup effect pooled over the classifiers. A (method, checkpoint) cell whose 0/1 outcome
+never varies in a contrast has an infinite intercept and is left out of the fit and of the
+crude gap alike (``fit_population``), so both describe the same maps. Crude gaps and the
+control contrasts (``subgroup_controls``) average each image's outcome over its checkpoints
+first. ``hits`` counts images: the hit maps of an image over its checkpoints, summed and
+divided by the checkpoints (so "7.6/20 subgroup images" beside 61 of 160 maps).
 
 Holm families, as the density-audit design: the *primary* family is each method's M1 (shared
 slopes) energy-lift gap over every contrast; the *secondary* family holds the M1 pointing, SRG
@@ -78,6 +83,7 @@ share one contrast table and its thin-side rules.
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -108,7 +114,11 @@ PRECEDING = ("fov_area",)
 ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
 TOST_ALPHA = 0.05
 PRIMARY_FAMILY, SECONDARY_FAMILY = "primary", "secondary"
-CHECKPOINT_TERM = "C(checkpoint_id)"
+# One intercept per (method, checkpoint) cell present: in the formula the cell factor replaces
+# the method intercepts (``gee_formula``), so a cell left out (``fit_population``) leaves no
+# empty column behind.
+CHECKPOINT_TERM = "C(method):C(checkpoint_id)"
+CELL_COLUMN = "method_checkpoint"
 LSR_METHOD = "classifier"
 # A logistic gap needs at least this many images with a hit and without one on each side: below
 # it one or two images decide the estimate and its Wald interval, the separation check passes
@@ -155,21 +165,31 @@ def model_terms(model: str, contrast: Contrast) -> list[str]:
 
 def informative_terms(frame: pd.DataFrame, terms) -> tuple[list[str], list[str]]:
     """(terms that vary in ``frame``, terms left out because they are constant there, e.g.
-    correctness when every case is classified correctly). ``C(x)`` terms are judged by x."""
+    correctness when every case is classified correctly). ``C(x)`` terms are judged by x, an
+    interaction with ``C(method)`` by its other factor."""
     kept, dropped = [], []
     for term in terms:
-        column = term[2:-1] if term.startswith("C(") and term.endswith(")") else term
-        (kept if frame[column].nunique(dropna=False) > 1 else dropped).append(term)
+        columns = [c for c in re.findall(r"C\((\w+)\)", term) if c != "method"] or [term]
+        varies = all(frame[column].nunique(dropna=False) > 1 for column in columns)
+        (kept if varies else dropped).append(term)
     return kept, dropped
 
 
 def gee_formula(outcome: str, terms, *, method_specific_slopes: bool) -> str:
-    """One intercept and one subgroup coefficient per method; shared (or per-method) slopes."""
+    """One intercept per method (per (method, checkpoint) cell when ``CHECKPOINT_TERM`` is
+    among ``terms``) and one subgroup coefficient per method; shared (or per-method) slopes."""
+    intercepts = f"C({CELL_COLUMN})" if CHECKPOINT_TERM in terms else "C(method)"
+    covariates = [term for term in terms if term != CHECKPOINT_TERM]
     if method_specific_slopes:
-        covariates = [f"C(method):{term}" for term in terms]
-    else:
-        covariates = list(terms)
-    return " + ".join([f"{outcome} ~ 0 + C(method)", "C(method):subgroup", *covariates])
+        covariates = [f"C(method):{term}" for term in covariates]
+    return " + ".join([f"{outcome} ~ 0 + {intercepts}", "C(method):subgroup", *covariates])
+
+
+def with_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the (method, checkpoint) cell column the pooled intercepts read."""
+    if "checkpoint_id" not in frame:
+        return frame
+    return frame.assign(**{CELL_COLUMN: frame["method"].astype(str) + "/" + frame["checkpoint_id"].astype(str)})
 
 
 def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes: bool = False):
@@ -183,13 +203,12 @@ def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes:
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; known: {list(OUTCOMES)}")
     family = families.Gaussian() if OUTCOMES[outcome] == "linear" else families.Binomial()
-    data = frame.sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
-    endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
-                            data, return_type="dataframe", NA_action="raise")
+    data, endog, exog = gee_design(frame, outcome, terms, method_specific_slopes=method_specific_slopes)
     clusters, parameters = data["cluster"].nunique(), exog.shape[1]
     if clusters - parameters < MIN_SPARE_CLUSTERS:
         raise NotEstimable(f"too few clusters: {clusters} clusters for {parameters} parameters "
-                           f"(cluster-robust inference needs {MIN_SPARE_CLUSTERS} to spare)")
+                           f"(cluster-robust inference needs {MIN_SPARE_CLUSTERS} to spare)",
+                           clusters=clusters, parameters=parameters)
     result = None
     for structure in (Exchangeable(), Independence()):
         model = GEE(endog, exog, groups=data["cluster"].to_numpy(), family=family,
@@ -200,12 +219,26 @@ def fit_gee(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes:
         if result.converged:
             break
     if not result.converged:
-        raise NotEstimable("did not converge (exchangeable or independence working correlation)")
+        raise NotEstimable("did not converge (exchangeable or independence working correlation)",
+                           clusters=clusters, parameters=parameters)
     return result, exog.design_info
 
 
+def gee_design(frame: pd.DataFrame, outcome: str, terms, *, method_specific_slopes: bool):
+    """(rows sorted by cluster and method, outcome column, design matrix) of ``gee_formula``."""
+    data = with_cells(frame).sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
+    endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
+                            data, return_type="dataframe", NA_action="raise")
+    return data, endog, exog
+
+
 class NotEstimable(ArithmeticError):
-    """A fit whose estimates cannot be read: no convergence, or too few clusters."""
+    """A fit whose estimates cannot be read: no convergence, or too few clusters. ``clusters``
+    and ``parameters``: the size of the design it was refused on."""
+
+    def __init__(self, message: str, *, clusters: int, parameters: int):
+        super().__init__(message)
+        self.clusters, self.parameters = clusters, parameters
 
 
 def working_correlation(result) -> str:
@@ -224,9 +257,7 @@ def separated_methods(frame: pd.DataFrame, outcome: str, terms, methods, *,
     shared term (a covariate or fixed effect). Empty when nothing is separated. Raises
     ValueError for a rank-deficient design.
     """
-    data = frame.sort_values(["cluster", "method"], kind="stable").reset_index(drop=True)
-    endog, exog = dmatrices(gee_formula(outcome, terms, method_specific_slopes=method_specific_slopes),
-                            data, return_type="dataframe", NA_action="raise")
+    _, endog, exog = gee_design(frame, outcome, terms, method_specific_slopes=method_specific_slopes)
     directions = separation_directions(exog.to_numpy(), endog.to_numpy().ravel())
     separated = [name for name, direction in zip(exog.columns, directions) if direction != 0]
     shared = [name for name in separated if "C(method)[" not in name]
@@ -239,13 +270,20 @@ def separated_methods(frame: pd.DataFrame, outcome: str, terms, methods, *,
 
 
 def hit_counts(frame: pd.DataFrame, outcome: str, method: str) -> str:
-    """``"3/3 subgroup, 40/57 reference"``: successes per side of one method's 0/1 outcome."""
+    """Hits of one method's 0/1 outcome per side, in images: ``"3/3 subgroup, 40/57 reference
+    images"``. With several checkpoints an image counts its share of hit maps, and the map
+    counts follow: ``"7.6/20 subgroup, 9.5/12 reference images (61/160, 76/96 maps)"``."""
     part = frame[frame["method"] == method]
-    sides = []
+    images, maps = [], []
     for value, label in ((1, "subgroup"), (0, "reference")):
-        side = part.loc[part["subgroup"] == value, outcome]
-        sides.append(f"{int(side.sum())}/{len(side)} {label}")
-    return ", ".join(sides)
+        side = part[part["subgroup"] == value]
+        shares = side.groupby("cluster")[outcome].mean()
+        whole = len(side) == len(shares)
+        images.append(f"{int(shares.sum()) if whole else f'{shares.sum():.1f}'}/{len(shares)} {label}")
+        maps.append(f"{int(side[outcome].sum())}/{len(side)}")
+    if len(part) == part["cluster"].nunique():
+        return ", ".join(images) + " images"
+    return ", ".join(images) + f" images ({', '.join(maps)} maps)"
 
 
 def g_computation_gaps(result, design_info, frame: pd.DataFrame, outcome: str, methods
@@ -257,7 +295,7 @@ def g_computation_gaps(result, design_info, frame: pd.DataFrame, outcome: str, m
     covariance = np.asarray(result.cov_params())
     rows = []
     for method in methods:
-        subset = frame[frame["method"] == method]
+        subset = with_cells(frame[frame["method"] == method])
         designs = [np.asarray(build_design_matrices([design_info], subset.assign(subgroup=value))[0])
                    for value in (1, 0)]
         means, gradients = [], []
@@ -350,7 +388,8 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
     at a time and the rest refitted: a separated method's rows would pull an infinite
     coefficient into the shared slopes. Returns (gaps of the fitted methods: method, gap, se;
     separated method -> terms; a note for the whole fit: covariates left out as constant, a
-    non-finite result or a failed fit).
+    non-finite result or a failed fit). The gaps carry ``n_clusters`` and ``n_parameters``,
+    the size of the design the fit was made (or refused) on.
     """
     fitted, separated = list(methods), {}
     data = frame[frame["method"].isin(fitted)]
@@ -374,11 +413,14 @@ def fit_estimable(frame: pd.DataFrame, outcome: str, candidate_terms, methods, *
             result, design_info = fit_gee(data, outcome, terms, method_specific_slopes=method_specific_slopes)
         except NotEstimable as error:
             note = "; ".join(filter(None, [note, f"not estimable ({error})"]))
-            return pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan}), separated, note
+            return (pd.DataFrame({"method": fitted, "gap": np.nan, "se": np.nan,
+                                  "n_clusters": error.clusters, "n_parameters": error.parameters}),
+                    separated, note)
         if working_correlation(result) == "independence":
             note = "; ".join(filter(None, [note, "refit under independence working correlation "
                                                  "(exchangeable did not converge)"]))
-        gaps = g_computation_gaps(result, design_info, data, outcome, fitted)
+        gaps = g_computation_gaps(result, design_info, data, outcome, fitted).assign(
+            n_clusters=len(np.unique(result.model.groups)), n_parameters=len(result.params))
         if method_specific_slopes and len(fitted) > 1:
             test = slope_heterogeneity(result, design_info, fitted, terms)
             gaps["slope_heterogeneity_p"] = test["p"]
@@ -412,25 +454,26 @@ def thin_methods(frame: pd.DataFrame, outcome: str, methods, minimum: int = MIN_
     return thin
 
 
-def drop_constant_checkpoints(frame: pd.DataFrame, outcome: str, methods, *, per_method: bool
-                              ) -> tuple[pd.DataFrame, str]:
-    """Rows of a pooled logistic fit without the checkpoints whose outcome never varies.
+def fit_population(frame: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, str]:
+    """The rows a pooled logistic gap is read from, model and crude alike: ``frame`` without
+    the (method, checkpoint) cells whose 0/1 outcome never varies in this contrast.
 
-    A checkpoint whose maps never (or always) hit in a contrast has an infinite checkpoint
-    intercept; its rows carry no information on any other coefficient (their likelihood is
-    maximised by that intercept alone), so leaving them out gives the other estimates' limit,
-    where keeping them makes the whole fit separated. ``per_method`` (method-specific
-    checkpoint terms): a (method, checkpoint) cell is dropped when constant; else a checkpoint
-    when constant over all ``methods``. Returns (rows kept, a note naming what was left out)."""
-    rows = frame[frame["method"].isin(methods)]
-    keys = ["method", "checkpoint_id"] if per_method else ["checkpoint_id"]
-    levels = rows.groupby(keys, sort=True)[outcome].agg(["nunique", "sum", "size"])
+    Such a cell (a checkpoint whose Grad-CAM never hits here) has an infinite intercept of its
+    own (``CHECKPOINT_TERM``); its rows carry no information on any other coefficient (their
+    likelihood is maximised by that intercept alone), so leaving them out gives the other
+    estimates' limit, where keeping them makes the whole fit separated. A frame of one
+    checkpoint, or a linear outcome, is returned whole. Returns (rows kept, a note naming
+    what was left out)."""
+    if OUTCOMES[outcome] != "logistic" or frame.get("checkpoint_id", pd.Series(dtype=str)).nunique() < 2:
+        return frame, ""
+    keys = ["method", "checkpoint_id"]
+    levels = frame.groupby(keys, sort=True)[outcome].agg(["nunique", "sum", "size"])
     constant = levels[levels["nunique"] <= 1]
     if constant.empty:
         return frame, ""
     drop = frame.set_index(keys).index.isin(constant.index)
-    named = ", ".join(f"{'/'.join(map(str, key)) if per_method else key} ({int(r['sum'])}/{int(r['size'])} hits)"
-                      for key, r in constant.iterrows())
+    named = ", ".join(f"{method}/{checkpoint} ({int(r['sum'])}/{int(r['size'])} hits)"
+                      for (method, checkpoint), r in constant.iterrows())
     return frame[~drop], f"left out, outcome constant in this contrast: {named}"
 
 
@@ -444,9 +487,11 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
     outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN),
     nor is a logistic method with fewer than ``min_side_images`` images with (or without) a
     hit on one side (``too_thin`` True; ``thin_methods``).
+    Every fit of an outcome reads the rows of ``fit_population`` (the crude gap reads the same).
     Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
     separated, too_thin, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
-    n_subgroup, n_reference, n_checkpoints.
+    n_subgroup, n_reference, n_checkpoints (of the method's rows in the fit), n_clusters and
+    n_parameters (the fit's design; NaN where no fit was made).
 
     Long on purpose: one pass over the contrasts applies the thin-side, constant-checkpoint and
     separation rules in the order they are documented.
@@ -462,20 +507,19 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
         fits.append((sensitivity_model, "method-specific", True))
     parts = []
     for outcome in outcomes:
+        data, dropped_note = fit_population(frame, outcome)
         # A method whose outcome never varies (e.g. constant maps: every peak at the same pixel,
         # every lift 0) carries no information on a gap; fitting it would report a spurious,
         # falsely precise 0. It is left out of the fit and reported not estimable.
-        varying = frame.groupby("method", sort=False)[outcome].nunique() > 1
+        varying = data.groupby("method", sort=False)[outcome].nunique() > 1
         varying_methods = [m for m in methods if varying.get(m, False)]
         constant = [m for m in methods if m not in varying_methods]
-        thin = (thin_methods(frame, outcome, varying_methods, min_side_images)
+        thin = (thin_methods(data, outcome, varying_methods, min_side_images)
                 if OUTCOMES[outcome] == "logistic" else {})
         varying_methods = [m for m in varying_methods if m not in thin]
+        checkpoints_used = (data.groupby("method")["checkpoint_id"].nunique()
+                            if "checkpoint_id" in data else pd.Series(1, index=methods))
         for model, slopes, specific in fits:
-            data, dropped_note = frame, ""
-            if pooled and OUTCOMES[outcome] == "logistic":
-                data, dropped_note = drop_constant_checkpoints(frame, outcome, varying_methods,
-                                                               per_method=specific)
             gaps, separated, note = fit_estimable(data, outcome, [*model_terms(model, contrast), *pooled],
                                                   varying_methods, method_specific_slopes=specific)
             note = "; ".join(filter(None, [dropped_note, note]))
@@ -483,7 +527,7 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
             if separated:
                 gaps = pd.concat([gaps, pd.DataFrame({
                     "method": list(separated), "gap": np.nan, "se": np.nan,
-                    "method_note": [SEPARATION_NOTE.format(hits=hit_counts(frame, outcome, m))
+                    "method_note": [SEPARATION_NOTE.format(hits=hit_counts(data, outcome, m))
                                     + f" along {term}" for m, term in separated.items()]})],
                     ignore_index=True)
             if thin:
@@ -508,7 +552,8 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
             gaps.insert(0, "outcome", outcome)
             gaps.insert(0, "contrast", contrast.name)
             if OUTCOMES[outcome] == "logistic":
-                gaps["hits"] = [hit_counts(frame, outcome, m) for m in gaps["method"]]
+                gaps["hits"] = [hit_counts(data, outcome, m) if m in varying.index else ""
+                                for m in gaps["method"]]
             else:
                 gaps["hits"] = ""
             if OUTCOMES[outcome] == "logistic":   # a gap in pp cannot pass +-100
@@ -516,8 +561,10 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
                 gaps.loc[beyond, "method_note"] = WALD_BEYOND_RANGE_NOTE
             method_note = gaps.pop("method_note").fillna("")
             gaps["note"] = ["; ".join(filter(None, [own, note])) for own in method_note]
-            gaps = gaps.assign(**counts, n_checkpoints=int(frame["checkpoint_id"].nunique())
-                               if "checkpoint_id" in frame else 1)
+            gaps = gaps.assign(**counts, n_checkpoints=[int(checkpoints_used.get(m, 0))
+                                                        for m in gaps["method"]])
+            for column in ("n_clusters", "n_parameters"):
+                gaps[column] = gaps.get(column, pd.Series(np.nan, index=gaps.index)).astype(float)
             parts.append(gaps)
     return pd.concat(parts, ignore_index=True)
 
@@ -654,18 +701,21 @@ def crude_gaps(frame: pd.DataFrame, outcomes=MAP_OUTCOMES, level: float = 0.95) 
     ``confint_proportions_2indep(method="newcomb")``; valid at 0/n and n/n, where the GEE is
     separated); energy lift, SRG and LSR get Welch's t interval. With several checkpoints each
     image's outcome is first averaged over them (``per_image_means``; a pointing value is then
-    a share of hits, not 0/1) and every interval is Welch's. Columns: outcome, method,
-    n_subgroup, n_reference, n_checkpoints, subgroup_mean, reference_mean, crude_gap,
-    crude_ci_low, crude_ci_high, crude_interval (NaN interval when a side has fewer than 2
-    images)."""
-    n_checkpoints = int(frame["checkpoint_id"].nunique()) if "checkpoint_id" in frame else 1
-    if n_checkpoints > 1:
-        frame = per_image_means(frame, outcomes)
+    a share of hits, not 0/1) and every interval is Welch's; a pointing gap reads the rows of
+    ``fit_population``, as the model gaps do. Columns: outcome, unit, method, n_subgroup,
+    n_reference, n_checkpoints, subgroup_mean, reference_mean, crude_gap, crude_ci_low,
+    crude_ci_high, crude_interval (NaN interval when a side has fewer than 2 images)."""
+    pooled = "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
     rows = []
     for outcome in outcomes:
-        newcombe = OUTCOMES[outcome] == "logistic" and n_checkpoints == 1
+        population = fit_population(frame, outcome)[0] if pooled else frame
+        checkpoints = (population.groupby("method")["checkpoint_id"].nunique() if pooled
+                       else pd.Series(dtype=int))
+        if pooled:
+            population = per_image_means(population, [outcome])
+        newcombe = OUTCOMES[outcome] == "logistic" and not pooled
         scale = 100.0 if OUTCOMES[outcome] == "logistic" else 1.0
-        for method, part in frame.groupby("method", sort=False):
+        for method, part in population.groupby("method", sort=False):
             sub = part.loc[part["subgroup"] == 1, outcome].dropna().to_numpy(float)
             ref = part.loc[part["subgroup"] == 0, outcome].dropna().to_numpy(float)
             low = high = np.nan
@@ -674,8 +724,9 @@ def crude_gaps(frame: pd.DataFrame, outcomes=MAP_OUTCOMES, level: float = 0.95) 
             elif len(sub) >= 2 and len(ref) >= 2:
                 low, high = confint_proportions_2indep(int(sub.sum()), len(sub), int(ref.sum()),
                                                        len(ref), method="newcomb", alpha=1 - level)
-            rows.append({"outcome": outcome, "method": method, "n_subgroup": len(sub),
-                         "n_reference": len(ref), "n_checkpoints": n_checkpoints,
+            rows.append({"outcome": outcome, "unit": OUTCOME_UNITS[outcome], "method": method,
+                         "n_subgroup": len(sub), "n_reference": len(ref),
+                         "n_checkpoints": int(checkpoints.get(method, 1)),
                          "subgroup_mean": (sub.mean() if len(sub) else np.nan) * scale,
                          "reference_mean": (ref.mean() if len(ref) else np.nan) * scale,
                          "crude_gap": (sub.mean() - ref.mean() if len(sub) and len(ref) else np.nan) * scale,
