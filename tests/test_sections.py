@@ -17,7 +17,8 @@ from endoexplain_core import artefacts, presentation  # noqa: E402
 from endoexplain_core.analysis import adjusted_model, summaries  # noqa: E402
 from endoexplain_core.figures.audit_report import AuditSummary  # noqa: E402
 from endoexplain_core.presentation import Section  # noqa: E402
-from endoexplain_core.sections import robustness, spatial_audit  # noqa: E402
+from endoexplain_core.figures import audit_report  # noqa: E402
+from endoexplain_core.sections import robustness  # noqa: E402
 from tests.test_summaries import FAILURES, SCORES, SEED, crafted_table, random_deletion_rows  # noqa: E402
 
 
@@ -117,15 +118,45 @@ def test_adjusted_model_section_holds_table5_and_firth_as_the_model_functions_gi
     assert section.statement.startswith(f"Table 5 (score ≥ 0.9): {status}.")
 
 
-def test_map_ties_section_counts_the_ties_table():
+def test_the_ties_description_counts_the_ties_table():
     ties = pd.DataFrame({"method": ["gradcam", "eigencam"], "maps": [10, 10], "constant_maps": [1, 2],
                          "boundary_ties": [0, 3]})
-    summary = AuditSummary(summary=pd.DataFrame(), formatted=pd.DataFrame(), ties=ties, identical=[],
-                           identical_statement="none identical")
-    section = spatial_audit.map_ties(summary)
-    assert section.tables == {"table4_map_ties": ties}
-    assert section.views == [ties, "none identical"]
-    assert section.statement == "3 constant maps and 3 maps with boundary ties among 20 maps."
+    assert audit_report.describe_ties(ties) == "3 constant maps and 3 maps with boundary ties among 20 maps."
+
+
+def test_table4_is_saved_whole_by_panel_and_formatted_and_described_from_its_counts():
+    summary_rows = pd.DataFrame({"panel": ["A", "A", "B", "B"], "method": ["gradcam", "random"] * 2,
+                                 "n": [0, 0, 12, 12]})
+    summary = AuditSummary(summary=summary_rows, formatted=pd.DataFrame({"x": [1]}), ties=pd.DataFrame(),
+                           identical=[], identical_statement="")
+    saved = audit_report.table4_files(summary)
+    assert list(saved) == ["table4_spatial_audit", "table4_panel_a", "table4_panel_b",
+                           "table4_spatial_audit_formatted"]
+    assert set(saved["table4_panel_a"]["panel"]) == {"A"} and len(saved["table4_panel_b"]) == 2
+    text = audit_report.describe_table4(summary, pd.DataFrame({"temperature": [1.5]}), None, score_threshold=0.9)
+    assert text.startswith("Panel A: 0 of 12 images with temperature-scaled score ≥ 0.9; panel B: all 12. "
+                           "Panel A is EMPTY")
+    assert text.endswith("The validity gate has not been run.")
+
+
+def test_the_case_figure_description_says_when_nothing_qualifies_and_else_the_iou_check():
+    check = pd.DataFrame({"rendered_iou": [0.5, 0.25], "table_iou": [0.5, 0.2]})
+    assert audit_report.describe_case_figure({"miss": None, "hit": None}, check).endswith(
+        "No high-score case qualifies for either row: the figure says so.")
+    assert audit_report.describe_case_figure({"miss": "a", "hit": None}, check).endswith("difference: 5.00e-02.")
+
+
+def test_paired_tests_run_on_each_non_empty_panel_and_say_their_sizes():
+    primary = crafted_table(SCORES, FAILURES)
+    panels = summaries.audit_panels(primary, 0.96)
+    paired = summaries.paired_tests_by_panel(primary, panels, replicates=20, seed=SEED)
+    assert set(paired["panel"]) == {p for p, ids in panels.items() if ids}
+    expected = pd.concat([summaries.paired_tests(primary, ids, replicates=20, seed=SEED).assign(panel=p)
+                          for p, ids in panels.items() if ids], ignore_index=True)
+    pd.testing.assert_frame_equal(paired, expected)
+    assert summaries.describe_paired_tests(paired, panels).startswith(
+        f"Paired tests on panels {sorted(set(paired['panel']))} (n = "
+        + ", ".join(str(len(panels[p])) for p in sorted(set(paired["panel"]))) + ")")
 
 
 def test_a_disabled_check_is_a_statement_and_nothing_saved():
@@ -157,3 +188,27 @@ def test_subgroup_gaps_section_saves_the_four_subgroup_tables_and_counts_the_m1_
     assert section.statement.startswith(f"M1: {int(main['gap'].notna().sum())} of {len(main)} gaps estimable")
     assert list(section.figures) == ["figure_s_faithfulness_subgroups"]
     plt.close("all")
+
+
+def test_notebook_07_descriptions_read_their_tables():
+    """What notebook 07 says beside its tables (``extended_localisation.describe_*``)."""
+    from endoexplain_core.analysis import extended_localisation as ext
+
+    scores = pd.DataFrame({"sample_id": ["a", "a", "b", "c"], "scaled_score": [0.95, 0.95, 0.5, 0.91]})
+    subsets = ext.panel_subsets(scores, 0.9)
+    assert set(subsets["panel A"]["sample_id"]) == {"a", "c"} and subsets["all images"] is scores
+    run = {"checkpoint_id": "efficientnet_b0_s1", "n_audited": 3, "n_empty_masks_excluded": 1,
+           "cam_seconds": 2.0, "metric_seconds": 1.0}
+    assert ext.describe_scored(run, subsets, 0.9) == (
+        "`efficientnet_b0_s1`: 3 masked images scored (1 empty after resizing, excluded); panel A: 2 images "
+        "at scaled score ≥ 0.90.")
+    assert ext.describe_cost([run, {**run, "metric_seconds": 3.0}]) == (
+        "Extended metrics / CAM computation: 100.0% (primary: 50.0%).")
+    # ranks (1 = highest mean), as rankings_by_subset gives them
+    ranked = pd.DataFrame({"subset": ["all images"] * 2 + ["panel A"], "method": ["gradcam", "dog", "gradcam"],
+                           "auc_iou": [2, 1, 9], "top20_iou": [1, 2, 0]})
+    assert ext.describe_rankings(ranked, 0.2) == (
+        "**All images, ranking by AUC-IoU:** DoG conspicuity > Grad-CAM.\n\n"
+        "**By top-20% IoU:** Grad-CAM > DoG conspicuity.")
+    noted = ext.noted({"t": pd.DataFrame({"x": [1]})})
+    assert list(noted["t"]["note"]) == [ext.CONSTANT_NOTE]

@@ -264,6 +264,27 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(), *,
     return result
 
 
+def audit_panels(table: pd.DataFrame, score_threshold: float) -> dict[str, list[str]]:
+    """Table 4's panels as sample ids: A = scaled score >= ``score_threshold``, B = every image."""
+    return {"A": high_score_ids(table, score_threshold), "B": sorted(table["sample_id"].unique())}
+
+
+def paired_tests_by_panel(table: pd.DataFrame, panels: dict[str, list[str]], identical_groups=(), *,
+                          replicates: int, seed: int) -> pd.DataFrame:
+    """``paired_tests`` on each non-empty panel, stacked with a ``panel`` column (Holm within
+    each outcome and panel)."""
+    parts = [paired_tests(table, ids, identical_groups, replicates=replicates, seed=seed).assign(panel=panel)
+             for panel, ids in panels.items() if ids]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def describe_paired_tests(paired: pd.DataFrame, panels: dict[str, list[str]]) -> str:
+    """Which panels were tested, on how many images."""
+    tested = sorted(paired["panel"].unique()) if "panel" in paired else []
+    return (f"Paired tests on panels {tested} (n = {', '.join(str(len(panels[p])) for p in tested)}); "
+            "p-values Holm-adjusted within each outcome and panel.")
+
+
 def tie_counts(table: pd.DataFrame) -> pd.DataFrame:
     """Per method: maps, constant maps, maps with a tied maximum, maps with a tied boundary.
 
