@@ -398,3 +398,10 @@ def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir
         tables.append(audit_schema.read_audit_table(paths["table"]))
         deletions.append(audit_schema.read_random_deletion(paths["random_deletion"]))
     return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)
+
+
+def describe_other_audits(runs: pd.DataFrame, not_audited, primary_id: str, *, audit_unlearned: bool) -> str:
+    """Notebook 05's audits besides the primary (``audit_registry``'s runs) in one sentence."""
+    return (f"{len(runs)} checkpoints audited besides the primary `{primary_id}` (its audit is "
+            f"04_spatial_audit's), {int(runs['reused'].sum())} reused. Not audited (did not learn; "
+            f"audit_unlearned = {audit_unlearned}): {', '.join(sorted(not_audited)) or 'none'}.")
