@@ -30,7 +30,7 @@ from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
 from endoexplain_core.data.datasets import load_manifest
-from endoexplain_core.methods import MAP_METHODS, method_label
+from endoexplain_core.methods import MAP_METHODS, labelled, method_label
 
 MANIFEST_NAME = "hyperkvasir"
 OVERLAP_REASON = "overlaps the HyperKvasir manifest by hash (not external data)"
@@ -366,7 +366,7 @@ def breakdown_table(audit_table: pd.DataFrame, cases: dict[str, pd.DataFrame], *
                        score_threshold=score_threshold, replicates=replicates, seed=seed)
              for name, table in cases.items() for by in ("centre", "modality")]
     table = pd.concat([part for part in parts if len(part)], ignore_index=True)
-    return table.assign(method=table["method"].map(method_label))
+    return labelled(table)
 
 
 def describe_breakdown(table: pd.DataFrame) -> str:
