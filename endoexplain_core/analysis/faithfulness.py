@@ -50,7 +50,7 @@ from endoexplain_core.numerics import resolve_device
 
 
 @dataclass(frozen=True)
-class FaithfulnessSettings:
+class FaithfulnessControls:
     """Protocol parameters of the faithfulness controls: the 08 profile keys of the same names,
     the shared ``top_fraction`` and the tolerance zone's radius in pixels (``shared.localisation``
     at the input size). No defaults: every value comes from the profile."""
@@ -65,7 +65,7 @@ class FaithfulnessSettings:
 
     @classmethod
     def from_profile(cls, section: config.FaithfulnessSettings, *, localisation: LocalisationSettings,
-                     image_size: int, top_fraction: float) -> "FaithfulnessSettings":
+                     image_size: int, top_fraction: float) -> "FaithfulnessControls":
         """The controls of a profile: its ``stages.08_faithfulness`` section, the shared
         ``localisation`` scales (the tolerance zone at ``image_size``) and ``top_fraction``."""
         return cls(road_fractions=tuple(section.road_fractions),
@@ -115,7 +115,7 @@ def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torc
 
 
 def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids,
-                       *, temperature: float, settings: FaithfulnessSettings,
+                       *, temperature: float, settings: FaithfulnessControls,
                        timings: dict | None = None, include_shape: bool = True
                        ) -> dict[str, pd.DataFrame]:
     """ROAD, LSR and (``include_shape``) shape-preserving deletion of one batch. Returns:
@@ -186,7 +186,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
 
 
 def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
-                            dataset: str, settings: FaithfulnessSettings, batch_size: int,
+                            dataset: str, settings: FaithfulnessControls, batch_size: int,
                             device: str = "cpu", include_shape: bool = True) -> dict:
     """Run ``faithfulness_batch`` over all prepared cases of one checkpoint (``include_shape``
     False: ROAD and LSR only, an empty ``shape`` table).
@@ -226,7 +226,7 @@ TABLE_PARTS = ("road", "srg", "lsr", "shape")
 
 
 def faithfulness_registered(run_dir, checkpoint_ids, prepared: PreparedCases, *,
-                            settings: FaithfulnessSettings, image_size: int, batch_size: int,
+                            settings: FaithfulnessControls, image_size: int, batch_size: int,
                             device: str = "cpu") -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
     """``faithfulness_checkpoint`` for registered checkpoints of a run on its audit pool.
 

@@ -92,7 +92,7 @@ def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict
 
 
 def cohort_faithfulness(run_dir: str | Path, checkpoint_id: str, prepared_by_dataset: dict,
-                        known: dict[str, pd.DataFrame], *, settings: faithfulness.FaithfulnessSettings,
+                        known: dict[str, pd.DataFrame], *, settings: faithfulness.FaithfulnessControls,
                         image_size: int, batch_size: int, device: str) -> dict[str, pd.DataFrame]:
     """Per-image SRG and LSR of ``checkpoint_id`` on every prepared cohort: taken from
     ``known`` (``{"srg", "lsr"}`` tables of ``faithfulness.faithfulness_checkpoint``, e.g. the
@@ -226,7 +226,7 @@ def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=subgroups.ALL
 def subgroup_inputs(run_dir: str | Path, data_dir: str | Path, prepared: faithfulness.PreparedCases,
                     tables: dict[str, pd.DataFrame], primary_id: str, *, cohorts_used, checkpoints: str,
                     with_faithfulness: bool, localisation_settings: LocalisationSettings,
-                    settings: faithfulness.FaithfulnessSettings, decision_threshold: float, image_size: int,
+                    settings: faithfulness.FaithfulnessControls, decision_threshold: float, image_size: int,
                     batch_size: int, device: str, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[Path]]:
     """Per-image outcomes of the subgroup checkpoints (``subgroup_checkpoint_ids``) on the audit
     pool and the external ``cohorts_used`` (``case_outcomes``, with the randomised-network
