@@ -69,3 +69,8 @@ def method_label(method: str, not_validated=()) -> str:
     in ``not_validated`` (the validity gate's failing methods) ends with ``NOT_VALIDATED_MARK``."""
     label = METHOD_LABELS.get(method, method)
     return f"{label}{NOT_VALIDATED_MARK}" if method in not_validated else label
+
+
+def labelled(table):
+    """``table`` (a DataFrame with a ``method`` column) with the methods' display names."""
+    return table.assign(method=table["method"].map(method_label))

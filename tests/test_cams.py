@@ -280,3 +280,24 @@ def test_a_planted_patch_is_where_the_upsampled_peak_lands():
     resize draws the grid half a cell off and peaks miss, so the check can fail."""
     assert _patch_misses(136, 48, step=4) == 0
     assert _patch_misses(160, 48, step=8) > 0
+
+
+def test_a_one_cell_grid_gives_flat_maps_not_rounding_peaks():
+    """Thin data (issue 35): EfficientNet-B0 at 32 px has a 1x1 feature grid. Its CAMs are one
+    value each; bilinear resizing leaves float32 rounding, which a min-max with an exact zero-range
+    test stretched to a [0, 1] map whose "peak" sat wherever rounding fell (Grad-CAM++ in the
+    thin-data smoke run: 20 of 20 maps "non-constant" on a 1x1 grid)."""
+    value = torch.tensor(0.7310586)
+    resized = torch.nn.functional.interpolate(value.reshape(1, 1, 1, 1).expand(1, 1, 1, 1) * torch.ones(1, 1, 1, 1),
+                                              size=(32, 32), mode="bilinear", align_corners=False)[0]
+    noisy = resized + torch.randn(1, 32, 32) * 1e-7 * value     # rounding-sized differences
+    assert torch.equal(cams.minmax_per_map(noisy), torch.zeros(1, 32, 32))
+    real = resized + torch.linspace(0, 1e-3, 32 * 32).reshape(1, 32, 32)   # a real (if small) structure
+    assert cams.minmax_per_map(real).amax() == 1.0
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Conv2d(4, 4, 1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    torch.manual_seed(0)
+    images = torch.randn(3, 3, 32, 32)
+    out = cams.compute_cams(model, "3", images)   # the 1x1 activation after the pooling
+    for method, cam in out.items():
+        assert torch.equal(cam, torch.zeros_like(cam)), method

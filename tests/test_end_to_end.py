@@ -17,6 +17,7 @@ import pytest
 
 from endoexplain_core import config
 from endoexplain_core.pipeline import orchestrator
+from tests import table_scan
 
 pytestmark = pytest.mark.slow
 
@@ -277,3 +278,45 @@ def test_a_thin_panel_a_completes_every_stage_and_says_not_estimable(smoke_run, 
         terms = table5[table5["term"].str.contains("versus Grad-CAM", regex=False)]
         assert (~terms["estimable"].astype(bool)).all(), "an adjusted model on fewer than 10 images"
     assert "not estimable" in (figures / "summary.md").read_text() or panel_a_size > 0
+    assert table_scan.unsupported_p_values(figures) == []
+
+
+# Every map constant: at 32 px EfficientNet-B0's last feature map is 1x1, so every CAM of every
+# image is one value upsampled. One external image: ETIS of a single frame, PolypGen of one
+# frame with a polyp. Each reruns the smoke chain in its own copy of the run (the data change
+# is adopted into a reference manifest of the copy, never the repository's).
+THIN_RUNS = {
+    "every_map_constant": ["--set", "shared.image_size=32"],
+    "one_external_image": ["--set", "00_roles.etis_count=1", "--set", "00_roles.etis_duplicates=0",
+                           "--set", "00_roles.polypgen_counts=[1, 0, 0, 0, 0, 0]",
+                           "--set", "00_roles.polypgen_empty_per_centre=0", "--set", "00_roles.polypgen_duplicates=0"],
+}
+
+
+@pytest.mark.parametrize("case", list(THIN_RUNS))
+def test_thin_data_runs_complete_and_print_no_p_their_fits_cannot_carry(smoke_run, tmp_path, case):
+    """The thin-data suite (issue 35, item 9), continued: every stage completes; every CAM
+    that is constant on every image says so (Table 4's constant-map count, C-Score "constant");
+    a cohort of one image has no interval; no table prints a p-value from a fit that cannot
+    carry one (tests/table_scan.py)."""
+    import shutil
+
+    root = tmp_path / case
+    shutil.copytree(smoke_run, root, symlinks=True)
+    reference = root / "reference_manifest"
+    result = run_all(root, *THIN_RUNS[case], "--adopt-manifest", "--manifest-reference", str(reference))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    provenance = json.loads((root / "runs" / "smoke" / "provenance.json").read_text())
+    assert provenance["status"] == "complete"
+    figures = root / "figures" / "smoke"
+    assert table_scan.unsupported_p_values(figures) == []
+    if case == "every_map_constant":
+        ties = pd.read_csv(figures / "table4_map_ties.csv")
+        assert (ties["constant_maps"] == ties["maps"]).all(), ties
+        c_scores = pd.read_csv(figures / "table_s_extended_c_score.csv")
+        cams = c_scores[c_scores["method"].isin(["gradcam", "gradcampp", "xgradcam", "hirescam"])]
+        assert not (cams["c_score"] == 1.0).any(), "a C-Score of 1 from constant maps"
+    else:
+        transfer = pd.read_csv(figures / "table_transfer.csv")
+        etis = transfer[transfer["dataset"].astype(str).str.contains("ETIS")]
+        assert (etis["n"] == 1).all() and etis.filter(like="ci_").isna().all().all(), etis

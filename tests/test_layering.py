@@ -16,7 +16,7 @@ import pytest
 
 CORE = Path(__file__).resolve().parent.parent / "endoexplain_core"
 # "entry": the command line (cli, __main__) sits on top and may import every layer.
-LAYERS = ["foundation", "kernels", "data", "models", "analysis", "figures", "sections", "pipeline", "entry"]
+LAYERS = ["foundation", "kernels", "data", "models", "analysis", "figures", "pipeline", "entry"]
 FOUNDATION = {"config", "methods", "marks", "presentation", "artefacts", "numerics", "files", "progress",
               "run_layout", "__init__"}
 ENTRY = {"__main__", "cli"}

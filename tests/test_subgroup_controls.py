@@ -257,3 +257,24 @@ def test_too_few_clusters_for_the_intercepts_leaves_no_p_and_says_the_design():
     assert gaps["p"].isna().all() and not gaps["estimable"].any()
     assert gaps["note"].str.contains("too few clusters: 24 clusters for 18 parameters").all()
     assert set(gaps["n_parameters"]) == {18} and set(gaps["n_clusters"]) == {24}
+
+
+def test_the_table_scan_finds_a_p_its_row_cannot_carry(tmp_path):
+    """The scan the smoke and thin-data runs pass (tests/table_scan.py) does fail: a p beside
+    'not estimable', beside an unconverged fit, from a GEE with too few clusters, or from a GEE
+    row that does not say its design size."""
+    from tests import table_scan
+
+    base = {"model": "M1", "slopes": "shared", "se": 0.1, "gap": 0.2, "estimable": True, "note": "",
+            "n_clusters": 40, "n_parameters": 20, "p": 0.03}
+    rows = [base,
+            {**base, "estimable": False},
+            {**base, "note": "not estimable (too few clusters: 12 clusters for 10 parameters)"},
+            {**base, "note": "did not converge"},
+            {**base, "note": "refit under independence working correlation (exchangeable did not converge)"},
+            {**base, "n_clusters": 25},
+            {**base, "n_parameters": np.nan},
+            {**base, "estimable": False, "p": np.nan}]
+    pd.DataFrame(rows).to_csv(tmp_path / "table_gaps.csv", index=False)
+    found = table_scan.unsupported_p_values(tmp_path)
+    assert [line.split(":")[0] for line in found] == [f"table_gaps.csv row {i}" for i in (1, 2, 3, 5, 6)]

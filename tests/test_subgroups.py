@@ -333,3 +333,17 @@ def test_tost_needs_events_on_both_sides_and_a_crude_interval_inside_the_margin(
     rich = thin.assign(n_subgroup=[80, 8], n_reference=[240, 24], subgroup_mean=[30.0, 1.0],
                        reference_mean=[31.0, 1.0], crude_ci_low=[-8.0, -0.2], crude_ci_high=[6.0, 0.3])
     assert subgroups.add_tost(gaps, rich).set_index("outcome").loc["pointing_hit", "tost_equivalent"]
+
+
+def test_a_subgroup_without_a_single_hit_is_not_estimable_and_its_crude_gap_keeps_an_interval():
+    """Thin data (issue 35, item 9): 0 of 12 subgroup images hit. The model gap is separated
+    (no p, no TOST, no Holm slot); the crude gap keeps Newcombe's interval, valid at 0/n."""
+    frame = _thin_contrast(0, 12, 30, 50)
+    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+        frame, subgroups.Contrast("no hits", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
+    none = gaps[gaps["method"] == "gradcam"]
+    assert not none["estimable"].any() and none["p"].isna().all() and none["p_holm"].isna().all()
+    assert not none["tost_equivalent"].any()
+    assert none["note"].str.contains("0/12 subgroup, 30/50 reference images", regex=False).all()
+    crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",)).set_index("method").loc["gradcam"]
+    assert crude["subgroup_mean"] == 0 and crude["crude_ci_low"] < crude["crude_gap"] < crude["crude_ci_high"] < 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from endoexplain_core import marks
 from endoexplain_core.analysis import stats, summaries
 from endoexplain_core.methods import CAM_METHODS
 
@@ -225,7 +226,10 @@ def format_firth(firth: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
 
 
 def heading(frame: pd.DataFrame) -> str:
-    """What Table 5 models, for its caption: outcome, n and reference category."""
+    """What Table 5 models, for its caption: outcome, n and reference category (an empty
+    ``frame``: that the table is empty)."""
+    if frame.empty:
+        return "No high-score image: Table 5 is empty."
     n_images, n_rows = frame["sample_id"].nunique(), len(frame)
     return (f"Outcome: the CAM's peak lies outside the lesion (a constant map counts as a "
             f"failure); n = {n_images} high-score images x {len(CAM_METHODS)} CAMs = {n_rows} "
@@ -310,3 +314,15 @@ def firth_odds_ratios(frame: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL
                              "ci_low": np.exp(bounds[:, 0]), "ci_high": np.exp(bounds[:, 1]),
                              "separated_in_mle": [t in separated for t in terms],
                              "interval": "profile penalised likelihood (rows independent)"})
+
+
+def describe(status: str, *, score_threshold: float, primary_id: str, learned: bool, not_learned,
+             failing_methods=()) -> str:
+    """What Table 5 is, in words: its fit status, whose model it is, what it leaves out, how
+    its intervals are made, and the CAM methods the gate does not validate."""
+    return (f"Table 5 (score ≥ {score_threshold}): {status}. It models the primary `{primary_id}` only "
+            f"(learned: {learned}); checkpoints that did not learn never enter it (excluded: "
+            f"{', '.join(not_learned) or 'none'}). Firth-penalised logistic (Jeffreys prior), "
+            "profile penalised-likelihood intervals; rows are treated as independent although each image "
+            "gives five CAM rows, so these intervals are too narrow."
+            + (f"\n\n{marks.GATE_FOOTNOTE} Failing: {', '.join(failing_methods)}." if failing_methods else ""))

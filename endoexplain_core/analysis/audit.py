@@ -26,7 +26,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -258,6 +258,41 @@ def load_calibrated_model(run_dir: str | Path, checkpoint_id: str, image_size: i
     return model, metadata, temperature
 
 
+class CheckpointAudit(NamedTuple):
+    """One registered checkpoint's audit as the later analyses read it: its rows (``table``),
+    random deletions and held-out negatives, the model with its metadata and target layer, and
+    the masked pool it was run on."""
+    table: pd.DataFrame
+    random_deletion: pd.DataFrame
+    negatives: pd.DataFrame
+    model: torch.nn.Module
+    metadata: dict
+    layer_name: str
+    layer: torch.nn.Module
+    pool: pd.DataFrame
+
+
+def load_checkpoint_audit(run_dir: str | Path, checkpoint_id: str, *, image_size: int,
+                          device: str) -> CheckpointAudit:
+    """Read the finished HyperKvasir audit of ``checkpoint_id`` (``audit_registered_checkpoint``)
+    with its model and target layer."""
+    layout = RunLayout(run_dir)
+    paths = layout.audit_paths("hyperkvasir", checkpoint_id)
+    model, metadata = load_registered_model(run_dir, checkpoint_id, image_size, device)
+    layer_name, layer = networks.resolve_target_layer(model, metadata["arch"], metadata.get("target_layer"))
+    return CheckpointAudit(audit_schema.read_audit_table(paths["table"]),
+                           audit_schema.read_random_deletion(paths["random_deletion"]),
+                           pd.read_parquet(paths["negatives"]), model, metadata, layer_name, layer,
+                           audit_inputs.masked_pool(load_manifest(layout.manifest)))
+
+
+def describe_audit_run(run: dict, table: pd.DataFrame) -> str:
+    """One sentence on an audit run (``audit_registered_checkpoint``'s record) and its table."""
+    return (f"Checkpoint `{run['checkpoint_id']}` (T = {table['temperature'].iloc[0]:.3f}): {run['n_audited']} "
+            f"masked images audited, {run['n_empty_masks_excluded']} empty masks excluded"
+            + (" (reused: inputs unchanged)." if run.get("reused") else "."))
+
+
 def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                                 image_size: int, top_fraction: float, repetitions: int,
                                 batch_size: int, device: str = "cpu",
@@ -363,3 +398,10 @@ def read_audits(run_dir: str | Path, checkpoint_ids, dataset: str = "hyperkvasir
         tables.append(audit_schema.read_audit_table(paths["table"]))
         deletions.append(audit_schema.read_random_deletion(paths["random_deletion"]))
     return pd.concat(tables, ignore_index=True), pd.concat(deletions, ignore_index=True)
+
+
+def describe_other_audits(runs: pd.DataFrame, not_audited, primary_id: str, *, audit_unlearned: bool) -> str:
+    """Notebook 05's audits besides the primary (``audit_registry``'s runs) in one sentence."""
+    return (f"{len(runs)} checkpoints audited besides the primary `{primary_id}` (its audit is "
+            f"04_spatial_audit's), {int(runs['reused'].sum())} reused. Not audited (did not learn; "
+            f"audit_unlearned = {audit_unlearned}): {', '.join(sorted(not_audited)) or 'none'}.")

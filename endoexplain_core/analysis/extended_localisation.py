@@ -48,11 +48,13 @@ from scipy import stats as scipy_stats
 
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, audit_inputs, map_diagnostics, stats
+from endoexplain_core.analysis import audit, audit_inputs, map_diagnostics, stats, transfer
+from endoexplain_core.data import cohorts
 from endoexplain_core.data.datasets import load_manifest
+from endoexplain_core.files import write_parquet_atomic
 from endoexplain_core.kernels import baselines, cams, deletion, localisation
 from endoexplain_core.methods import (
-    BASELINE_METHODS, CAM_METHODS, EXTENDED_BASELINE_METHODS, EXTENDED_CAM_METHODS,
+    BASELINE_METHODS, CAM_METHODS, EXTENDED_BASELINE_METHODS, EXTENDED_CAM_METHODS, method_label,
 )
 from endoexplain_core.models import networks
 from endoexplain_core.models import training
@@ -733,3 +735,129 @@ def cost_ratio(summaries: Iterable[dict]) -> float:
 def with_note(table: pd.DataFrame, note: str = CONSTANT_NOTE) -> pd.DataFrame:
     """The table with a ``note`` column saying how constant maps were treated."""
     return table.assign(note=note)
+
+
+def noted(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """``with_note`` on every table of a name -> table dict (what notebook 07 saves)."""
+    return {name: with_note(table) for name, table in tables.items()}
+
+
+# --- notebook 07's scoring runs and what it says about them -------------------------------------
+# ``scoring`` below is the notebook's one recipe, passed whole to ``score_registered``:
+# image_size, settings (LocalisationSettings), replicates, seed, batch_size, device.
+
+def keep_scores(run_dir: str | Path, table: pd.DataFrame, dataset: str, checkpoint_id: str) -> Path:
+    """Write one checkpoint's per-image scores to the run folder; return the path."""
+    return write_parquet_atomic(table, RunLayout(run_dir).extended_table(dataset, checkpoint_id))
+
+
+def panel_subsets(table: pd.DataFrame, score_threshold: float) -> dict[str, pd.DataFrame]:
+    """{"all images": table, "panel A": its images with scaled score >= ``score_threshold``}."""
+    panel_a = set(table.loc[table["scaled_score"] >= score_threshold, "sample_id"])
+    return {"all images": table, "panel A": table[table["sample_id"].isin(panel_a)]}
+
+
+def describe_scales(settings: LocalisationSettings, image_size: int) -> str:
+    """The localisation scales in pixels at the input size (``LocalisationSettings.pixels``)."""
+    return "Scales at the input size of %d px: %s." % (image_size, ", ".join(
+        f"{name} = {value:.2f}" for name, value in settings.pixels(image_size).items()))
+
+
+def describe_scored(run: dict, subsets: dict[str, pd.DataFrame], score_threshold: float) -> str:
+    """One sentence on a scored checkpoint (``score_registered``'s record) and its panel A."""
+    return (f"`{run['checkpoint_id']}`: {run['n_audited']} masked images scored ({run['n_empty_masks_excluded']} "
+            f"empty after resizing, excluded); panel A: {subsets['panel A']['sample_id'].nunique()} images at "
+            f"scaled score ≥ {score_threshold:.2f}.")
+
+
+def describe_rankings(ranked: pd.DataFrame, top_fraction: float) -> str:
+    """The all-images ranking by AUC-IoU and by the top-area IoU (``rankings_by_subset``)."""
+    everything = ranked[ranked["subset"] == "all images"]
+    by_auc = " > ".join(method_label(m) for m in everything.sort_values("auc_iou")["method"])
+    by_top_area = " > ".join(method_label(m) for m in everything.sort_values(top_area_metric(top_fraction))["method"])
+    return f"**All images, ranking by AUC-IoU:** {by_auc}.\n\n**By top-{top_fraction:.0%} IoU:** {by_top_area}."
+
+
+def describe_chance(chance: pd.DataFrame) -> str:
+    """Each model map's energy lift against the DoG map's and its hit rate against chance
+    (``chance_table``'s all-sizes rows), one line per method."""
+    overall = chance[chance["size_tertile"] == "all"].set_index("method")
+    dog = overall.loc["dog"]
+    return "\n".join(
+        f"- {method_label(m)}: λ_E = {overall.loc[m, 'lambda_e_mean']:.2f} bits "
+        f"(DoG {dog['lambda_e_mean']:.2f}; difference {overall.loc[m, 'lambda_e_minus_dog']:+.2f}, "
+        f"95% CI {overall.loc[m, 'minus_dog_ci_low']:+.2f} to {overall.loc[m, 'minus_dog_ci_high']:+.2f}); "
+        f"hits {overall.loc[m, 'hit_rate']:.2f} vs chance {overall.loc[m, 'chance']:.2f}"
+        for m in EXTENDED_METHODS if m != "dog" and m in overall.index)
+
+
+@dataclass
+class MatrixScores:
+    """The training matrix on the masked pool (``score_matrix``): the runs scored (the
+    primary's excluded), C-Scores of both classes, AUC-IoU per checkpoint, the kept score files."""
+    runs: list[dict]
+    c_scores: pd.DataFrame
+    auc_iou: pd.DataFrame
+    files: list[Path]
+
+
+def score_matrix(run_dir: str | Path, data_dir: str | Path, primary_id: str, primary_table: pd.DataFrame,
+                 primary_c_score: pd.DataFrame, *, all_checkpoints: bool, c_score_negatives: int,
+                 top_fraction: float, scoring: dict) -> MatrixScores:
+    """AUC-IoU of every registry checkpoint (``all_checkpoints``; else the primary only) and the
+    C-Scores of both classes: the lesion class over each checkpoint's masked images, the
+    negative class over its correctly classified test negatives (at most ``c_score_negatives``)."""
+    replicates, seed = scoring["replicates"], scoring["seed"]
+    registry = RunLayout(run_dir).read_registry()
+    c_rows = [primary_c_score]
+    auc_rows = [auc_iou_table(primary_table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                .assign(checkpoint_id=primary_id)]
+    others = [c for c in registry["checkpoint_id"] if c != primary_id] if all_checkpoints else []
+    runs, kept = [], []
+    for checkpoint_id in others:
+        table, c_score, run = score_registered(run_dir, data_dir, checkpoint_id, **scoring)
+        kept.append(keep_scores(run_dir, table, "hyperkvasir", checkpoint_id))
+        runs.append(run)
+        c_rows.append(c_score)
+        auc_rows.append(auc_iou_table(table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                        .assign(checkpoint_id=checkpoint_id))
+    for checkpoint_id in [primary_id, *others]:
+        c_rows.append(negative_c_score_registered(run_dir, data_dir, checkpoint_id,
+                                                  max_images=c_score_negatives, **scoring))
+    return MatrixScores(runs, pd.concat([rows for rows in c_rows if not rows.empty], ignore_index=True),
+                        pd.concat(auc_rows, ignore_index=True), kept)
+
+
+@dataclass
+class ExternalScores:
+    """The primary on the external cohorts (``score_external``): runs, AUC-IoU and chance per
+    cohort (empty tables when no cohort was found), the kept score files."""
+    runs: list[dict]
+    auc_iou: pd.DataFrame
+    chance: pd.DataFrame
+    files: list[Path]
+
+
+def score_external(run_dir: str | Path, data_dir: str | Path, primary_id: str, datasets, *,
+                   top_fraction: float, scoring: dict) -> ExternalScores:
+    """The primary's AUC-IoU and chance tables on each external cohort found under ``data_dir``
+    (``transfer.external_cases``: cases overlapping the HyperKvasir manifest left out)."""
+    replicates, seed = scoring["replicates"], scoring["seed"]
+    auc_rows, chance_rows, runs, kept = [], [], [], []
+    for dataset, cases in transfer.external_cases(run_dir, data_dir, datasets).items():
+        table, _, run = score_registered(run_dir, data_dir, primary_id, cases=cases, dataset=dataset,
+                                         case_iterator=cohorts.iter_cases, **scoring)
+        kept.append(keep_scores(run_dir, table, dataset, primary_id))
+        runs.append(run)
+        auc_rows.append(auc_iou_table(table, top_fraction=top_fraction, replicates=replicates, seed=seed)
+                        .assign(dataset=dataset))
+        chance_rows.append(chance_table(table, by_size=False, replicates=replicates, seed=seed).assign(dataset=dataset))
+    combine = lambda rows: pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()  # noqa: E731
+    return ExternalScores(runs, combine(auc_rows), combine(chance_rows), kept)
+
+
+def describe_cost(runs: list[dict]) -> str:
+    """Extended metrics against the CAM computation over ``runs`` (the primary's first)."""
+    primary = runs[0]
+    return (f"Extended metrics / CAM computation: {cost_ratio(runs):.1%} "
+            f"(primary: {primary['metric_seconds'] / primary['cam_seconds']:.1%}).")

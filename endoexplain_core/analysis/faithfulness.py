@@ -40,17 +40,17 @@ import torch
 from endoexplain_core import config, files
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.config import LocalisationSettings
-from endoexplain_core.analysis import audit, audit_inputs, stats
+from endoexplain_core.analysis import audit, audit_inputs, audit_schema, stats
 from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
                                       randomisation, reliance, road, threshold)
-from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models import networks
 from endoexplain_core.progress import progress_bar
 from endoexplain_core.numerics import resolve_device
 
 
 @dataclass(frozen=True)
-class FaithfulnessSettings:
+class FaithfulnessControls:
     """Protocol parameters of the faithfulness controls: the 08 profile keys of the same names,
     the shared ``top_fraction`` and the tolerance zone's radius in pixels (``shared.localisation``
     at the input size). No defaults: every value comes from the profile."""
@@ -65,7 +65,7 @@ class FaithfulnessSettings:
 
     @classmethod
     def from_profile(cls, section: config.FaithfulnessSettings, *, localisation: LocalisationSettings,
-                     image_size: int, top_fraction: float) -> "FaithfulnessSettings":
+                     image_size: int, top_fraction: float) -> "FaithfulnessControls":
         """The controls of a profile: its ``stages.08_faithfulness`` section, the shared
         ``localisation`` scales (the tolerance zone at ``image_size``) and ``top_fraction``."""
         return cls(road_fractions=tuple(section.road_fractions),
@@ -115,7 +115,7 @@ def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torc
 
 
 def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids,
-                       *, temperature: float, settings: FaithfulnessSettings,
+                       *, temperature: float, settings: FaithfulnessControls,
                        timings: dict | None = None, include_shape: bool = True
                        ) -> dict[str, pd.DataFrame]:
     """ROAD, LSR and (``include_shape``) shape-preserving deletion of one batch. Returns:
@@ -186,7 +186,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
 
 
 def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
-                            dataset: str, settings: FaithfulnessSettings, batch_size: int,
+                            dataset: str, settings: FaithfulnessControls, batch_size: int,
                             device: str = "cpu", include_shape: bool = True) -> dict:
     """Run ``faithfulness_batch`` over all prepared cases of one checkpoint (``include_shape``
     False: ROAD and LSR only, an empty ``shape`` table).
@@ -226,7 +226,7 @@ TABLE_PARTS = ("road", "srg", "lsr", "shape")
 
 
 def faithfulness_registered(run_dir, checkpoint_ids, prepared: PreparedCases, *,
-                            settings: FaithfulnessSettings, image_size: int, batch_size: int,
+                            settings: FaithfulnessControls, image_size: int, batch_size: int,
                             device: str = "cpu") -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
     """``faithfulness_checkpoint`` for registered checkpoints of a run on its audit pool.
 
@@ -440,3 +440,42 @@ def localisation_outcomes(model, metadata: dict, temperature: float, prepared: P
                 "pointing_hit": hits.double().cpu().numpy(),
                 "pointing_chance": chance.double().cpu().numpy()}))
     return pd.concat(parts, ignore_index=True).assign(checkpoint_id=str(metadata["checkpoint_id"]))
+
+
+# --- notebook 08's inputs and what it says beside its tables ------------------------------------
+
+def analysed_checkpoints(run_dir, all_checkpoints: bool) -> list[str]:
+    """The checkpoints notebook 08 analyses: the primary first, then (``all_checkpoints``) every
+    other registered one."""
+    order = RunLayout(run_dir).read_registry().sort_values("is_primary", ascending=False, kind="stable")
+    return list(order["checkpoint_id"] if all_checkpoints else order.loc[order["is_primary"], "checkpoint_id"])
+
+
+def describe_cases(primary_id: str, checkpoint_ids, pool: pd.DataFrame, prepared: PreparedCases,
+                   image_size: int) -> str:
+    """The checkpoints analysed and the masked pool prepared at the input size."""
+    return (f"Primary checkpoint `{primary_id}`; checkpoints analysed: "
+            f"{', '.join(f'`{c}`' for c in checkpoint_ids)}. Masked audit pool: {len(pool)} images, "
+            f"{len(prepared.sample_ids)} with a mask left at {image_size} px ({len(prepared.excluded)} excluded).")
+
+
+def describe_srg(srg_summary: pd.DataFrame, checkpoint_id: str) -> str:
+    """One checkpoint's SRG per method (``srg_table``) with its interval and positive share."""
+    rows = srg_summary[srg_summary["checkpoint_id"] == checkpoint_id].set_index("method")
+    return "Primary checkpoint, SRG (z/T, mean [95% CI]): " + "; ".join(
+        f"{method_label(m)} {r.srg:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], > 0 in {100 * r.share_positive:.0f}% "
+        "of images" for m, r in rows.iterrows()) + "."
+
+
+def pixel_random_deletion(run_dir, checkpoint_ids) -> pd.DataFrame | None:
+    """04/05's pixel-wise random deletions of ``checkpoint_ids`` where the run has them (None:
+    none), the reference beside the shape-preserving control."""
+    layout = RunLayout(run_dir)
+    paths = [layout.audit_paths("hyperkvasir", c)["random_deletion"] for c in checkpoint_ids]
+    parts = [audit_schema.read_random_deletion(path) for path in paths if path.is_file()]
+    return pd.concat(parts, ignore_index=True) if parts else None
+
+
+def first_cases(prepared: PreparedCases, n_images: int) -> PreparedCases:
+    """The first ``n_images`` prepared cases (the randomisation check's subset)."""
+    return PreparedCases(prepared.sample_ids[:n_images], prepared.images[:n_images], prepared.masks[:n_images])

@@ -163,3 +163,16 @@ def run_layer_sensitivity(run_dir: str | Path, data_root: str | Path, primary: p
     diagnostics = layer_diagnostics(model, dict((protocol, neighbour)), batches)
     identical = {name: networks.identical_methods(model, name) for name in (protocol[0], neighbour[0])}
     return layer_sensitivity_table(panels, diagnostics, identical)
+
+
+# the per-layer diagnostics notebook 05 shows beside the layer table
+LAYER_DIAGNOSTICS = ["layer", "label", "near_zero_channel_share", "negative_channel_share", "weight_ratio_median",
+                     "weight_ratio_p99", "weight_ratio_max", "ill_posed"]
+
+
+def describe(layers: pd.DataFrame) -> str:
+    """The layers at which XGrad-CAM is ill-posed (``run_layer_sensitivity``'s flag)."""
+    ill_posed = sorted(set(layers.loc[layers["ill_posed"], "layer"]))
+    return (f"XGrad-CAM ill-posed (near-zero channel share > {ILL_POSED_SHARE:.0%}, or its weight ratio to "
+            f"Grad-CAM's above {ILL_POSED_RATIO_P99:.0f} at the 99th percentile) at: "
+            f"{', '.join(ill_posed) or 'neither layer'}.")

@@ -242,6 +242,33 @@ def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, i
     return identity, epsilon
 
 
+def describe_epsilon(epsilon: pd.DataFrame) -> str:
+    """Grad-CAM++'s epsilon share over the maps of ``checkpoint_map_diagnostics``."""
+    share = epsilon["gradcampp_epsilon_share"]
+    return (f"Grad-CAM++ epsilon share (per map, share of denominators where the 1e-6 epsilon dominates): "
+            f"median {share.median():.3f}, max {share.max():.3f} over {len(epsilon)} maps. "
+            "Pairs flagged independent_evidence = False below are not independent evidence.")
+
+
+def audited_grid(table: pd.DataFrame) -> tuple[int, int]:
+    """(height, width) of the feature grid an audit table's maps were computed on."""
+    return int(table["feature_grid_height"].iloc[0]), int(table["feature_grid_width"].iloc[0])
+
+
+def describe_priors(priors: pd.DataFrame, negatives: pd.DataFrame, grid: tuple[int, int], *,
+                    top_fraction: float) -> str:
+    """The prior-map table (``prior_table``, with the gate's ``label`` column or without) in
+    words: grid, border-ring chance, the negatives behind the priors and the lesion- and
+    CAM-deletion logit drops."""
+    labels = priors["label"] if "label" in priors else priors["method"].map(method_label)
+    return (f"Feature grid {grid[0]}x{grid[1]} (border-ring chance {priors['border_ring_chance'].iloc[0]:.2f}); "
+            f"prior maps from {negatives['sample_id'].nunique()} held-out negatives. Deleting the lesion "
+            f"drops the logit by {priors['lesion_logit_drop_mean'].iloc[0]:.3f} on average; deleting each CAM's "
+            f"top {top_fraction:.0%}: "
+            + ", ".join(f"{label} {drop:.3f}" for label, drop in zip(labels, priors["cam_top_logit_drop_mean"]))
+            + ".")
+
+
 def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice`` and
     ``independent_evidence`` added from ``practical_identity`` (matched on first, second)."""

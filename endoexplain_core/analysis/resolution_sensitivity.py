@@ -80,3 +80,13 @@ def run_resolution_check(run_dir: str | Path, data_root: str | Path, primary: pd
     table = resolution_table(tables, summaries.high_score_ids(primary, score_threshold),
                              replicates=replicates, seed=seed)
     return table, {"table": paths["table"], "random_deletion": paths["random_deletion"]}
+
+
+def describe(resolution: pd.DataFrame, primary_id: str, n_high_score: int, *, native_size: int,
+             check_size: int) -> str:
+    """The resolution check (``run_resolution_check``) in words: images, sizes and grids."""
+    grid_at = dict(zip(resolution["input_size"], resolution["grid"]))
+    return (f"Panel A of `{primary_id}` on its {n_high_score} native high-score images at {native_size} px "
+            f"(grid {grid_at[native_size]}) and {check_size} px (grid {grid_at[check_size]}); same weights and "
+            "temperature, only the input size changes. A method whose failure rate moves a lot here is "
+            "reporting the grid, not the lesion.")

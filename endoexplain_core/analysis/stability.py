@@ -212,3 +212,12 @@ def mark_unstable(table: pd.DataFrame, methods) -> pd.DataFrame:
         if pd.api.types.is_object_dtype(table[column]) or pd.api.types.is_string_dtype(table[column]):
             table[column] = table[column].map(mark)
     return table
+
+
+def describe(table: pd.DataFrame) -> str:
+    """How many headline verdicts of ``headline_stability`` held, which did not, how many
+    could not be assessed."""
+    held = table["held"].map(lambda v: str(v).lower())
+    unstable = table.loc[held == "false", "part"] + " " + table.loc[held == "false", "label"]
+    return (f"{int((held == 'true').sum())} of {len(table)} headline verdicts held under a perturbed seed; "
+            f"unstable: {', '.join(unstable) or 'none'}; not assessable: {int((~held.isin(['true', 'false'])).sum())}.")

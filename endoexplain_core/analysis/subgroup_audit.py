@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from endoexplain_core.models.learning import learning_table, with_map_check
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.run_layout import RunLayout
-from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups
+from endoexplain_core.analysis import audit, faithfulness, subgroup_controls, subgroups, transfer
 from endoexplain_core.analysis.subgroups import Contrast
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.kernels import randomisation
+from endoexplain_core.files import write_parquet_atomic
 from endoexplain_core.progress import progress_bar
 
 WHITE_LIGHT = {"WLI", "WL", "WHITE LIGHT", "WHITE-LIGHT"}
@@ -90,7 +92,7 @@ def case_outcomes(run_dir: str | Path, checkpoint_ids, prepared_by_dataset: dict
 
 
 def cohort_faithfulness(run_dir: str | Path, checkpoint_id: str, prepared_by_dataset: dict,
-                        known: dict[str, pd.DataFrame], *, settings: faithfulness.FaithfulnessSettings,
+                        known: dict[str, pd.DataFrame], *, settings: faithfulness.FaithfulnessControls,
                         image_size: int, batch_size: int, device: str) -> dict[str, pd.DataFrame]:
     """Per-image SRG and LSR of ``checkpoint_id`` on every prepared cohort: taken from
     ``known`` (``{"srg", "lsr"}`` tables of ``faithfulness.faithfulness_checkpoint``, e.g. the
@@ -217,3 +219,75 @@ def subgroup_table(cases: pd.DataFrame, *, min_images: int, models=subgroups.ALL
     gaps, controls = subgroups.add_holm(gaps, pd.concat(control_parts, ignore_index=True))
     crude = pd.concat(crude_parts, ignore_index=True)
     return subgroups.add_tost(gaps, crude), crude, controls, skipped
+
+
+# --- notebook 08's subgroup inputs and what it says beside its tables ---------------------------
+
+def subgroup_inputs(run_dir: str | Path, data_dir: str | Path, prepared: faithfulness.PreparedCases,
+                    tables: dict[str, pd.DataFrame], primary_id: str, *, cohorts_used, checkpoints: str,
+                    with_faithfulness: bool, localisation_settings: LocalisationSettings,
+                    settings: faithfulness.FaithfulnessControls, decision_threshold: float, image_size: int,
+                    batch_size: int, device: str, seed: int) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[Path]]:
+    """Per-image outcomes of the subgroup checkpoints (``subgroup_checkpoint_ids``) on the audit
+    pool and the external ``cohorts_used`` (``case_outcomes``, with the randomised-network
+    control), and the primary's per-image SRG and LSR on them: the audit pool's from ``tables``
+    (08's faithfulness tables), the external cohorts' computed here when ``with_faithfulness``.
+    Each table is kept in the run folder. Returns (outcomes, randomised outcomes, reliance
+    tables, kept files)."""
+    cohort_cases = transfer.external_cases(run_dir, data_dir, cohorts_used, required=True)
+    prepared_by_dataset, labels_by_dataset = prepare_subgroup_cohorts(prepared, cohort_cases, data_dir, image_size)
+    outcomes, randomised = case_outcomes(
+        run_dir, subgroup_checkpoint_ids(run_dir, checkpoints), prepared_by_dataset, labels_by_dataset,
+        settings=localisation_settings, decision_threshold=decision_threshold, image_size=image_size,
+        batch_size=batch_size, device=device, seed=seed)
+    reliance = cohort_faithfulness(run_dir, primary_id, prepared_by_dataset if with_faithfulness else {},
+                                   {"srg": tables["srg"], "lsr": tables["lsr"]}, settings=settings,
+                                   image_size=image_size, batch_size=batch_size, device=device)
+    kept = {"subgroup_cases": outcomes, "subgroup_cases_randomised": randomised,
+            **{f"subgroup_{part}": table for part, table in reliance.items()}}
+    out_dir = RunLayout(run_dir).faithfulness_dir
+    files = [write_parquet_atomic(table, out_dir / f"{name}.parquet") for name, table in kept.items()]
+    return outcomes, randomised, reliance, files
+
+
+def cohort_profile(outcomes: pd.DataFrame, checkpoint_id: str) -> pd.DataFrame:
+    """Per cohort, under ``checkpoint_id``: images, median lesion share, share classified
+    correctly, mean DoG lift: how the subgroups' cohorts differ before any model."""
+    cases = outcomes[outcomes["checkpoint_id"] == checkpoint_id].drop_duplicates(["dataset", "sample_id"])
+    return cases.groupby("dataset").agg(
+        images=("sample_id", "size"),
+        median_lesion_share=("log_lesion_area", lambda v: float(np.exp(pd.Series(v)).median())),
+        primary_correct=("correct", "mean"), mean_dog_lift=("dog_lift", "mean")).round(3)
+
+
+# The columns notebook 08 shows of the M1 gaps and of the controls.
+M1_COLUMNS = ["contrast", "outcome", "method", "gap", "ci_low", "ci_high", "holm_family", "p_holm", "tost_p",
+              "tost_equivalent", "n_subgroup", "n_reference", "hits", "note"]
+CONTROL_COLUMNS = ["contrast", "control", "outcome", "method", "gap", "ci_low", "ci_high", "p", "p_holm",
+                   "n_subgroup", "n_reference"]
+
+
+def main_gaps(gaps: pd.DataFrame) -> pd.DataFrame:
+    """The M1 shared-slopes rows: the main model's gaps."""
+    return gaps[(gaps["model"] == "M1") & (gaps["slopes"] == "shared")]
+
+
+def nested_lift_gaps(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Energy-lift gaps (bits) per contrast and method as the models add factors, M0 to M3."""
+    return gaps[(gaps["slopes"] == "shared") & (gaps["outcome"] == "energy_lift")].pivot_table(
+        index=["contrast", "method"], columns="model", values="gap", sort=False)
+
+
+def describe_skipped(skipped: pd.DataFrame) -> str:
+    """The contrasts left out for too few images on a side."""
+    return "Skipped contrasts (too few images on one side): " + "; ".join(
+        f"{r.contrast} ({r.n_subgroup} vs {r.n_reference})" for r in skipped.itertuples())
+
+
+def describe_gaps(main: pd.DataFrame) -> str:
+    """The M1 gaps in words: estimable, separated, equivalent, Holm-significant."""
+    return (f"M1: {int(main['gap'].notna().sum())} of {len(main)} gaps estimable ({int(main['separated'].sum())} "
+            "separated: a side where every or no image hits; their crude gap and Newcombe interval are in the _crude "
+            f"table); {int(main['tost_equivalent'].sum())} rated equivalent to 0 by TOST; "
+            f"{int((main['p_holm'] < 0.05).sum())} with Holm p < 0.05 in their family. Small synthetic subgroups give "
+            "wide intervals: an interval that crosses the margin is *inconclusive*, not evidence of a gap.")

@@ -264,6 +264,27 @@ def paired_tests(table: pd.DataFrame, sample_ids, identical_groups=(), *,
     return result
 
 
+def audit_panels(table: pd.DataFrame, score_threshold: float) -> dict[str, list[str]]:
+    """Table 4's panels as sample ids: A = scaled score >= ``score_threshold``, B = every image."""
+    return {"A": high_score_ids(table, score_threshold), "B": sorted(table["sample_id"].unique())}
+
+
+def paired_tests_by_panel(table: pd.DataFrame, panels: dict[str, list[str]], identical_groups=(), *,
+                          replicates: int, seed: int) -> pd.DataFrame:
+    """``paired_tests`` on each non-empty panel, stacked with a ``panel`` column (Holm within
+    each outcome and panel)."""
+    parts = [paired_tests(table, ids, identical_groups, replicates=replicates, seed=seed).assign(panel=panel)
+             for panel, ids in panels.items() if ids]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def describe_paired_tests(paired: pd.DataFrame, panels: dict[str, list[str]]) -> str:
+    """Which panels were tested, on how many images."""
+    tested = sorted(paired["panel"].unique()) if "panel" in paired else []
+    return (f"Paired tests on panels {tested} (n = {', '.join(str(len(panels[p])) for p in tested)}); "
+            "p-values Holm-adjusted within each outcome and panel.")
+
+
 def tie_counts(table: pd.DataFrame) -> pd.DataFrame:
     """Per method: maps, constant maps, maps with a tied maximum, maps with a tied boundary.
 
@@ -527,3 +548,48 @@ def deletion_all_images(robustness: pd.DataFrame, identical_by_arch: dict) -> pd
         lambda arch: "; ".join(" = ".join(group) for group in identical_by_arch.get(arch, [])))
     table["temperature_at_bound"] = by_checkpoint["temperature_at_bound"].first()
     return table
+
+
+# --- what notebook 05 says beside its tables ---------------------------------------------------
+
+def describe_threshold_sensitivity(sensitivity: pd.DataFrame) -> str:
+    """Eligible images at each threshold of ``failure_by_threshold``."""
+    counts = sensitivity.groupby("score_threshold")["n_eligible"].first()
+    return "Eligible images per threshold: " + ", ".join(f"{t:.2f}: {n}" for t, n in counts.items()) + "."
+
+
+def describe_checkpoint_robustness(robustness: pd.DataFrame, not_learned, *, learning_rule: str,
+                                   audit_unlearned: bool) -> str:
+    """The subsets behind ``checkpoint_robustness`` and the checkpoints that did not learn."""
+    own = robustness.groupby("checkpoint_id")["n_own"].first()
+    return (f"Own high-score subsets: {own.min()}-{own.max()} images; fixed subset: "
+            f"{robustness['n_fixed'].iloc[0]} images. Checkpoints that did not learn ({learning_rule}): "
+            f"{', '.join(not_learned) or 'none'} "
+            + ("(not audited: audit_unlearned = False)." if not audit_unlearned else
+               "(flagged learned = False; excluded from the ranges, Figure 4 and Table 5 below)."))
+
+
+def describe_failure_ranges(robustness: pd.DataFrame, identical_by_arch: dict, not_learned) -> str:
+    """What shapes ``checkpoint_failure_ranges``: identical methods, temperatures at a bound,
+    checkpoints left out."""
+    at_bound = sorted(robustness.loc[robustness["temperature_at_bound"], "checkpoint_id"].unique())
+    identical = "; ".join(f"{arch}: " + ", ".join(" = ".join(group) for group in groups)
+                          for arch, groups in identical_by_arch.items() if groups)
+    return (f"Identical by construction: {identical or 'none'}. Temperature at a search bound: "
+            f"{', '.join(at_bound) or 'none'}. Excluded from the ranges (did not learn): "
+            f"{', '.join(not_learned) or 'none'}.")
+
+
+def describe_lesion_strata(strata: pd.DataFrame, tertiles: pd.DataFrame, score_threshold: float) -> str:
+    """Images per stratum (``lesion_strata_high_score``) and per tertile (``lesion_tertiles``)."""
+    strata_sizes = strata.groupby("stratum", sort=False)["n"].first()
+    tertile_sizes = tertiles.groupby("tertile", observed=True)["n"].first()
+    return (f"High-score images (scaled score ≥ {score_threshold}) per stratum (cut-points from all audit "
+            "images): " + ", ".join(f"{s}: {n}" for s, n in strata_sizes.items()) + ". Images per tertile: "
+            + ", ".join(f"{t}: {n}" for t, n in tertile_sizes.items()) + ".")
+
+
+def describe_secondary_outcomes(secondary: pd.DataFrame) -> str:
+    """The panels' sizes behind ``secondary_outcomes``."""
+    n_by_panel = secondary.groupby("panel")["n"].first()
+    return f"Secondary outcomes on {n_by_panel.get('A')} high-score and {n_by_panel.get('B')} audit images."

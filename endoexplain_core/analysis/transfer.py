@@ -30,7 +30,7 @@ from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.cohorts import DATASET_LABELS, CohortReport
 from endoexplain_core.data.datasets import load_manifest
-from endoexplain_core.methods import MAP_METHODS, method_label
+from endoexplain_core.methods import MAP_METHODS, labelled, method_label
 
 MANIFEST_NAME = "hyperkvasir"
 OVERLAP_REASON = "overlaps the HyperKvasir manifest by hash (not external data)"
@@ -333,3 +333,44 @@ def external_cases(run_dir: str | Path, data_root: str | Path, cohort_names, *,
     names = list(cohort_names)
     return read_external(run_dir, data_root, required=names if required else (),
                          optional=() if required else names).cases
+
+
+# --- what notebook 06 says beside its tables ---------------------------------------------------
+
+def describe_read(external: ExternalCohorts, optional, where: str) -> str:
+    """Which cohorts were read from ``where`` and which optional ones are absent."""
+    absent = sorted(set(optional) - set(external.cases))
+    return f"Read from {where}: {', '.join(external.cases)}; optional cohorts absent: {', '.join(absent) or 'none'}."
+
+
+def cohort_table(external: ExternalCohorts) -> pd.DataFrame:
+    """One row per cohort: what it kept and left out (``CohortReport.summary``)."""
+    return pd.DataFrame([report.summary() for report in external.reports.values()])
+
+
+def describe_hash_audit(external: ExternalCohorts, manifest: pd.DataFrame) -> str:
+    """The overlap audit in words: manifest images checked, external cases excluded as
+    overlaps, overlapping pairs between cohorts, cases left for the audit."""
+    reports, overlaps = external.reports, external.overlaps
+    return (f"{len(manifest)} HyperKvasir manifest images checked; "
+            f"{sum(r.excluded_count(OVERLAP_REASON) for r in reports.values())} external cases overlap them "
+            f"and are excluded; {int((overlaps['other_dataset'] != MANIFEST_NAME).sum())} overlapping pairs "
+            f"between external cohorts; {sum(len(t) for t in external.cases.values())} cases remain for the audit.")
+
+
+def breakdown_table(audit_table: pd.DataFrame, cases: dict[str, pd.DataFrame], *, score_threshold: float,
+                    replicates: int, seed: int) -> pd.DataFrame:
+    """``breakdown`` by centre and by modality of every labelled cohort, stacked, methods by
+    their display names."""
+    parts = [breakdown(audit_table[audit_table["dataset"] == name], table, by,
+                       score_threshold=score_threshold, replicates=replicates, seed=seed)
+             for name, table in cases.items() for by in ("centre", "modality")]
+    table = pd.concat([part for part in parts if len(part)], ignore_index=True)
+    return labelled(table)
+
+
+def describe_breakdown(table: pd.DataFrame) -> str:
+    """How many labelled cohorts and groups the breakdown covers, and its smallest group."""
+    groups = table[["dataset", "grouping", "group"]].drop_duplicates().shape[0]
+    return (f"Mean IoU by group for {table['dataset'].nunique()} labelled cohorts, {groups} groups; "
+            f"smallest group n = {table['n_cases'].min()}.")

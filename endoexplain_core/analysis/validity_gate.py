@@ -87,6 +87,7 @@ from endoexplain_core.kernels import grid
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.models import networks, training
+from endoexplain_core.progress import progress_bar
 
 GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
 CONTROL_MODELS = ("untrained", "shuffled")
@@ -288,7 +289,8 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     model.train()
     with (training.deterministic_algorithms(torch.device("cpu")),
           training.optimiser_memory_format(model, settings.channels_last)):
-        for _ in range(settings.steps):
+        # the gate trains nine such models: a bar per model says where a 15-minute stage is
+        for _ in progress_bar(range(settings.steps), desc=f"gate model {arch} (seed {seed})", unit="step"):
             if len(order) < settings.batch_size:
                 order = torch.cat([order, torch.randperm(len(labels), generator=generator)])
             batch, order = order[:settings.batch_size], order[settings.batch_size:]

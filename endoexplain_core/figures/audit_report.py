@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from endoexplain_core import marks
 from endoexplain_core.analysis import case_maps, summaries, validity_gate
 
 from endoexplain_core.figures import case_figures
@@ -72,6 +73,47 @@ def audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, model: tor
     return AuditSummary(summary=summary, formatted=summaries.format_spatial_audit_summary(summary),
                         ties=summaries.tie_counts(table), identical=identical,
                         identical_statement=summaries.identical_statement(identical, arch, layer_name))
+
+
+def table4_files(summary: AuditSummary) -> dict[str, pd.DataFrame]:
+    """Table 4 as it is saved: whole, each panel, and the reading form."""
+    table4 = summary.summary
+    return {"table4_spatial_audit": table4, "table4_panel_a": table4[table4["panel"] == "A"],
+            "table4_panel_b": table4[table4["panel"] == "B"], "table4_spatial_audit_formatted": summary.formatted}
+
+
+def describe_table4(summary: AuditSummary, table: pd.DataFrame, gate: pd.DataFrame | None, *,
+                    score_threshold: float) -> str:
+    """What Table 4 holds, in words: the panels' sizes (an empty panel A said so), the
+    temperature behind the scores, how constant maps count, and the gate's verdict line."""
+    n_a, n_b = summary.n_high_score, summary.n_audited
+    if gate is None:
+        gate_line = "The validity gate has not been run."
+    elif validity_gate.failing_methods(gate):
+        gate_line = marks.GATE_FOOTNOTE
+    else:
+        gate_line = "All CAM methods pass the validity gate."
+    return "\n\n".join([
+        f"Panel A: {n_a} of {n_b} images with temperature-scaled score ≥ {score_threshold}; panel B: all {n_b}."
+        + (" Panel A is EMPTY in this run: no image reached the threshold, so its rows are blank." if n_a == 0 else ""),
+        summaries.temperature_statement(table),
+        "Every map is scored on the same images: a constant map (no peak) counts as a peak failure; "
+        "'Constant maps' says how many, and the last column gives the rate over maps with a peak.",
+        gate_line])
+
+
+def describe_ties(ties: pd.DataFrame) -> str:
+    """Constant maps and maps with top-area boundary ties, summed over methods."""
+    return (f"{int(ties['constant_maps'].sum())} constant maps and {int(ties['boundary_ties'].sum())} "
+            f"maps with boundary ties among {int(ties['maps'].sum())} maps.")
+
+
+def describe_case_figure(selection: dict[str, str | None], iou_check: pd.DataFrame) -> str:
+    """Which cases Figure 3 drew, and how far its redrawn maps' IoU is from the table's."""
+    if not any(selection.values()):
+        return f"Selected: {selection}. No high-score case qualifies for either row: the figure says so."
+    return (f"Selected: {selection}. Largest |rendered - table| IoU difference: "
+            f"{(iou_check['rendered_iou'] - iou_check['table_iou']).abs().max():.2e}.")
 
 
 def case_figure(table: pd.DataFrame, model: torch.nn.Module, layer: torch.nn.Module,

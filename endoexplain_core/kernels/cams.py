@@ -18,7 +18,8 @@ g = d logit[target_class] / dA (same shape):
 
 Then, for every method, as three separate steps: ReLU; bilinear resize to the input size
 (half-pixel centres, no antialiasing, as cv2.resize); per-image min-max to [0, 1]. A map whose
-range is exactly zero after the resize (e.g. all-negative before the ReLU) becomes all zeros;
+range is zero after the resize (e.g. all-negative before the ReLU), or only float rounding of a
+flat map (``FLAT_RELATIVE_RANGE``: a 1x1 grid resized), becomes all zeros;
 ``threshold.tie_diagnostics`` flags it. The library min-maxes before and after resizing; since
 bilinear resizing commutes with affine rescaling, both orders agree up to its 1e-7 epsilon.
 
@@ -164,14 +165,21 @@ def eigen_projection(activation: torch.Tensor) -> torch.Tensor:
     return projection.reshape(batch, height, width)
 
 
+# A map whose range is below this share of its magnitude is flat. Bilinear resizing of a flat
+# grid (a 1x1 feature map, or equal cells) leaves float32 rounding of about 1e-7 of the value;
+# min-max would stretch that to [0, 1] and put a "peak" wherever rounding fell.
+FLAT_RELATIVE_RANGE = 1e-5
+
+
 def minmax_per_map(maps: torch.Tensor) -> torch.Tensor:
-    """Rescale every map of (..., H, W) to [0, 1]; maps with zero range become all zeros."""
+    """Rescale every map of (..., H, W) to [0, 1]; flat maps (range <= ``FLAT_RELATIVE_RANGE``
+    of the largest magnitude, zero range included) become all zeros."""
     # One min/max pass and in-place arithmetic on one new buffer: at 256 px the five maps of
     # a batch of 16 are 21 MB, and each extra full-size temporary costs a pass over memory.
     flat = maps.flatten(-2)
     low, high = torch.aminmax(flat, dim=-1, keepdim=True)
     span = high - low
-    constant = span <= 0
+    constant = span <= FLAT_RELATIVE_RANGE * torch.maximum(high.abs(), low.abs())
     scaled = (flat - low).div_(torch.where(constant, torch.ones_like(span), span))
     if bool(constant.any()):
         scaled.masked_fill_(constant, 0.0)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import pickle
 import zipfile
@@ -32,6 +31,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from endoexplain_core import files
 
 HEADER_KEY = "endoexplain"
 SUFFIX = ".safetensors"
@@ -111,24 +112,16 @@ def save_tree(tree: dict[str, Any], path: str | Path) -> Path:
     Returns ``path``. On any failure (e.g. ``OSError`` for a full disk) the temporary file is
     removed, the previous ``path`` (if any) is left untouched and the error names ``path``.
     """
-    path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = json.dumps(_encode(tree, "", tensors), sort_keys=False)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        save_file(tensors, temporary, metadata={HEADER_KEY: skeleton})
-        with open(temporary, "rb+") as handle:  # on disk before the rename makes it visible
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except (OSError, SafetensorError) as error:  # safetensors reports I/O errors as its own type
-        temporary.unlink(missing_ok=True)
-        raise OSError(getattr(error, "errno", None) or _errno_of(error),
-                      f"could not write checkpoint {path} ({getattr(error, 'strerror', None) or error}); "
-                      f"the previous file, if any, is unchanged") from error
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+
+    def write(temporary: Path) -> None:
+        try:
+            save_file(tensors, temporary, metadata={HEADER_KEY: skeleton})
+        except SafetensorError as error:  # safetensors reports I/O errors as its own type
+            raise OSError(_errno_of(error), str(error)) from error
+
+    return files.replace_atomically(path, write)
 
 
 def _errno_of(error: BaseException) -> int:

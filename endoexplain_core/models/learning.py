@@ -113,3 +113,8 @@ def other_checkpoints_to_audit(learning: pd.DataFrame, primary_id: str, audit_un
     controls, which are audited whatever they scored. ``learning``: ``learning_table``."""
     chosen = audit_unlearned | learning["auprc_ok"].astype(bool) | (learning["control"] != "none")
     return [c for c in learning.loc[chosen, "checkpoint_id"] if c != primary_id]
+
+
+def not_learned_ids(learning: pd.DataFrame) -> list[str]:
+    """Sorted ids of the non-control checkpoints that did not learn (``learning_table``)."""
+    return sorted(learning.loc[~learning["learned"] & (learning["control"] == "none"), "checkpoint_id"])
