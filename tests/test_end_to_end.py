@@ -302,7 +302,11 @@ def test_thin_data_runs_complete_and_print_no_p_their_fits_cannot_carry(smoke_ru
     import shutil
 
     root = tmp_path / case
-    shutil.copytree(smoke_run, root, symlinks=True)
+    if case != "every_map_constant":
+        # A copy reuses the smoke run's checkpoints. Another input size is another model: in an
+        # existing run folder 01 refuses the 128-px resume states ("belongs to other settings
+        # ...; delete it"), so that case starts from an empty folder.
+        shutil.copytree(smoke_run, root, symlinks=True)
     reference = root / "reference_manifest"
     result = run_all(root, *THIN_RUNS[case], "--adopt-manifest", "--manifest-reference", str(reference))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -312,11 +316,13 @@ def test_thin_data_runs_complete_and_print_no_p_their_fits_cannot_carry(smoke_ru
     assert table_scan.unsupported_p_values(figures) == []
     if case == "every_map_constant":
         ties = pd.read_csv(figures / "table4_map_ties.csv")
-        assert (ties["constant_maps"] == ties["maps"]).all(), ties
+        cam_ties = ties[~ties["method"].isin(["random", "centre"])]   # the baselines are not CAMs
+        assert (cam_ties["constant_maps"] == cam_ties["maps"]).all(), ties
         c_scores = pd.read_csv(figures / "table_s_extended_c_score.csv")
         cams = c_scores[c_scores["method"].isin(["gradcam", "gradcampp", "xgradcam", "hirescam"])]
         assert not (cams["c_score"] == 1.0).any(), "a C-Score of 1 from constant maps"
     else:
         transfer = pd.read_csv(figures / "table_transfer.csv")
-        etis = transfer[transfer["dataset"].astype(str).str.contains("ETIS")]
-        assert (etis["n"] == 1).all() and etis.filter(like="ci_").isna().all().all(), etis
+        etis = transfer[transfer["cohort"].astype(str).str.startswith("ETIS")]
+        # a mean of one image has no interval (issue 35, item 4); a rate keeps its Wilson interval
+        assert (etis["n_cases"] == 1).all() and etis[["ci_low", "ci_high"]].isna().all().all(), etis
