@@ -18,10 +18,9 @@ import os
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from endoexplain_core import config, files, marks
+from endoexplain_core import config, files, marks, presentation
 
 PRINT_DPI = 300
 PROVENANCE_DIR = "provenance"          # sidecars live in this subfolder of figures_dir
@@ -123,10 +122,8 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     table's own cells (``marks.notes_for``: the gate's dagger, "unstable", Eigen-CAM's
     asterisk, "not estimable"), plus the synthetic-cohort note when ``synthetic``.
 
-    CSV keeps full precision; Markdown and LaTeX round floats with ``float_format``, except
-    counts (``n``, ``n_*``): a count column holds floats only because some rows have none
-    (NaN), and prints as an integer ("139", not "139.000"); and p-values
-    (``is_p_value_column``), which print as "<0.001" below that, never "0.000".
+    CSV keeps full precision; Markdown and LaTeX show ``presentation.column_texts`` (floats
+    with ``float_format``, counts as whole numbers, p-values as "<0.001", by the column schema).
     """
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -135,17 +132,11 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     tex = figures_dir / f"{name}.tex"
     files.replace_atomically(csv, lambda temporary: table.to_csv(temporary, index=index,
                                                                 lineterminator="\n"))
-    shown = table.copy()
-    for column in shown.columns:
-        if pd.api.types.is_float_dtype(shown[column]) and is_p_value_column(column):
-            shown[column] = shown[column].map(format_p_value)
-        elif pd.api.types.is_float_dtype(shown[column]):
-            fmt = "{:.0f}" if _is_count(column, shown[column]) else float_format
-            shown[column] = shown[column].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt.format(v))
+    shown = presentation.column_texts(table, float_format)
     if notes is None:
         notes = marks.notes_for(shown, synthetic)
-    markdown_notes = "".join(f"\n{markdown_cell(note)}\n" for note in notes)
-    files.write_text_atomic(md, _markdown(shown, index=index) + "\n" + markdown_notes)
+    markdown_notes = "".join(f"\n{presentation.markdown_cell(note)}\n" for note in notes)
+    files.write_text_atomic(md, presentation.markdown_table(shown, index=index) + "\n" + markdown_notes)
     latex_notes = "".join(f"\\par\\footnotesize {latex_escape(note)}\n" for note in notes)
     files.write_text_atomic(tex, latex_symbols(shown.to_latex(index=index, escape=True) + latex_notes))
     write_sidecar(name, [csv, md, tex], figures_dir, "table")
@@ -173,53 +164,6 @@ def latex_symbols(text: str) -> str:
     for symbol, command in LATEX_SYMBOLS.items():
         text = text.replace(symbol, command)
     return text
-
-
-def is_p_value_column(name) -> bool:
-    """``p``, ``p_*``, ``*_p``, ``*p_value*`` (e.g. ``failure_p_holm``): columns of p-values."""
-    name = str(name).lower()
-    return name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name or "_p_" in name
-
-
-def format_p_value(value) -> str:
-    """A p-value for print: "<0.001" below 0.001, else three decimals; NaN as ""."""
-    if pd.isna(value):
-        return ""
-    return "<0.001" if value < 0.001 else f"{value:.3f}"
-
-
-def integer_valued(column: pd.Series) -> bool:
-    """A float column that holds only whole numbers (counts read back from CSV as 139.0)."""
-    values = column.dropna()
-    return (pd.api.types.is_float_dtype(column) and len(values) > 0
-            and bool(np.all(np.isfinite(values)) and np.all(values == np.round(values))))
-
-
-def _is_count(column, values: pd.Series) -> bool:
-    """A count column: named ``n`` or ``n_*`` and whole-numbered wherever it has a value."""
-    name = str(column)
-    return (name == "n" or name.startswith("n_")) and integer_valued(values)
-
-
-def _markdown(table: pd.DataFrame, index: bool) -> str:
-    """A GitHub-flavoured Markdown table (no dependency on ``tabulate``)."""
-    frame = table.reset_index() if index else table
-    header = "| " + " | ".join(markdown_cell(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join(markdown_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *rows])
-
-
-def printable(text: str) -> str:
-    """``text`` on one line: line breaks as spaces, other control characters (terminal escape
-    sequences in a file name) as visible ``\\xNN`` codes."""
-    text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
-    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text)
-
-
-def markdown_cell(value) -> str:
-    """``value`` as one Markdown table cell: ``printable`` with the pipe escaped."""
-    return printable(str(value)).replace("|", "\\|")
 
 
 def display_path(path: str | Path, run_dir: str | Path, figures_dir: str | Path) -> str:

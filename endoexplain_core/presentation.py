@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from endoexplain_core import artefacts
 from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.methods import METHOD_LABELS, method_label
 
@@ -30,12 +30,84 @@ ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
 CI_SUFFIXES = ("_ci_low", "_ci_high")
 
 
-def _format_number(value, digits: int = 3) -> str:
-    return "" if pd.isna(value) else f"{value:.{digits}f}"
+# --- the column schema and the one cell formatter -------------------------------------------------
+#
+# A table's columns say what they hold by dtype and name (docs/architecture.md, "Table columns"):
+# integer dtype or ``n``/``n_*`` = a count; ``p``, ``p_*``, ``*_p``, ``*p_value*`` = a p-value;
+# ``x_ci_low``/``x_ci_high`` = the interval of ``x``; any other float = a number printed with
+# the table's float format. Nothing else is inferred from a column's name or values.
+
+def is_p_value_column(name) -> bool:
+    """``p``, ``p_*``, ``*_p``, ``*p_value*`` (e.g. ``failure_p_holm``): columns of p-values."""
+    name = str(name).lower()
+    return name == "p" or name.startswith("p_") or name.endswith("_p") or "p_value" in name or "_p_" in name
 
 
-def _format_integer(value) -> str:
-    return "" if pd.isna(value) else f"{int(value):,}"
+def is_count_column(name, values: pd.Series) -> bool:
+    """An integer column, or a float column named ``n`` or ``n_*`` holding whole numbers wherever
+    it has a value (a count read back from CSV with missing rows: 139.0)."""
+    if pd.api.types.is_integer_dtype(values):
+        return True
+    name, present = str(name), values.dropna()
+    return ((name == "n" or name.startswith("n_")) and pd.api.types.is_float_dtype(values)
+            and len(present) > 0 and bool(np.all(np.isfinite(present)))
+            and bool(np.all(present == np.round(present))))
+
+
+def format_p_value(value) -> str:
+    """A p-value for print: "<0.001" below 0.001, else three decimals; NaN as ""."""
+    if pd.isna(value):
+        return ""
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def number_text(value, digits: int = 3, *, missing: str = "") -> str:
+    """``value`` with ``digits`` decimals; ``missing`` for None or NaN."""
+    return missing if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
+
+
+def column_texts(table: pd.DataFrame, float_format: str = "{:.3f}", *,
+                 thousands: bool = False) -> pd.DataFrame:
+    """``table`` with its number columns as the text a reader sees, by the column schema above:
+    p-values as ``format_p_value``, counts as whole numbers (with thousands separators when
+    ``thousands``, for counts of 1,000 and more), other floats with ``float_format``; missing
+    values as "". Text columns are left as they are."""
+    shown = table.copy()
+    for column in shown.columns:
+        values = shown[column]
+        if is_count_column(column, values):
+            if thousands and values.abs().max() >= 1000 or pd.api.types.is_float_dtype(values):
+                pattern = "{:,.0f}" if thousands else "{:.0f}"
+                shown[column] = values.map(lambda v, p=pattern: "" if pd.isna(v) else p.format(v))
+        elif pd.api.types.is_float_dtype(values):
+            pattern = float_format
+            if is_p_value_column(column):
+                shown[column] = values.map(format_p_value)
+            else:
+                shown[column] = values.map(lambda v, p=pattern: "" if pd.isna(v) else p.format(v))
+    return shown
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: line breaks as spaces, other control characters (terminal escape
+    sequences in a file name) as visible ``\\xNN`` codes."""
+    text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text)
+
+
+def markdown_cell(value) -> str:
+    """``value`` as one Markdown table cell: ``printable`` with the pipe escaped."""
+    return printable(str(value)).replace("|", "\\|")
+
+
+def markdown_table(table: pd.DataFrame, index: bool = False) -> str:
+    """A GitHub-flavoured Markdown table of ``table``'s cells as they are (format them first,
+    e.g. with ``column_texts``); no dependency on ``tabulate``."""
+    frame = table.reset_index() if index else table
+    header = "| " + " | ".join(markdown_cell(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(markdown_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
 
 
 def estimate_with_ci(estimate, low, high, digits: int = 3, *, missing: str = "") -> str:
@@ -44,8 +116,7 @@ def estimate_with_ci(estimate, low, high, digits: int = 3, *, missing: str = "")
     for a NaN estimate (an outcome that does not apply); a NaN bound shows as an empty place."""
     if pd.isna(estimate):
         return missing
-    return (f"{_format_number(estimate, digits)} "
-            f"({_format_number(low, digits)} to {_format_number(high, digits)})")
+    return f"{number_text(estimate, digits)} ({number_text(low, digits)} to {number_text(high, digits)})"
 
 
 def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
@@ -90,26 +161,10 @@ def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
                     for e, lo, hi in zip(shown[estimate], shown[low], shown[high])]
         shown[estimate] = combined
         shown = shown.drop(columns=[low, high]).rename(columns={estimate: f"{estimate} (95% CI)"})
-    for column in shown.columns:
-        name = str(column).lower()
-        if pd.api.types.is_float_dtype(shown[column]):
-            if artefacts.is_p_value_column(name):
-                shown[column] = shown[column].map(artefacts.format_p_value)
-            elif artefacts.integer_valued(shown[column]) and not _is_rate(name):
-                shown[column] = shown[column].map(_format_integer)
-            else:
-                shown[column] = shown[column].map(lambda v: _format_number(v, digits))
-        elif pd.api.types.is_integer_dtype(shown[column]) and shown[column].abs().max() >= 1000:
-            shown[column] = shown[column].map(_format_integer)
+    shown = column_texts(shown, f"{{:.{digits}f}}", thousands=True)
     return shown.rename(columns=lambda c: str(c).replace("_", " "))
 
 
-
-def _is_rate(name: str) -> bool:
-    """Columns that are rates or scores even when a run's values happen to be 0 or 1."""
-    return any(part in name for part in ("rate", "sensitivity", "specificity", "score", "share",
-                                         "auprc", "accuracy", "iou", "ece", "nll", "brier",
-                                         "temperature", "odds", "failure", "energy", "drop"))
 
 
 # --- tables shown in the notebooks -----------------------------------------------------------------

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from endoexplain_core import marks  # noqa: E402
+from endoexplain_core import marks, presentation  # noqa: E402
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
                                       extended_figures, faithfulness_figures, style,
@@ -262,7 +262,7 @@ def test_p_values_print_as_below_0_001_never_0_000(tmp_path):
     assert markdown[2] == "| a | <0.001 | <0.001 | <0.001 | 0.000 |"   # a rate is not a p-value
     assert markdown[3] == "| b | 0.200 | 1.000 |  | 0.500 |"
     assert "<0.001" in (tmp_path / "tests.tex").read_text()
-    assert [c for c in table.columns if artefacts.is_p_value_column(c)] == ["failure_p", "failure_p_holm", "p_value"]
+    assert [c for c in table.columns if presentation.is_p_value_column(c)] == ["failure_p", "failure_p_holm", "p_value"]
 
 
 def test_latex_tables_carry_the_dagger_as_a_command(tmp_path):
@@ -333,7 +333,7 @@ def test_every_saved_table_carries_the_footnotes_its_cells_call_for(tmp_path):
     markdown = (tmp_path / "marked.md").read_text()
     notes = [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, marks.EIGEN_FOOTNOTE, marks.NOT_ESTIMABLE_NOTE,
              marks.SYNTHETIC_FOOTER]
-    positions = [markdown.index(artefacts.markdown_cell(note)) for note in notes]
+    positions = [markdown.index(presentation.markdown_cell(note)) for note in notes]
     assert positions == sorted(positions) and positions[0] > markdown.index("| Eigen-CAM* |")
     latex = (tmp_path / "marked.tex").read_text()
     assert "\\dag{} not validated" in latex and "Synthetic cohort" in latex

@@ -26,7 +26,7 @@ import torch
 from filelock import FileLock
 from PIL import Image
 
-from endoexplain_core import artefacts, cli, files
+from endoexplain_core import artefacts, cli, files, presentation
 from tests.cli_fixtures import audit_arguments, write_masked_frames, write_resnet18_state_dict
 
 
@@ -379,10 +379,10 @@ def test_a_second_audit_without_report_removes_the_first_ones_and_verify_proves_
 
 
 def test_markdown_cells_escape_pipes_line_breaks_and_control_characters():
-    assert artefacts.markdown_cell("a|b") == "a\\|b"
-    assert artefacts.markdown_cell("two\nlines") == "two lines"
-    assert artefacts.markdown_cell("esc\x1b[0m") == "esc\\x1b[0m"
-    assert artefacts.markdown_cell("Grad-CAM\u2020 \u2265 0.90") == "Grad-CAM\u2020 \u2265 0.90"
+    assert presentation.markdown_cell("a|b") == "a\\|b"
+    assert presentation.markdown_cell("two\nlines") == "two lines"
+    assert presentation.markdown_cell("esc\x1b[0m") == "esc\\x1b[0m"
+    assert presentation.markdown_cell("Grad-CAM\u2020 \u2265 0.90") == "Grad-CAM\u2020 \u2265 0.90"
 
 
 def test_weights_archive_declaring_too_much_is_refused_before_loading(inputs, tmp_path, capsys, monkeypatch):

@@ -53,3 +53,21 @@ def test_install_registers_the_html_form_with_an_ipython_shell():
 
 def test_outside_ipython_install_does_nothing():
     assert presentation.install_notebook_tables() is False
+
+
+def test_columns_print_by_the_schema_not_by_their_values():
+    """A rate that is 0 or 1 on every row stays a rate; a count is a count by dtype or by name
+    (``n_*`` with a missing row); p-values by name. The record's and the Markdown file's cells
+    come from the same formatter (only the thousands separator differs)."""
+    table = pd.DataFrame({"peak_failure": [1.0, 0.0], "n_images": [1234.0, np.nan],
+                          "hits": [3.0, 4.0], "n_maps": [5, 2000], "p_holm": [0.0004, 0.5]})
+    markdown_cells = presentation.column_texts(table, "{:.3f}")
+    record_cells = presentation.column_texts(table, "{:.3f}", thousands=True)
+    assert markdown_cells["peak_failure"].tolist() == ["1.000", "0.000"]
+    assert markdown_cells["hits"].tolist() == ["3.000", "4.000"]          # not named a count
+    assert markdown_cells["n_images"].tolist() == ["1234", ""]
+    assert record_cells["n_images"].tolist() == ["1,234", ""]
+    assert markdown_cells["n_maps"].tolist() == [5, 2000]                 # integers as they are
+    assert record_cells["n_maps"].tolist() == ["5", "2,000"]
+    assert markdown_cells["p_holm"].tolist() == record_cells["p_holm"].tolist() == ["<0.001", "0.500"]
+    assert presentation.final_table(table)["peak failure"].tolist() == ["1.000", "0.000"]

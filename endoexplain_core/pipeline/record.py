@@ -106,8 +106,8 @@ def _kind(name: str) -> str:
 
 
 def _markdown_cell(value) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A parameter or file name as one Markdown cell (non-text values as JSON)."""
+    return presentation.markdown_cell(value if isinstance(value, str) else json.dumps(value, default=str))
 
 
 def stage_timing(record: dict) -> tuple[str, float]:

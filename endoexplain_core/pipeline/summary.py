@@ -35,7 +35,7 @@ README_END = "<!-- results:end -->"
 
 
 def _number(value, digits: int = 3) -> str:
-    return "n/a" if value is None or pd.isna(value) else f"{float(value):.{digits}f}"
+    return presentation.number_text(value, digits, missing="n/a")
 
 
 def _with_ci(estimate, low, high, digits: int = 3) -> str:
@@ -45,13 +45,6 @@ def _with_ci(estimate, low, high, digits: int = 3) -> str:
         # e.g. a perfect ranking: no interval width to show
         return f"{_number(estimate, digits)} (the same in every bootstrap resample: no interval)"
     return presentation.estimate_with_ci(estimate, low, high, digits, missing="n/a")
-
-
-def _table(frame: pd.DataFrame) -> list[str]:
-    """A Markdown table, every cell already a string."""
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return lines
 
 
 def _read(figures_dir: Path, name: str) -> pd.DataFrame | None:
@@ -78,7 +71,7 @@ def _training_lines(figures_dir: Path) -> list[str]:
     prevalence = learning["val_prevalence"].iloc[0]
     lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = validation AUPRC >= "
              f"{_number(learning['min_val_auprc'].iloc[0])} and Grad-CAM and Eigen-CAM non-constant on "
-             f">= 95% of the audited images; non-constant maps: the smaller of their two shares):", ""] + _table(table)
+             f">= 95% of the audited images; non-constant maps: the smaller of their two shares):", ""] + [presentation.markdown_table(table)]
     lines += ["", f"**Primary** {primary['checkpoint_id']}: test AUPRC "
               f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])}, "
               f"accuracy at 0.5 {_with_ci(primary['test_accuracy_at_0.5'], primary['test_accuracy_at_0.5_ci_low'], primary['test_accuracy_at_0.5_ci_high'])} "
@@ -118,7 +111,7 @@ def _gate_lines(figures_dir: Path) -> list[str]:
              f"{_number(first.get('lesion_ceiling'), 2)}, cue {_number(first.get('cue_ceiling'), 2)}; "
              f"Wilson 95% CIs at the number of maps the replicates' agreement allows (wider where "
              f"they scatter).", ""]
-    return lines + _table(table)
+    return lines + [presentation.markdown_table(table)]
 
 
 def _table4_lines(figures_dir: Path) -> list[str]:
@@ -137,7 +130,7 @@ def _table4_lines(figures_dir: Path) -> list[str]:
         "peak outside lesion": [_with_ci(r, lo, hi) for r, lo, hi in
                                 zip(panel["peak_failure"], panel["peak_failure_ci_low"], panel["peak_failure_ci_high"])],
         "constant maps": panel["n_constant"].astype(int).astype(str)})
-    return lines + _table(shown)
+    return lines + [presentation.markdown_table(shown)]
 
 
 def _table5_lines(figures_dir: Path) -> list[str]:
