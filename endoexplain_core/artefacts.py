@@ -5,15 +5,14 @@ machines), Markdown (for the README index and notebooks) and LaTeX (for the manu
 
 Each save also writes a provenance sidecar, ``<figures_dir>/provenance/<name>.json``: the
 files with their SHA-256, the stage that ran (``ENDOEXPLAIN_STAGE``, set by the orchestrator),
-the notebook cell's execution count and the calling function. After the stage, the
-orchestrator adds the cell id, the stage's parameters and digest
-(``pipeline.record.link_provenance``), so ``index.html`` links every table and figure to the
-cell that wrote it.
+and the notebook cell's execution count: the writer is named by where it ran, never guessed
+from the call stack. After the stage, the orchestrator adds the cell id, the stage's
+parameters and digest (``pipeline.record.link_provenance``), so ``index.html`` links every
+table and figure to the cell that wrote it.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import textwrap
 from pathlib import Path
@@ -41,27 +40,12 @@ def _execution_count() -> int | None:
     return len(history) - 1 if history else None
 
 
-# Modules that only pass a table on to be saved: the writer is whoever called them.
-_RELAYS = {__name__, "endoexplain_core.presentation"}
-
-
-def _writer() -> str:
-    """``module:function`` of the first caller outside this module and ``presentation.report``
-    (``__main__:<module>`` for a notebook cell)."""
-    for frame in inspect.stack()[1:]:
-        module = frame.frame.f_globals.get("__name__", "?")
-        if module not in _RELAYS:
-            return f"{module}:{frame.function}"
-    return "?"
-
-
 def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: str) -> Path:
     """Write ``<figures_dir>/provenance/<name>.json`` for the files just saved (see module
     docstring); return its path."""
     record = {"artefact": name, "kind": kind,
               "files": {path.name: files.sha256_file(path) for path in paths},
-              "stage": os.environ.get(STAGE_ENV), "execution_count": _execution_count(),
-              "writer": _writer()}
+              "stage": os.environ.get(STAGE_ENV), "execution_count": _execution_count()}
     return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
