@@ -12,7 +12,7 @@ planted cue):
                label information is the cue, never the lesion;
 ``untrained``  random weights, never trained (control);
 ``shuffled``   the lesion recipe trained on permuted labels (control; one per replicate, or
-               with ``GateSettings.shuffled_control_per_replicate`` off, the first
+               with the profile's ``shuffled_control_per_replicate`` off, the first
                replicate's model reused by the others, on their own held-out frames and pools).
 
 All four are audited (``audit.audit_checkpoint``, temperature 1: only localisation matters
@@ -31,7 +31,7 @@ Rates are over all maps of the pool: a constant map has no peak, so it is neithe
 nor on the cue and counts as a miss, the rule of Table 4 (``n_constant_*`` says how many).
 
 **Replicates.** The whole experiment (frames, the four models, the audited pool) is repeated
-for every seed in ``GateSettings.seeds``; a replicate whose lesion or shortcut model missed its
+for every seed in the profile's ``replicate_seeds``; a replicate whose lesion or shortcut model missed its
 held-out accuracy rule (``min_accuracy``), or whose shuffled control passed
 ``max_control_accuracy``, is reported and left out. Rates are pooled over the remaining
 replicates (each has its own pool of frames). Their 95% interval sees the seeds: Wilson's at
@@ -107,61 +107,25 @@ GATE_LESION_OFFSET_SD = 0.35
 
 @dataclass(frozen=True)
 class GateSettings:
-    """Size of the gate: frames, optimisation and the pass rule.
+    """The gate's settings: the profile's ``stages.03_validity_gate`` section, passed whole, with
+    the primary's input size and memory format and the study's fixed recipe.
 
-    image_size: frame and model input side in pixels (the primary's). train_images: frames per
-    trained model (half of each class). val_images: held-out frames for the accuracy check.
-    pool_images: common audited pool (polyp + separate cue). steps, batch_size, learning_rate,
-    warmup_steps, weight_decay, label_smoothing: AdamW with warm-up and cosine decay (the
-    study's recipe, from scratch, zero-initialised head). margin, min_accuracy,
-    max_control_accuracy: the pass rule (module docstring). seeds: one replicate of the whole
-    gate per seed (frames, weights, shuffling, pool). level: confidence of the Wilson
-    intervals. batchnorm_recalibration_images: training frames behind the eval-mode BatchNorm statistics
-    (``training.recalibrate_batchnorm``). channels_last: the optimiser steps run in channels_last
-    memory format (``training.optimiser_memory_format``; the trained model is returned contiguous).
-    shuffled_control_per_replicate: train a shuffled-label control in every replicate (True) or
-    only in the first, reused by the others (False: a control needs no seed spread, and one
-    training fewer per replicate is about a seventh of the gate's CPU time).
+    section: ``config.ValidityGateSettings`` (frames, steps, pass rule, replicate seeds; field
+    descriptions there). image_size: frame and model input side in pixels (the primary's).
+    channels_last: the optimiser steps run in channels_last memory format
+    (``training.optimiser_memory_format``; the trained model is returned contiguous).
+    weight_decay, label_smoothing: AdamW and loss of the recipe (not profile keys). level:
+    confidence of the Wilson intervals. batchnorm_recalibration_images: training frames behind
+    the eval-mode BatchNorm statistics (``training.recalibrate_batchnorm``).
     """
 
-    # From the profile (``stages.03_validity_gate`` and the shared image size and memory
-    # format): no defaults here, ``from_profile`` fills them.
+    section: config.ValidityGateSettings
     image_size: int
-    train_images: int
-    val_images: int
-    pool_images: int
-    steps: int
-    batch_size: int
-    learning_rate: float
-    warmup_steps: int
-    margin: float
-    min_accuracy: float
-    max_control_accuracy: float
-    seeds: tuple[int, ...]
-    random_deletion_repetitions: int
     channels_last: bool
-    shuffled_control_per_replicate: bool
-    # The study's fixed recipe, not profile keys.
     weight_decay: float = 0.05
     label_smoothing: float = 0.03
     level: float = stats.CONFIDENCE_LEVEL
     batchnorm_recalibration_images: int = 128
-
-    @classmethod
-    def from_profile(cls, section: config.ValidityGateSettings, *, image_size: int,
-                     channels_last: bool) -> "GateSettings":
-        """The gate of a profile: its ``stages.03_validity_gate`` section plus the shared
-        ``image_size`` and ``channels_last``."""
-        return cls(image_size=image_size, train_images=section.train_images,
-                   val_images=section.val_images, pool_images=section.pool_images,
-                   steps=section.steps, batch_size=section.batch_size,
-                   learning_rate=section.learning_rate, warmup_steps=section.warmup_steps,
-                   margin=section.margin, min_accuracy=section.min_accuracy,
-                   max_control_accuracy=section.max_control_accuracy,
-                   seeds=tuple(section.replicate_seeds),
-                   random_deletion_repetitions=section.random_deletion_repetitions,
-                   channels_last=channels_last,
-                   shuffled_control_per_replicate=section.shuffled_control_per_replicate)
 
 
 # --- planted frames ---------------------------------------------------------------------------
@@ -272,17 +236,17 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     """Train ``arch`` from scratch on planted frames; return it in eval mode.
 
     The study's recipe (zero-initialised head, AdamW, linear warm-up then cosine decay,
-    label-smoothed cross-entropy), ``settings.steps`` optimiser steps of ``batch_size`` frames
+    label-smoothed cross-entropy), ``settings.section.steps`` optimiser steps of ``batch_size`` frames
     drawn without replacement per pass (seeded). Random flips keep the position of the planted
     evidence from being learnt as a fixed location.
     """
     training.seed_everything(seed)
     model = networks.build_model(arch)
     training.zero_init_head(model)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
+    optimiser = torch.optim.AdamW(model.parameters(), lr=settings.section.learning_rate,
                                   weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, training.cosine_with_warmup(settings.warmup_steps, settings.steps))
+        optimiser, training.cosine_with_warmup(settings.section.warmup_steps, settings.section.steps))
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
     generator = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.int64)
@@ -290,10 +254,10 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     with (training.deterministic_algorithms(torch.device("cpu")),
           training.optimiser_memory_format(model, settings.channels_last)):
         # the gate trains nine such models: a bar per model says where a 15-minute stage is
-        for _ in progress_bar(range(settings.steps), desc=f"gate model {arch} (seed {seed})", unit="step"):
-            if len(order) < settings.batch_size:
+        for _ in progress_bar(range(settings.section.steps), desc=f"gate model {arch} (seed {seed})", unit="step"):
+            if len(order) < settings.section.batch_size:
                 order = torch.cat([order, torch.randperm(len(labels), generator=generator)])
-            batch, order = order[:settings.batch_size], order[settings.batch_size:]
+            batch, order = order[:settings.section.batch_size], order[settings.section.batch_size:]
             inputs = _normalise(images[batch])
             flips = torch.rand(2, generator=generator) < 0.5
             if flips[0]:
@@ -314,8 +278,8 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
         # averages of a few hundred steps from scratch still describe earlier weights.
         count = settings.batchnorm_recalibration_images
         training.recalibrate_batchnorm(
-            model, ((_normalise(images[start:start + settings.batch_size]), None, None)
-                    for start in range(0, min(count, len(labels)), settings.batch_size)),
+            model, ((_normalise(images[start:start + settings.section.batch_size]), None, None)
+                    for start in range(0, min(count, len(labels)), settings.section.batch_size)),
             count, torch.device("cpu"))
     return model.eval()
 
@@ -327,7 +291,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
     (accuracies measured ``batch_size`` frames per forward pass).
 
     ``shared_control``: (shuffled-label model, the seed it was trained with) to reuse instead of
-    training this replicate's own (``GateSettings.shuffled_control_per_replicate`` off); its
+    training this replicate's own (the profile's ``shuffled_control_per_replicate`` off); its
     held-out accuracy is still measured on this replicate's frames, its training accuracy is
     NaN (these training frames are not its own).
 
@@ -337,9 +301,9 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
     controls); ``accuracy_ok`` applies the gate's accuracy rule (trained models learn, the
     shuffled control does not; the untrained model has no requirement).
     """
-    data = {task: task_frames(task, settings.train_images, settings.image_size, seed)
+    data = {task: task_frames(task, settings.section.train_images, settings.image_size, seed)
             for task in ("lesion", "shortcut")}
-    held_out = {task: task_frames(task, settings.val_images, settings.image_size, seed + 1)
+    held_out = {task: task_frames(task, settings.section.val_images, settings.image_size, seed + 1)
                 for task in ("lesion", "shortcut")}
     shuffled = torch.from_numpy(training.shuffled_targets(data["lesion"][1].numpy(), seed))
     recipes = {"lesion": ("lesion", data["lesion"][1], "planted lesion"),
@@ -348,7 +312,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
     models, rows = {}, []
     for name in GATE_MODELS:
         started = time.perf_counter()
-        trained_with, steps = seed, settings.steps
+        trained_with, steps = seed, settings.section.steps
         if name == "untrained":
             training.seed_everything(seed)
             model, task, label_text = networks.build_model(arch).eval(), "lesion", "none (random weights)"
@@ -363,9 +327,9 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
                               batch_size=batch_size) if own_frames else float("nan"))
         held_acc = accuracy(model, *held_out[task], batch_size=batch_size)
         if name in ("lesion", "shortcut"):
-            required, ok = f">= {settings.min_accuracy:.2f}", held_acc >= settings.min_accuracy
+            required, ok = f">= {settings.section.min_accuracy:.2f}", held_acc >= settings.section.min_accuracy
         elif name == "shuffled":
-            required, ok = f"<= {settings.max_control_accuracy:.2f}", held_acc <= settings.max_control_accuracy
+            required, ok = f"<= {settings.section.max_control_accuracy:.2f}", held_acc <= settings.section.max_control_accuracy
         else:
             required, ok = "none", True
         models[name] = model
@@ -407,7 +371,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
             1.0, cases, dataset=GATE_DATASET, image_size=settings.image_size,
             table_path=output_dir / f"{checkpoint_id}.parquet",
             random_deletion_path=output_dir / f"{checkpoint_id}_random_deletion.parquet",
-            top_fraction=top_fraction, repetitions=settings.random_deletion_repetitions,
+            top_fraction=top_fraction, repetitions=settings.section.random_deletion_repetitions,
             batch_size=batch_size, total=len(cases))
         table = audit_schema.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
         tables.append(table.assign(gate_seed=seed, model=name))
@@ -702,25 +666,25 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     started = time.perf_counter()
     cases, facts = [], []
     shared_control = None
-    for index, seed in enumerate(settings.seeds):
+    for index, seed in enumerate(settings.section.replicate_seeds):
         if progress is not None:
-            progress(f"gate replicate {index + 1}/{len(settings.seeds)} (seed {seed})")
+            progress(f"gate replicate {index + 1}/{len(settings.section.replicate_seeds)} (seed {seed})")
         models, model_facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size)
-        if not settings.shuffled_control_per_replicate and shared_control is None:
+        if not settings.section.shuffled_control_per_replicate and shared_control is None:
             shared_control = (models["shuffled"], seed)
         layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
-        pool = gate_pool(settings.pool_images, settings.image_size, seed + 2)
+        pool = gate_pool(settings.section.pool_images, settings.image_size, seed + 2)
         cases.append(audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
                                        layer_name=layer_name, settings=settings, seed=seed,
                                        top_fraction=top_fraction, batch_size=batch_size))
         facts.append(model_facts)
     cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
-    judged = {"margin": settings.margin, "level": settings.level}
+    judged = {"margin": settings.section.margin, "level": settings.level}
     gate = gate_table(cases, facts, **judged)
     return {"gate": gate, "stability": gate_stability(gate),
             "replicates": gate_replicate_table(cases, facts, **judged),
             "models": facts, "cases": cases, "layer": layer_name,
-            "settings": asdict(settings), "seconds": round(time.perf_counter() - started, 1)}
+            "settings": {**asdict(settings), "section": settings.section.model_dump()}, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def failing_methods(gate: pd.DataFrame) -> list[str]:
