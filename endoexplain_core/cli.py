@@ -762,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from endoexplain_core.artefacts import printable
+    from endoexplain_core.presentation import printable
 
     try:
         if args.command == "audit":
