@@ -1,12 +1,7 @@
 """The adjusted failure model (Table 5): which CAM, lesion and score terms go with a peak
-outside the lesion among the high-score images, as odds ratios.
-
-A logistic model of ``failure`` (a constant map counts as one) on the CAM indicators (Grad-CAM
-the reference), lesion area, lesion-centre distance and the scaled score, fitted on the five
-CAM rows of each high-score image (``model_frame``). Intervals: an image-cluster bootstrap
-(``odds_ratios``; a separated CAM term is "not estimable", never a huge number), and a Firth
-model as a sensitivity analysis (``firth_odds_ratios``, rows treated as independent).
-``adjusted_table`` always returns every term with a status line, so later stages can rely on it.
+outside the lesion among the high-score images, as odds ratios (``adjusted_table``: every term
+with a status line). A constant map counts as a failure. Method: docs/statistics_and_gate.md,
+"Adjusted failure model (Table 5)".
 """
 
 from __future__ import annotations

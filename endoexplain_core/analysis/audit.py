@@ -1,23 +1,9 @@
 """The case-level audit table: every map of one checkpoint on one masked cohort.
 
 One row per (dataset, sample_id, checkpoint_id, method), for the five CAMs and the two spatial
-baselines (seeded random heatmap, centred Gaussian). Conventions:
-
-- Images and masks are resized to the model's input size (``audit_inputs``), and every metric
-  is computed at that size. Masks that are empty after resizing are excluded and counted, never
-  scored. The table's columns and rules are ``audit_schema``'s.
-- Scores come from the same forward that produced the CAMs: z = logit(pos) - logit(neg),
-  ``raw_score = sigmoid(z)``, ``scaled_score = sigmoid(z / T)`` with the checkpoint's
-  validation-fitted temperature T.
-- Deletion (CAMs only): the top-``top_fraction`` pixels of each CAM are set to 0 in normalised
-  space; ``logit_drop`` = original minus deleted positive logit, ``score_drop`` likewise for the
-  scaled score. The control deletes the same number of random pixels ``repetitions`` times per
-  image (seeds derived from (sample id, repetition)); it is written to a second per-image table.
-- The table is streamed batch by batch to a temporary Parquet file, validated, and renamed
-  into place only when complete, so a failing run never replaces a good table.
-
-The run lives here (maps, scores, deletions, streaming, reuse of a finished audit); the inputs
-are ``audit_inputs``', the schema and validation ``audit_schema``'s, the kernels in kernels/.
+baselines; every metric is at the model's input size, and masks empty at that size are excluded
+and counted. Inputs: ``audit_inputs``; schema and validation: ``audit_schema``. Method:
+docs/statistics_and_gate.md, "The case-level audit"; docs/protocol.md, "Deletion".
 """
 
 from __future__ import annotations

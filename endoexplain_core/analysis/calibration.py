@@ -1,15 +1,8 @@
 """Temperature scaling of the binary logit difference and the calibration metrics.
 
-Conventions (docs/protocol.md, "Calibration"):
-
-- ``z = logit_pos - logit_neg``; the raw score is ``sigmoid(z)`` (= the 2-class softmax of
-  the positive class) and the temperature-scaled score is ``sigmoid(z / T)``.
-- One ``T > 0`` per checkpoint, fitted on the validation split only by minimising the binary
-  negative log-likelihood over ``log T`` in ``[log 0.05, log 20]`` (bounded 1-D search).
-- Decision at the unchanged boundary: positive when the score is ``>= 0.5`` (``z >= 0``), so
-  scaling never changes a decision nor the ranking (AUPRC).
-- ECE and the reliability table use 10 equal-width bins of the positive score:
-  bin ``b`` holds scores in ``[b/10, (b+1)/10)``, the last bin also holds 1.0.
+``z = logit_pos - logit_neg``; raw score ``sigmoid(z)``, scaled score ``sigmoid(z / T)`` with one
+``T`` in ``TEMPERATURE_BOUNDS`` per checkpoint, fitted on validation NLL only. Rule:
+docs/protocol.md, "Calibration"; method: docs/statistics_and_gate.md, "Calibration".
 """
 
 from __future__ import annotations
@@ -259,11 +252,8 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str, 
     Positive sources: sensitivity, mean scaled score, false negatives and their share of all
     false negatives. Negative sources: false-positive rate, mean scaled score, false positives
     and their share of all false positives. Every rate has a Wilson 95% interval
-    (``*_ci_low``/``*_ci_high``; the one rule for a proportion, ``stats``): categories are small
-    (six standard polyps in the paper's test split) and rates of 0 or 1 are common, where a
-    bootstrap interval collapses.
-    The mean scaled score has an image-bootstrap percentile interval (``replicates``, ``seed``:
-    the profile's).
+    (``*_ci_low``/``*_ci_high``; the one rule for a proportion, ``stats``). The mean scaled
+    score has an image-bootstrap percentile interval (``replicates``, ``seed``: the profile's).
     """
     part = split_rows(scores, checkpoint_id, split)
     called_positive = part["scaled_score"] >= threshold

@@ -1,24 +1,9 @@
 """Does the primary's Table 4 depend on the target layer, and is XGrad-CAM well posed?
 
-Two layers of the primary checkpoint see the same images with the same weights and
-temperature (so Table 4's panels hold the same images at both): the protocol layer (``networks.TARGET_LAYERS``) and its neighbour
-(``NEIGHBOUR_LAYERS``: for EfficientNet-B0 the block output ``features.8``, after the BatchNorm
-and SiLU that follow the protocol's pre-BN convolution). A method whose rates move a lot
-between them reports the layer, not the lesion.
-
-Per layer and channel-weight method the table also gives how well posed the weights are.
-XGrad-CAM divides each channel's weighted gradient by the channel's activation sum S_c; before a
-BatchNorm, S_c takes both signs and some channels sum to almost zero, so their weights explode.
-Conventions:
-- a channel is *near zero* when |S_c| < ``NEAR_ZERO_FRACTION`` x the median |S_c| of the same
-  image (scale-free: activations differ in scale between layers);
-- the *weight ratio* of a method is |w_method| / |w_Grad-CAM| per channel (channels where the
-  Grad-CAM weight is 0 are left out), summarised by its median and 99th percentile over every
-  (image, channel); HiResCAM and Eigen-CAM have no channel weights (NaN);
-- XGrad-CAM is marked ill-posed at a layer where the near-zero share exceeds
-  ``ILL_POSED_SHARE`` or its weight ratio's 99th percentile exceeds ``ILL_POSED_RATIO_P99`` (the
-  exploded weights themselves: a review saw p99 59 and max 158,561 with a near-zero share
-  under the share rule).
+The primary re-audited at its neighbouring layer (``NEIGHBOUR_LAYERS``) on the same images,
+beside each layer's channel-weight diagnostics (near-zero activation sums S_c, weight ratios to
+Grad-CAM, the ``ill_posed`` rule). Method: docs/statistics_and_gate.md, "Layer sensitivity and
+XGrad-CAM's conditioning".
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Map-prior diagnostics and practical identity of CAM methods (tables over a checkpoint).
 
-Three questions asked of every audited checkpoint, before its failure rates are read:
-
-1. **Position prior.** Where does each method peak on held-out negatives (no lesion at all)?
-   The *prior map* of a method is the mean of its normalised maps over those negatives; the
-   case table then records, per audited image and method, whether the peak is in the border
-   ring or a corner cell of the feature grid and the IoU of the map's top-20% set with the
-   prior map's top-20% set (``prior_top_iou``). A method whose peaks sit in the border ring on
-   negatives and positives alike, and whose top sets match its prior, is showing the grid,
-   not the image.
-2. **Use of the lesion.** The audit deletes the lesion itself (``lesion_logit_drop``) beside
-   each CAM's top 20% (``logit_drop``): a large lesion drop with a small CAM drop says "the
-   model uses the lesion, the map does not show it".
-3. **Practical identity.** Two methods are *identical in practice* on a checkpoint when their
-   maps agree on the audited images: median per-image Pearson correlation >= 0.99 **or** median
-   top-20% IoU >= 0.90 (``IDENTITY_PEARSON``, ``IDENTITY_TOP_IOU``), **and** the two peaks are
-   the same pixel on every audited image where both maps are defined (a pair whose peaks part
-   on one image can give different peak verdicts, so its rates are two pieces of evidence,
-   however close the medians). Pearson 0.99 leaves about
-   2% of the pixel variance unexplained; top-20% IoU 0.90 means the deleted / scored areas
-   differ by about 5% of their pixels -- less than bilinear resizing alone moves between
-   neighbouring grid cells. Such pairs are one piece of evidence, not two, like the pairs
-   identical by construction (``networks.identical_methods``). The Grad-CAM++ epsilon share
-   (``kernels.map_priors.gradcampp_epsilon_share``) says why Grad-CAM++ often joins them.
+Per audited checkpoint: each method's prior map on held-out negatives and where its peaks sit
+on the feature grid, and which method pairs are identical in practice (``IDENTITY_RULE``).
+Method: docs/statistics_and_gate.md, "Map diagnostics: position prior, use of the lesion,
+practical identity".
 """
 
 from __future__ import annotations

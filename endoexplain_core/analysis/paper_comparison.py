@@ -1,12 +1,8 @@
 """The paper's reported values beside this run's (``table_paper_comparison``).
 
-The paper's numbers are shipped as data, ``data_manifest/paper/paper_reported_values.csv``
-(key, quantity, paper_value, source_section), never typed into code. ``run_values`` reads the
-same quantities from this run's artefacts (manifest, registry and the tables the notebooks
-saved); a quantity the run does not produce is left blank. On the synthetic cohort the table
-is a layout check (every number differs by design); on the real data it is a reproduction
-check, and the manifest facts (row count, digest prefix, role counts) say at once whether the
-run used the paper's cohort.
+The paper's numbers are data (``data_manifest/paper/paper_reported_values.csv``), never code;
+``run_values`` reads the same quantities from this run's artefacts (blank where the run has
+none). Method: docs/statistics_and_gate.md, "Comparison with the paper's reported values".
 """
 
 from __future__ import annotations

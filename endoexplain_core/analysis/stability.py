@@ -1,22 +1,10 @@
 """Stability of the headline verdicts: do they hold when a seed is perturbed?
 
-A verdict that flips under a reseed is not a finding in either direction. This module reruns the
-decisive parts of the audit under a perturbed seed, using what the run already computed:
-
-- **validity gate**: each replicate's own verdict (another seed for frames, models and pool)
-  beside the pooled one (``validity_gate.gate_stability``);
-- **primary selection**: the validation images resampled (bootstrap); how often the same
-  EfficientNet-B0 seed has the best validation AUPRC (ties within ``tie_auprc``: lowest seed,
-  as ``select_primary``);
-- **Table 4 panel A**: per CAM, whether its peak-failure rate lies above the centre baseline's,
-  on the primary's high-score images and on each other learned EfficientNet-B0 seed's own
-  (a perturbed training seed of the same recipe);
-- **Table 5**: the sign of each CAM's log odds ratio against Grad-CAM, refitted on each other
-  learned EfficientNet-B0 seed's high-score images.
-
-``stability_table`` puts them in one table (columns part, subject, verdict, under_perturbation,
-held); ``unstable_subjects`` and ``mark_unstable`` carry the verdicts that did not hold into the
-final tables, where they are printed with ``marks.UNSTABLE_MARK``.
+Validity gate, primary selection, Table 4 panel A against the centre baseline and Table 5's
+signs, each rerun under a perturbed seed from what the run computed; ``stability_table`` (columns
+part, subject, verdict, under_perturbation, held) collects them and ``mark_unstable`` marks
+the verdicts that did not hold. Method: docs/statistics_and_gate.md, "Stability of the
+headline verdicts".
 """
 
 from __future__ import annotations

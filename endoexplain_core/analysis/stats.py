@@ -1,22 +1,9 @@
 """Statistics of the audit: image-bootstrap CIs, paired tests, Holm, adjusted logistic model.
 
-Conventions (docs/protocol.md, "Statistics"):
-- The unit of resampling is the image. Every bootstrap draws an integer index matrix of shape
-  (replicates, n) from ``numpy.random.default_rng(seed)`` once and applies it to all outcomes,
-  so outcomes of the same images are resampled together (paired) and reruns are identical.
-- Intervals are percentile intervals (``numpy.percentile`` with linear interpolation).
-- Seed 20260721; 2,000 replicates for spatial summaries, 5,000 for classifier metrics and
-  figure-specific mean IoU, 500 image-cluster replicates for the adjusted logistic model.
-- Empty populations (n = 0) give NaN estimates and intervals rather than an error, so that an
-  empty high-score panel can be shown as such.
-- One interval rule for a single proportion (a rate k/n: peak failure, IoU < 0.10,
-  sensitivity, ...): the Wilson score interval (``rate_ci``), in every table, figure and report.
-  Its bounds rise with k at fixed n (tested), also at 0/n and n/n, where a percentile bootstrap
-  collapses to a point; a percentile bootstrap of a rate is not monotone in k. The image
-  bootstrap stays for means of continuous outcomes, for differences and for paired contrasts.
-- Separation: a logistic term whose maximum-likelihood estimate is infinite (complete or
-  quasi-complete separation) is detected by the linear program of Konis (2007) before any fit
-  (``separation_directions``) and is reported as not estimable, never as a penalty-set number.
+The image is the unit of resampling: one index matrix (``bootstrap_indices``) serves every
+outcome of a population, so outcomes of the same images are resampled together. Empty
+populations (n = 0) give NaN, not an error. Rules: docs/protocol.md, "Statistics"; method:
+docs/statistics_and_gate.md, "Resampling and intervals".
 
 Size: over 400 lines on purpose: one resampling convention (image index matrices, seed) serves
 every interval and test; the separation check and the ridge/Newton fit belong to the same Table
@@ -565,7 +552,7 @@ def classifier_metric_intervals(z, target, replicates: int,
     ``bootstrap_indices``; a replicate without a positive (or negative) image leaves AUPRC and
     sensitivity (specificity) undefined and is skipped for that metric (counted in
     ``undefined_replicates``). AUPRC has a percentile interval; accuracy, sensitivity and
-    specificity are single rates and take the Wilson interval (module docstring). Returns metric -> ``{"estimate", "ci_low", "ci_high",
+    specificity are single rates and take the Wilson interval (``rate_ci``). Returns metric -> ``{"estimate", "ci_low", "ci_high",
     "interval", "undefined_replicates"}``.
     """
     from sklearn.metrics import average_precision_score

@@ -1,29 +1,9 @@
 """Controls of a subgroup gap: is it the image's, the classifier's or the map's?
 
-A subgroup gap in map quality (``subgroups``) can come from the images (lesions that stand out
-less), from the classifier, or from the saliency method. Following the density-audit design,
-each contrast gets three controls, all crude (before any model) and all on the same images:
-
-  chance level          the pointing game's chance |D_r| / |B| in the subgroup minus the
-                        reference (pp): a pointing gap no larger than this is the lesions'
-                        size, not the maps
-  DoG conspicuity map   the energy-lift gap of the difference-of-Gaussians map of the image
-                        alone (no classifier); ``method minus DoG`` is a method's gap minus it:
-                        above 0 in magnitude, the gap is not explained by the image alone
-  randomised network    the gap of the same method on the classifier with every learned
-                        weight re-initialised (``kernels.randomisation.fully_randomised``);
-                        ``trained minus randomised`` is the trained gap minus it: a gap that
-                        needs the learned weights
-
-A difference of two crude gaps on the same images is the crude gap of the per-image
-difference (e.g. lift(method) - lift(DoG)), so every control is one Welch t interval and
-two-sided p on per-image values, subgroup against reference. With several checkpoints each
-image's values are averaged over them first (``subgroups.per_image_means``). Pointing values
-are in percentage points (a per-image difference of hits is -100, 0 or +100).
-
-Holm: the chance-level, method-minus-DoG and trained-minus-randomised rows join the secondary
-family (``subgroups.SECONDARY_FAMILY``); the DoG and randomised-network gaps themselves are
-descriptive references (family ``""``).
+Per contrast, crude and on the same images as the gap: the pointing chance level, the DoG
+conspicuity map (and each method minus it) and the randomised network (and trained minus it),
+each one Welch t interval on per-image values (pointing in pp), checkpoints averaged first.
+Method: docs/statistics_and_gate.md, "Subgroup controls".
 """
 
 from __future__ import annotations

@@ -1,81 +1,11 @@
-"""Subgroup gaps in map quality that do not mistake case mix for a gap.
+"""Subgroup gaps in map quality that do not mistake case mix for a gap: nested GEE models,
+crude gaps, Holm families and equivalence tests per contrast.
 
-A *contrast* splits cases into a subgroup (``subgroup = 1``, e.g. image-enhanced endoscopy)
-and its reference (``0``, e.g. white light). A gap is subgroup minus reference, per CAM
-method; negative = worse maps in the subgroup. Outcomes:
-
-  energy_lift   lambda_E in bits (linear model); gap in bits
-  pointing_hit  peak inside the tolerance zone (logistic model); gap in percentage points
-  srg           symmetric relevance gain of the map (linear; z/T), faithfulness
-  lsr           lesion-specific reliance of the classifier (linear; z/T), one row per image
-                under the pseudo-method ``classifier`` (it does not depend on the map)
-
-The data are long: one row per (image, method). One GEE per contrast, outcome and model
-(statsmodels, exchangeable working correlation, bias-reduced "Mancl-DeRouen" sandwich
-standard errors; clusters = images, since the methods of one image are correlated) holds one
-intercept and one subgroup coefficient per method and covariate slopes shared by all methods,
-so every method gets the same case-mix adjustment and their gaps are directly comparable.
-Method-specific slopes are the sensitivity analysis (``method_specific_slopes=True``).
-
-Nested models, each adding one block of factors:
-  M0  subgroup only (the crude gap as the model estimates it)
-  M1  + case mix: log lesion area (share of the field of view), lesion centrality (distance of
-        the lesion centroid from the frame centre), field-of-view area, and the fixed effects
-        a contrast needs (e.g. centre indicators when a contrast pools centres)   [main model]
-  M2  + classifier state: calibrated margin |z - t| / T and correctness
-  M3  + lesion visibility: the difference-of-Gaussians conspicuity map's lambda_E
-  Mc  exploratory, confounders only: field-of-view area and the contrast's fixed effects,
-        the factors that precede the subgroup (lesion area and centrality may follow from it)
-A covariate that defines the contrast itself (log lesion area for lesion-size strata) is left
-out of every model of that contrast.
-
-Gaps are read off by g-computation: the model's predictions for every row of a method with
-the subgroup set to 1 and then to 0, averaged, differenced (for the linear model this is the
-coefficient itself; for the logistic model the gap in hits per 100 cases). Standard errors
-by the delta method from the robust covariance; 95% and 90% Wald intervals; two-sided
-p-values; Holm within each family = (outcome, model, slopes) over every contrast and method;
-TOST equivalence (two one-sided tests at 5%): equivalent when the 90% interval lies inside
-+-0.5 bit (energy lift) or +-10 pp (pointing), and, so that the model's interval is not the only
-witness, the crude interval of the same contrast lies inside the margin too and (pointing) each
-side has at least ``MIN_TOST_EVENTS`` hit images (``tost_blocked`` says what stopped it).
-A GEE is read only when it converged (else refitted under independence working correlation,
-else "not estimable") and only with ``MIN_SPARE_CLUSTERS`` clusters beyond its parameters.
-
-Checkpoints. The frame may hold several checkpoints (every learned checkpoint of the matrix):
-then every model, M0 included, has one intercept per checkpoint and method, as the density
-audit's design has one per classifier and method (``CHECKPOINT_TERM``), and the images stay
-the clusters (the maps of one image under several classifiers are correlated), so a gap is the
-subgroup effect pooled over the classifiers. A (method, checkpoint) cell whose 0/1 outcome
-never varies in a contrast has an infinite intercept and is left out of the fit and of the
-crude gap alike (``fit_population``), so both describe the same maps. Crude gaps and the
-control contrasts (``subgroup_controls``) average each image's outcome over its checkpoints
-first. ``hits`` counts images: the hit maps of an image over its checkpoints, summed and
-divided by the checkpoints (so "7.6/20 subgroup images" beside 61 of 160 maps).
-
-Holm families, as the density-audit design: the *primary* family is each method's M1 (shared
-slopes) energy-lift gap over every contrast; the *secondary* family holds the M1 pointing, SRG
-and LSR gaps and the control contrasts (chance level, method minus DoG, trained minus
-randomised network); every other fit (M0, M2, M3, Mc, method-specific slopes) is a sensitivity
-reading, Holm-adjusted within its own (outcome, model, slopes) family (``holm_family``). The
-lesion-size contrast's M1 gaps are a family of their own (``LESION_SIZE_FAMILY``): the energy
-lift's ceiling depends on the lesion share that contrast defines, so part of its gap is the
-metric's range; its chance-level control is true by construction and spends no test.
-
-Clusters: images. A contrast that pools centres adjusts for centre by fixed effects rather
-than clustering on centre, because the cohorts have too few centres (3 to 6) for a cluster-
-robust variance.
-
-When a model cannot answer. Before each logistic fit the design is checked for (quasi-)complete
-separation term by term (``stats.separation_directions``, the Table 5 check): a method with a
-separated term (e.g. 3 of 3 subgroup images hit, or 0 of 11) has an infinite maximum-likelihood
-gap, and a GEE would print a finite gap with a standard error taken from the other side alone.
-Such a method is "not estimable (k/n subgroup, k/n reference hits; separation)", left out of the
-fit, and never enters Holm or TOST; a separated covariate makes every method of that fit not
-estimable. The crude gap (``crude_gaps``) keeps an interval that is valid at any count: the
-Newcombe hybrid score interval for a difference of two proportions (Welch for energy lift).
-A contrast needs ``min_images`` images on each side (the profile's ``min_subgroup_images``, 8
-by default; docs/architecture.md, "Subgroups", gives the coverage simulation behind it,
-``scripts/subgroup_coverage.py``).
+A gap is subgroup (``subgroup = 1``) minus reference (``0``) per CAM method, in
+``OUTCOME_UNITS`` (energy lift in bits, pointing in percentage points, SRG and LSR in z/T);
+negative = worse maps in the subgroup. Input frames are long: one row per (image[, checkpoint],
+method) with ``cluster`` = the image. Method: docs/statistics_and_gate.md, "Subgroup contrasts
+(GEE)"; table conventions: docs/architecture.md, "Faithfulness and subgroup conventions".
 
 Size: over 400 lines on purpose: the GEE fits, crude gaps, Holm families and equivalence tests
 share one contrast table and its thin-side rules.
@@ -106,9 +36,7 @@ CASE_MIX = ("log_lesion_area", "centrality", "fov_area")
 CLASSIFIER_STATE = ("margin", "correct")
 VISIBILITY = ("dog_lift",)
 MODELS = ("M0", "M1", "M2", "M3")
-# Exploratory: only factors that precede the subgroup (acquisition: field of view, centre or
-# dataset), since lesion area and centrality may follow from it and M1 may remove part of a
-# real gap (the density-audit paper's confounder-only model).
+# Exploratory, confounders only: the factors that precede the subgroup (field of view, centre).
 CONFOUNDER_MODEL = "Mc"
 PRECEDING = ("fov_area",)
 ALL_MODELS = MODELS + (CONFOUNDER_MODEL,)
@@ -119,15 +47,11 @@ PRIMARY_FAMILY, SECONDARY_FAMILY = "primary", "secondary"
 # empty column behind.
 CHECKPOINT_TERM = "C(method):C(checkpoint_id)"
 CELL_COLUMN = "method_checkpoint"
-LSR_METHOD = "classifier"
-# A logistic gap needs at least this many images with a hit and without one on each side: below
-# it one or two images decide the estimate and its Wald interval, the separation check passes
-# (one hit is not separation) and TOST would rate a gap at a 2% base rate "equivalent".
-MIN_SIDE_IMAGES = 3   # LSR's pseudo-method: the classifier's reliance, no map involved
+LSR_METHOD = "classifier"   # LSR's pseudo-method: the classifier's reliance, no map involved
+# Images with a hit, and without one, that a logistic gap needs on each side (``thin_methods``).
+MIN_SIDE_IMAGES = 3
 SEPARATION_NOTE = "not estimable ({hits}; separation)"
-# Cluster-robust (sandwich) inference needs clusters to spare beyond the parameters it
-# estimates: with as many parameters as clusters the covariance is rank-deficient and Wald
-# statistics explode (60 parameters on 32 clusters printed p = 0.0). Below the rule: no p.
+# Clusters beyond the parameters that cluster-robust inference needs; below it: no estimate.
 MIN_SPARE_CLUSTERS = 10
 WALD_BEYOND_RANGE_NOTE = ("Wald 95% interval passes +-100 pp: too few images for the normal "
                           "approximation; read the crude gap's Newcombe interval")
@@ -482,11 +406,11 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
                   min_side_images: int = MIN_SIDE_IMAGES) -> pd.DataFrame:
     """Every gap of one contrast: outcomes x models (shared slopes) plus the method-specific-
     slopes fit of ``sensitivity_model``. A logistic term with (quasi-)complete separation makes
-    its method not estimable (``separated`` True, gap NaN, the hit counts in ``note``; module
-    docstring); a fit that fails gives NaN rows with the error in ``note``; a method whose
-    outcome is constant in this contrast is not fitted (``constant_outcome`` True, gap NaN),
-    nor is a logistic method with fewer than ``min_side_images`` images with (or without) a
-    hit on one side (``too_thin`` True; ``thin_methods``).
+    its method not estimable (``separated`` True, gap NaN, the hit counts in ``note``); a fit
+    that fails gives NaN rows with the error in ``note``; a method whose outcome is constant
+    in this contrast is not fitted (``constant_outcome`` True, gap NaN), nor is a logistic
+    method with fewer than ``min_side_images`` images with (or without) a hit on one side
+    (``too_thin`` True; ``thin_methods``).
     Every fit of an outcome reads the rows of ``fit_population`` (the crude gap reads the same).
     Columns: contrast, outcome, unit, model, slopes, method, gap, se, constant_outcome,
     separated, too_thin, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
@@ -571,14 +495,13 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
 
 LESION_SIZE_CONTRAST = "Lesion size: small vs large"
 # The energy lift's ceiling rises as the lesion share falls (about 12 bits at 2% against 9 at
-# 20%), and the contrast cannot adjust for lesion area (it defines it): part of its gap is the
-# metric's range, so its M1 gaps form a family of their own instead of the primary one.
+# 20%), so this contrast's M1 gaps form a family of their own, outside the primary one.
 LESION_SIZE_FAMILY = "lesion size (outside the primary family: the lift's ceiling depends on the lesion share)"
 
 
 def holm_family(outcome: str, model: str, slopes: str, contrast: str = "") -> str:
-    """The Holm family of one subgroup fit (module docstring): ``"primary"`` for the M1
-    shared-slopes energy-lift gaps, ``"secondary"`` for the other M1 shared-slopes outcomes
+    """The Holm family of one subgroup fit (docs/architecture.md, "Faithfulness and subgroup
+    conventions", **Holm families**): ``"primary"`` for the M1 shared-slopes energy-lift gaps, ``"secondary"`` for the other M1 shared-slopes outcomes
     (the control contrasts join it in ``subgroup_controls``), ``LESION_SIZE_FAMILY`` for the M1
     shared-slopes gaps of the lesion-size contrast, else
     ``"sensitivity: <outcome> <model> <slopes>"``."""
@@ -604,9 +527,7 @@ def add_holm(*tables: pd.DataFrame) -> list[pd.DataFrame]:
     return out
 
 
-# Equivalence needs events: with fewer hit images than this on either side, a model interval
-# inside the margin says more about the base rate than about the subgroup (3 hits by 3
-# checkpoints were rated "equivalent" before).
+# Hit images per side that a pointing gap needs before TOST may call it equivalent.
 MIN_TOST_EVENTS = 5
 
 
@@ -693,18 +614,14 @@ def welch_gap(subgroup_values, reference_values, level: float = 0.95) -> dict[st
 
 
 def crude_gaps(frame: pd.DataFrame, outcomes=MAP_OUTCOMES, level: float = 0.95) -> pd.DataFrame:
-    """Plain group means per method and outcome (subgroup mean minus reference mean; pointing
-    in pp): what the two groups of cases actually received, before any model.
-
-    Each method's rows are independent images. With one checkpoint the crude pointing gap has
-    the Newcombe hybrid score interval of a difference of two proportions (``statsmodels``
-    ``confint_proportions_2indep(method="newcomb")``; valid at 0/n and n/n, where the GEE is
-    separated); energy lift, SRG and LSR get Welch's t interval. With several checkpoints each
-    image's outcome is first averaged over them (``per_image_means``; a pointing value is then
-    a share of hits, not 0/1) and every interval is Welch's; a pointing gap reads the rows of
-    ``fit_population``, as the model gaps do. Columns: outcome, unit, method, n_subgroup,
-    n_reference, n_checkpoints, subgroup_mean, reference_mean, crude_gap, crude_ci_low,
-    crude_ci_high, crude_interval (NaN interval when a side has fewer than 2 images)."""
+    """Plain group means per method and outcome before any model (subgroup mean minus reference
+    mean; pointing in pp). With one checkpoint the pointing gap has the Newcombe hybrid score
+    interval (``confint_proportions_2indep(method="newcomb")``), the other outcomes Welch's t;
+    with several, each image's outcome is first averaged over them (``per_image_means``) and
+    every interval is Welch's, over the rows of ``fit_population``. Columns: outcome, unit,
+    method, n_subgroup, n_reference, n_checkpoints, subgroup_mean, reference_mean, crude_gap,
+    crude_ci_low, crude_ci_high, crude_interval (NaN interval when a side has fewer than 2
+    images)."""
     pooled = "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
     rows = []
     for outcome in outcomes:

@@ -1,21 +1,11 @@
 """Summaries of audit tables: Table 4 panels, paired tests, sensitivity analyses (the adjusted
-model of Table 5 is ``adjusted_model``).
+model of Table 5 is ``adjusted_model``), each a tidy frame from validated audit tables.
 
-Every function takes validated audit tables (``audit_schema.validate_audit_table``) and returns a
-tidy ``pandas.DataFrame``. Conventions:
-- "Failure" is ``peak_outside_mask`` (pointing-game failure, first row-major maximum).
-- One denominator per panel: every method of a panel is scored on the same images, so
-  comparisons between methods stay paired. A constant map has no peak inside the lesion and
-  counts as a failure (the paper's Eq. 2; ``failure_matrix``); the rate over maps with a defined
-  peak is reported beside it (``peak_failure_defined``, with ``n_constant``). The other outcomes
-  take the kernels' values for a constant map (a uniform map: energy = lesion share, top set by
-  the fixed tie-break), so they too keep every image. Table 4, the checkpoint, threshold and
-  lesion-size tables, Table 5, the transfer tables and the CLI report use this one rule.
-- A high-score population is the set of images with ``scaled_score >= score_threshold`` under
-  a given checkpoint; every outcome of a panel uses exactly the same images.
-- CIs: a single rate (failure, IoU < 0.10) takes the Wilson interval (``stats.rate_ci``);
-  means take image-bootstrap percentile intervals whose outcomes share the same resampled
-  images; paired tests use the images on which both maps have a peak and say how many.
+One denominator per panel: every method of a panel is scored on the same images, and a
+constant map counts as a peak failure (``failure_matrix``), with the rate over maps with a peak
+(``peak_failure_defined``, ``n_constant``) beside it. A high-score population is the images
+with ``scaled_score >= score_threshold``. Method: docs/statistics_and_gate.md, "Table 4 and its
+sensitivity tables".
 
 Size: over 400 lines on purpose: every Table 4/5 summary uses the same panel selection,
 constant-map rule and interval choice; split, those rules would be repeated.

@@ -1,20 +1,8 @@
 """Frozen external transfer (notebook 06): hash audit, the frozen primary checkpoint, per-cohort
 summaries of the audit tables (Figure 5 itself: ``figures.transfer_figures``).
 
-Conventions:
-- Hash audit: two images overlap when their SHA-256 (exact bytes) or their 16x16 average hash
-  (identical 256 bits, Hamming distance 0) are equal -- the rule that defines HyperKvasir hash
-  groups in 00_roles. Cases overlapping the HyperKvasir manifest (any role) are not external
-  data: they are excluded and counted. Overlaps *between* external cohorts are reported only
-  (each cohort is summarised on its own, so no case enters one summary twice).
-- The primary checkpoint (registry ``is_primary``) and its validation-fitted temperature are used
-  unchanged: nothing is fitted on external data.
-- Mean top-20% IoU per method is over all scored cases of a cohort (every case carries a lesion
-  mask), with an image-bootstrap percentile 95% CI (5,000 replicates, seed 20260721: the
-  figure-specific mean IoU of docs/protocol.md, "Statistics"). The high-score subset (temperature-scaled
-  score >= the score threshold) is summarised alongside with its eligible count.
-- The external cohorts have no negative images, so no AUPRC, specificity or calibration is
-  estimated on them.
+Nothing is fitted on external data; cases that overlap the HyperKvasir manifest by hash are
+excluded and counted. Method: docs/statistics_and_gate.md, "Frozen external transfer".
 """
 
 from __future__ import annotations

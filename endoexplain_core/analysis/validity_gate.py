@@ -1,68 +1,10 @@
 """The validity gate: can each CAM method find planted truth in the audited pipeline?
 
-Before a CAM's "peak outside the lesion" is read as a statement about the classifier, the
-method must show, at the audited architecture, target layer and input size, that it points at
-what a model is known to use. Four EfficientNet-B0-sized models (or whatever the primary's
-architecture is) are built on planted synthetic frames (``synthetic.render_frame`` plus a
-planted cue):
-
-``lesion``     label = a conspicuous polyp is present; a blue dye cue is painted on half of
-               the frames of each class, so the cue carries no label information;
-``shortcut``   every frame carries a polyp; label = the blue dye cue is present, so the only
-               label information is the cue, never the lesion;
-``untrained``  random weights, never trained (control);
-``shuffled``   the lesion recipe trained on permuted labels (control; one per replicate, or
-               with the profile's ``shuffled_control_per_replicate`` off, the first
-               replicate's model reused by the others, on their own held-out frames and pools).
-
-All four are audited (``audit.audit_checkpoint``, temperature 1: only localisation matters
-here) on one common pool of frames that carry both a polyp and a separate cue, with the polyp
-as the audit mask. Per CAM method the gate reports:
-
-- ``lesion_rate``: share of the lesion model's maps whose peak lies inside the polyp;
-- ``cue_rate``: share of the shortcut model's maps whose peak lies on the cue;
-- the chance levels: the mean area share of the polyp and of the cue (a uniformly random peak
-  lands on them with exactly that probability), and the centre baseline's rates;
-- the resolution ceiling of each: how often the CAM grid's node nearest the region's centre
-  lies inside it (``kernels.grid``), i.e. what the grid allows a perfect coarse map;
-- the same two rates for each control.
-
-Rates are over all maps of the pool: a constant map has no peak, so it is neither in the lesion
-nor on the cue and counts as a miss, the rule of Table 4 (``n_constant_*`` says how many).
-
-**Replicates.** The whole experiment (frames, the four models, the audited pool) is repeated
-for every seed in the profile's ``replicate_seeds``; a replicate whose lesion or shortcut model missed its
-held-out accuracy rule (``min_accuracy``), or whose shuffled control passed
-``max_control_accuracy``, is reported and left out. Rates are pooled over the remaining
-replicates (each has its own pool of frames). Their 95% interval sees the seeds: Wilson's at
-the effective number of maps the replicates' agreement allows (n / dispersion, the
-quasi-binomial scale Pearson X^2 / (replicates - 1), at least 1; ``stats.replicate_wilson_
-interval``), so replicates of 4/48 and 40/48 cannot decide as if they were 96 independent maps.
-The per-replicate rates, their own Wilson intervals and point verdicts are reported beside them
-(``gate_replicate_table``) so a reader sees the spread.
-
-**Verdict** per method, with bar = the larger of chance + ``margin`` and the centre
-baseline's rate on the same frames, for the lesion and for the cue (a method must beat a map
-that only prefers the middle of the frame):
-
-- **passes** when the lower bound of the lesion model's and of the shortcut model's rate clear
-  their bars and the upper bound of every control rate stays below them;
-- **fails** when the upper bound of either trained rate is below its bar, or the lower bound of
-  a control rate clears it (the method finds the planted region without the model using it);
-- **inconclusive** otherwise; when no replicate met the accuracy rules; and when the pooled
-  rates decide but the replicates disagree (one replicate's own point rates say the opposite):
-  a decision that depends on the training seed is not a finding.
-
-Downstream tables treat "inconclusive" as not validated (dagger). A verdict that an interval
-straddles the bar is not read either way: one frame more or less, or last-bit noise in training,
-must not turn "finds planted truth" into "does not". The margin is 0.25 in every profile: the chance
-levels are the lesion's area share (about 0.16 with the synthetic geometry) and the cue's
-(about 0.05), so passing needs at least a quarter of all maps to peak on
-the planted evidence beyond what a random peak achieves; a smaller margin would let position
-priors that overlap the lesion distribution pass, a larger one would demand more than coarse
-(4x4-7x7) feature grids can deliver. Why both models: a fixed prior map (e.g. a corner) cannot
-be inside the lesion and on the cue of the same frame more often than chance, and a map that
-only highlights salient blobs cannot separate the lesion model from the shortcut model.
+Four models of the primary's architecture on planted frames (``GATE_MODELS``: lesion, shortcut,
+untrained, shuffled), audited per replicate seed on one pool of frames with a polyp and a
+separate cue (the polyp is the audit mask); per map method, pooled rates against chance, the
+centre baseline and the controls give "passes", "fails" or "inconclusive" (``gate_table``).
+Method: docs/statistics_and_gate.md, "Validity gate".
 
 Size: over 400 lines on purpose: planted frames, the four gate models and the verdict are one
 experiment whose parts must use the same pool and masks.
@@ -98,10 +40,8 @@ VERDICTS = ("passes", "fails", "inconclusive")
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
 CUE_RADIUS = (0.20, 0.26)           # cue radius range, frame units (1 = half the shorter side)
 CUE_CLEARANCE = 0.08                # minimum gap between cue and polyp, frame units
-# Planted polyps have the study's area distribution but are spread over the whole field of
-# view (centre offset sd 0.35 of the side, against 0.19 in the cohorts): with the cohorts'
-# central placement the centre baseline and the untrained and shuffled controls peak inside
-# the polyp about 40% of the time, so no control could be shown to stay below the bar.
+# Planted polyps keep the study's area distribution but are spread over the whole field of
+# view (centre offset sd, in units of the side; docs/architecture.md, "Audit validity").
 GATE_LESION_OFFSET_SD = 0.35
 
 
@@ -465,22 +405,19 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
     (``gate_seed``, ``model``, ``accuracy_ok``). Rates pool the replicates whose models met
     their accuracy rules (``usable_replicates``; with none, all replicates, and every verdict is
-    "inconclusive"). Columns: method, label, verdict ("passes",
-    "fails", "inconclusive"), passes (verdict == "passes"), lesion_rate / _ci_low / _ci_high,
+    "inconclusive"). Columns: method, label, verdict ("passes", "fails", "inconclusive"),
+    passes (verdict == "passes"), lesion_rate / _ci_low / _ci_high,
     lesion_chance, lesion_bar, cue_rate / _ci_low / _ci_high, cue_chance, cue_bar, for each
     control <control>_lesion_rate / _ci_low / _ci_high and <control>_cue_rate / ..., n (maps
     per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
     replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
     replicates_agree (NaN with fewer than two usable replicates), reason, and
-    <prefix>_dispersion per rate. Intervals: Wilson at the effective size the replicates'
-    agreement allows (``stats.replicate_wilson_interval``: replicates that scatter more than
-    binomial sampling count as fewer maps); a constant map counts as a miss, as in Table 4.
-    Baseline maps (random, centre) are judged by the same rule as references: the random
-    heatmap's rates sit at chance, so it fails; the centre baseline's own rate is part of the
-    bar, so it cannot pass. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre
-    baseline's rates on the same frames; ``lesion_ceiling`` / ``cue_ceiling``: the resolution
-    ceiling (share of frames whose CAM-grid node nearest the region's centroid lies inside it,
-    ``kernels.grid``; NaN for rows without it).
+    <prefix>_dispersion per rate. Intervals: ``stats.replicate_wilson_interval``; a constant
+    map counts as a miss. Baseline maps (random, centre) get rows judged by the same rule, as
+    references. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre baseline's rates on
+    the same frames; ``lesion_ceiling`` / ``cue_ceiling``: the resolution ceiling (share of
+    frames whose CAM-grid node nearest the region's centroid lies inside it, ``kernels.grid``;
+    NaN for rows without it).
 
     Long on purpose: the pass rule per method (chance levels, bars, each model's interval, the
     verdict and its reasons) reads top to bottom in one place.
