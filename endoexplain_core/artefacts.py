@@ -1,14 +1,10 @@
-"""Saving figures and tables to ``figures/<profile>/`` in the formats the paper needs.
+"""Saving figures and tables to ``figures/<profile>/``.
 
-Every figure is written as PNG (for reading) and PDF (for print); every table as CSV (for
-machines), Markdown (for the README index and notebooks) and LaTeX (for the manuscript).
+``save_figure``: PNG + PDF; ``save_table``: CSV + Markdown + LaTeX; each written atomically
+with a provenance sidecar ``<figures_dir>/provenance/<name>.json`` (the files' SHA-256, the
+stage from ``STAGE_ENV``, the cell's execution count). ``Written``: a stage's record of its files.
 
-Each save also writes a provenance sidecar, ``<figures_dir>/provenance/<name>.json``: the
-files with their SHA-256, the stage that ran (``ENDOEXPLAIN_STAGE``, set by the orchestrator),
-and the notebook cell's execution count: the writer is named by where it ran, never guessed
-from the call stack. After the stage, the orchestrator adds the cell id, the stage's
-parameters and digest (``pipeline.record.link_provenance``), so ``index.html`` links every
-table and figure to the cell that wrote it.
+Design: docs/data_models_runs.md, "Artefacts and provenance".
 """
 
 from __future__ import annotations
@@ -27,10 +23,8 @@ STAGE_ENV = "ENDOEXPLAIN_STAGE"        # set by the orchestrator while a stage's
 
 
 def _execution_count() -> int | None:
-    """The running notebook cell's execution count (None outside IPython).
-
-    Read from the input history ``In`` (its last entry is the running cell): the shell's own
-    ``execution_count`` is already advanced while a cell runs."""
+    """The running notebook cell's execution count (None outside IPython), read from the input
+    history ``In`` (the shell's ``execution_count`` is already advanced while a cell runs)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -63,8 +57,7 @@ def data_footer(data_root: str | Path | None) -> str:
 
 def wrap_to_width(text: str, width_inches: float, *, fontsize: float, share: float = 0.95) -> str:
     """``text`` wrapped (each of its lines) to ``share`` of a ``width_inches`` wide figure at
-    ``fontsize`` points: DejaVu Sans averages about 0.52 em per character, so a note never
-    widens the printed figure."""
+    ``fontsize`` points (about 0.52 em per character, DejaVu Sans)."""
     characters = max(20, int(width_inches * 72 / (0.52 * fontsize) * share))
     return "\n".join(textwrap.fill(line, width=characters) for line in text.split("\n"))
 
@@ -99,15 +92,11 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
 def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
                float_format: str = "{:.3f}", index: bool = False, notes=None,
                synthetic: bool = False) -> list[Path]:
-    """Write ``table`` as CSV, Markdown and LaTeX under ``figures_dir``; return the paths.
+    """Write ``table`` as CSV (full precision), Markdown and LaTeX (``presentation.column_texts``
+    with ``float_format``) under ``figures_dir``; return the paths.
 
-    ``notes``: footnotes the table carries wherever it goes, printed below the Markdown table
-    and below the LaTeX tabular (the CSV stays data only). By default they are read from the
-    table's own cells (``marks.notes_for``: the gate's dagger, "unstable", Eigen-CAM's
-    asterisk, "not estimable"), plus the synthetic-cohort note when ``synthetic``.
-
-    CSV keeps full precision; Markdown and LaTeX show ``presentation.column_texts`` (floats
-    with ``float_format``, counts as whole numbers, p-values as "<0.001", by the column schema).
+    ``notes``: footnotes printed below the Markdown and LaTeX tables (not the CSV); default:
+    ``marks.notes_for`` the table's cells, plus the synthetic-cohort note when ``synthetic``.
     """
     figures_dir = Path(figures_dir)
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -127,8 +116,7 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     return [csv, md, tex]
 
 
-# Marks the tables carry (validity gate, instability, class-agnostic maps) as LaTeX commands, so
-# the manuscript compiles with pdflatex and without a Unicode font.
+# The tables' marks as LaTeX commands: the manuscript compiles with pdflatex, no Unicode font.
 LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u2212": "-", "\u2013": "--",
                  "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}
 

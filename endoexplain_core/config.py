@@ -1,18 +1,14 @@
 """Profiles: YAML files in ``configs/`` that hold every parameter of a run, checked by a schema.
 
-A profile has a ``shared`` section (parameters several stages use), a ``stages`` section keyed by
-notebook name (``00_roles``, ``01_training``, ...) and an optional ``description``. Every section
-is validated by the typed models below before any work starts: an unknown or misspelt key is an
-error naming the key and the closest valid one, and a value outside its range (a negative
-fraction, a threshold outside (0, 1), an unknown architecture) is an error naming the key.
-
-Defaults live only here. Each stage model declares which shared keys it uses
-(``uses_shared``); the orchestrator passes, and hashes into the stage's digest, only those, so
-changing ``score_threshold`` does not regenerate the cohort or retrain a model. A notebook
-receives its used shared keys, its own section (stage keys win) and the run paths.
+A profile has a ``shared`` section, a ``stages`` section keyed by notebook name (``00_roles``,
+...) and an optional ``description``; ``load_profile`` validates every section before any work
+and raises ``ProfileError`` naming the file and the key (with the closest valid key for a
+typo). Defaults live only here. A notebook receives the shared keys its stage declares
+(``uses_shared``), its own section (stage keys win) and the run paths (``stage_parameters``).
 
 Size: over 400 lines on purpose: the schema is one model per stage; its validation messages,
 stage-key routing and digests must see the whole schema at once.
+Design: docs/data_models_runs.md, "Profiles and the schema".
 """
 
 from __future__ import annotations
@@ -108,8 +104,7 @@ FloatTriple = Annotated[tuple[float, float, float], BeforeValidator(_sequence_as
 class Section(BaseModel):
     """A profile section: unknown keys are errors, values are checked on assignment too."""
 
-    # strict: no YAML 1.1 or string coercions ('128' is not 128, "no" is not false);
-    # allow_inf_nan off: .inf and .nan are refused wherever a number is expected.
+    # strict: no string coercions ('128' is not 128); no .inf or .nan where a number is expected.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True, strict=True,
                               allow_inf_nan=False)
 
@@ -258,15 +253,9 @@ class RolesSettings(StageSettings):
 
 
 class TrainingSettings(Section):
-    """Optimisation settings of one checkpoint (one architecture may override them).
-
-    The one settings object of training: 01's ``training_settings`` (merged with
-    ``arch_overrides[arch]``) is validated into it and ``models.training`` reads it directly.
-    Learning rate: AdamW peak, reached after ``warmup_steps`` linear steps, then cosine decay to
-    0 at the last step. ``batchnorm_recalibration_images``: training images whose plain average
-    replaces BatchNorm's running statistics before every validation (0 keeps the moving averages;
-    no effect on models without BatchNorm).
-    """
+    """Optimisation settings of one checkpoint: 01's ``training_settings`` merged with
+    ``arch_overrides[arch]``, read by ``models.training`` directly. Schedule and BatchNorm
+    recalibration: docs/data_models_runs.md, "Profiles and the schema"."""
 
     epochs: int = Field(4, ge=1, le=MAX_EPOCHS, description="maximum epochs (early stopping may end sooner)")
     batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="training images per optimiser step")
@@ -562,9 +551,8 @@ def _validate(model: type[BaseModel], values: Any, path: Path, prefix: str) -> B
 
 
 class ProfileLoader(yaml.SafeLoader):
-    """YAML for profiles: no aliases (a few bytes of nested aliases expand to gigabytes), no
-    duplicate keys (YAML keeps the last silently), and only true/false as booleans (YAML 1.1
-    also reads yes/no/on/off, so a country code or a typo changed a setting)."""
+    """YAML for profiles: no aliases, no duplicate keys, and only true/false as booleans
+    (docs/data_models_runs.md, "Profiles and the schema")."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -678,12 +666,11 @@ def load_profile(profile: str, stage_names: list[str] | None = None, *,
                  overrides: list[str] | tuple[str, ...] = ()) -> Profile:
     """Read and validate a profile; raise ``ProfileError`` naming the file and key on any problem.
 
-    ``stage_names``: the stages the run will execute (default: every stage with a model). A
-    stage section for an unknown stage is an error; a stage without a section gets the defaults.
-    ``stage_settings`` / ``shared_settings``: the schema (default: this module's; tests of the
-    orchestrator pass toy ones). ``overrides``: ``--set SECTION.KEY=VALUE`` texts applied on top
-    of the file and validated exactly like it (``parse_override``, ``apply_overrides``); an
-    error in an overridden section says which ``--set`` it came from.
+    ``stage_names``: the stages the run will execute (default: every stage with a model); a
+    section for an unknown stage is an error, a stage without one gets the defaults.
+    ``stage_settings`` / ``shared_settings``: the schema (default: this module's). ``overrides``:
+    ``--set SECTION.KEY=VALUE`` texts applied on top of the file and validated like it; an error
+    in an overridden section names the ``--set``.
     """
     stage_settings = STAGE_SETTINGS if stage_settings is None else stage_settings
     path = profile_path(profile)

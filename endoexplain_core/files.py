@@ -1,8 +1,9 @@
-"""Content hashes and atomic file writes: the one implementation every stage uses.
+"""Content hashes, bounded reads, the run lock and atomic file writes, one implementation.
 
-Atomic: a file is written to a temporary sibling and renamed over its target, so a kill, a
-full disk or an exception never leaves a half-written file where the last good one was; on
-an OS error the temporary file is removed and the error names the target.
+Atomic writes go to a temporary sibling, flushed and renamed over the target; on an OS error
+the temporary file is removed, the target keeps its content and the error names it.
+
+Design: docs/data_models_runs.md, "Run layout and atomic files".
 """
 
 from __future__ import annotations

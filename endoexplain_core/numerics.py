@@ -1,35 +1,13 @@
 """The numerical settings every stage runs under, in one place.
 
-**CPU: one instruction set on every machine.** The CPU libraries under torch choose their code
-by the machine they find: oneDNN (convolutions) JIT-compiles kernels for the best instruction
-set it detects, MKL (matrix products) picks a code branch per processor and vendor, and ATen's
-vectorised kernels are compiled once per instruction set and chosen at run time. Kernels for
-different instruction sets sum in different orders, so the same seeded training differs in the
-last bits between machines, and a from-scratch training run amplifies last-bit differences into
-different models. The package therefore caps oneDNN and ATen at AVX2, which every x86-64
-processor since 2013 (Intel Haswell, AMD Excavator/Zen) has, and puts MKL on the one branch it
-computes identically on Intel and other vendors' processors:
-
-``ONEDNN_MAX_CPU_ISA=AVX2``   oneDNN's JIT kernels (convolutions, reorders, eltwise);
-``MKL_CBWR=COMPATIBLE``       MKL's conditional numerical reproducibility, vendor-independent
-                              branch (on AMD processors MKL ignores ``AVX2``: docs/protocol.md);
-``ATEN_CPU_CAPABILITY=avx2``  ATen's vectorised kernels (activations, reductions, BatchNorm).
-
-Each is read by its library at its first use, not at ``import torch``, so setting them before
-any tensor work is enough; ``pin_cpu_environment`` runs when ``endoexplain_core`` is imported
-(the package's ``__init__``), which puts the orchestrator, every notebook kernel, Dask workers,
-the CLI and the tests under the same pin, and child processes inherit it. The pin's cost and the
-experiment behind it are in docs/protocol.md ("CPU numerics"). ``ENDOEXPLAIN_CPU_PIN=off``
-leaves the libraries' own choice (for measuring that cost); provenance records which was in
-force. Dropout and stochastic-depth masks are drawn vendor-independently by
-``models.networks`` (torch's scalar Bernoulli uses MKL's generator on Intel CPUs only).
-
-**CUDA.** GPU kernels may pick algorithms by speed (cuDNN benchmark mode), use TF32 matrix
-products and reduce in a non-deterministic order; the package turns them off
-(``configure_torch``, applied by ``resolve_device`` for every CUDA device).
-
-``cpu_numerics`` and ``torch_settings`` read what is in force, for the run's provenance.
-This module does not import torch at import time (the pin must precede torch's first use).
+CPU: ``pin_cpu_environment`` sets ``CPU_PIN`` in ``os.environ`` (oneDNN and ATen capped at
+AVX2, MKL on its vendor-independent ``COMPATIBLE`` branch); it runs when ``endoexplain_core``
+is imported, before any tensor work, and child processes inherit it. ``ENDOEXPLAIN_CPU_PIN=off``
+leaves the libraries' own dispatch. CUDA: ``configure_torch`` (applied by ``resolve_device`` to
+every CUDA device) turns off cuDNN benchmark mode, TF32 and non-deterministic algorithms.
+``cpu_numerics`` and ``torch_settings`` read what is in force, for the run's provenance. This
+module does not import torch at import time (the pin must precede torch's first use).
+Rule: docs/protocol.md, "CPU numerics"; method: docs/maps_and_scores.md, "Numerical settings".
 """
 
 from __future__ import annotations

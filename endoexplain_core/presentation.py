@@ -1,15 +1,13 @@
 """How the record presents a table to a reader: one rule for the final tables and for every
 table an executed notebook shows.
 
-Estimates with their CI columns are joined as "0.471 (0.395 to 0.547)" under "<name> (95% CI)";
-counts print as integers, p-values as "<0.001", map methods and architectures by their display
-names (Eigen-CAM*), underscores become spaces (``final_table``). ``install_notebook_tables()``
-registers that form (without a 0..n row index) with a running IPython kernel, as
-``figures.style.apply()`` sets the figure style. The data files keep full precision; only what a
-reader sees changes.
+``column_texts`` prints cells by the column schema (docs/architecture.md, "Table columns");
+``final_table`` also joins estimates with their CIs as "0.471 (0.395 to 0.547)" under
+"<name> (95% CI)", labels methods and architectures and spaces the headers;
+``install_notebook_tables`` shows every DataFrame that way in IPython (no 0..n index);
+``Section`` and ``report`` save and show one notebook section. Data files keep full precision.
 
-Foundation layer: a notebook that shows a table must not pull the analysis code into its stage's
-code digest.
+Design: docs/data_models_runs.md, "Table presentation".
 """
 
 from __future__ import annotations
@@ -30,12 +28,7 @@ ARCH_LABELS = {"efficientnet_b0": "EfficientNet-B0", "resnet34": "ResNet-34",
 CI_SUFFIXES = ("_ci_low", "_ci_high")
 
 
-# --- the column schema and the one cell formatter -------------------------------------------------
-#
-# A table's columns say what they hold by dtype and name (docs/architecture.md, "Table columns"):
-# integer dtype or ``n``/``n_*`` = a count; ``p``, ``p_*``, ``*_p``, ``*p_value*`` = a p-value;
-# ``x_ci_low``/``x_ci_high`` = the interval of ``x``; any other float = a number printed with
-# the table's float format. Nothing else is inferred from a column's name or values.
+# --- the column schema (docs/architecture.md, "Table columns") and the one cell formatter ------
 
 def is_p_value_column(name) -> bool:
     """``p``, ``p_*``, ``*_p``, ``*p_value*`` (e.g. ``failure_p_holm``): columns of p-values."""
@@ -111,9 +104,8 @@ def markdown_table(table: pd.DataFrame, index: bool = False) -> str:
 
 
 def estimate_with_ci(estimate, low, high, digits: int = 3, *, missing: str = "") -> str:
-    """An estimate and its interval as a reader sees it: ``"0.471 (0.395 to 0.547)"``. "to",
-    never a dash, which would read as a minus sign beside negative bounds. ``missing`` is shown
-    for a NaN estimate (an outcome that does not apply); a NaN bound shows as an empty place."""
+    """An estimate and its interval as a reader sees it: ``"0.471 (0.395 to 0.547)"``;
+    ``missing`` for a NaN estimate, an empty place for a NaN bound."""
     if pd.isna(estimate):
         return missing
     return f"{number_text(estimate, digits)} ({number_text(low, digits)} to {number_text(high, digits)})"
@@ -136,16 +128,10 @@ def _ci_columns(columns: list[str]) -> list[tuple[str, str, str]]:
 
 
 def final_table(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """One consistent presentation of a paper table.
-
-    Estimates with CI columns become ``"0.471 (0.395 to 0.547)"`` under ``<name> (95% CI)``
-    ("to", never a dash that could be read as a minus sign with negative bounds); other floats
-    are rounded to ``digits``; whole-number columns (counts) print as integers with thousands
-    separators; p-value columns (``p``, ``p_value``, ``p_holm``, ...) show ``<0.001``; map
-    methods and architectures get their display labels (Eigen-CAM*), and a ``method`` column
-    is dropped when a ``label`` column already shows it; underscores in column names become
-    spaces.
-    """
+    """One consistent presentation of a paper table (text cells): CI triples joined by
+    ``estimate_with_ci`` under ``<name> (95% CI)``, other cells by ``column_texts`` with
+    ``digits`` and thousands separators, methods and architectures by their display labels (a
+    ``method`` column dropped when ``label`` shows it), underscores in headers as spaces."""
     shown = table.copy()
     if "method" in shown.columns:
         shown["method"] = shown["method"].map(lambda m: method_label(m) if isinstance(m, str) else m)

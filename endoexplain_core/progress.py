@@ -1,16 +1,11 @@
 """Progress bars that keep the executed notebooks clean.
 
-Long loops (training epochs, audits, logit export, file hashing) report progress through
-``progress_bar``, a ``tqdm`` bar. Where it goes depends on one environment variable that the
-orchestrator sets for the Papermill kernel of each stage:
-
-- ``ENDOEXPLAIN_PROGRESS_LOG`` set (``run_all.sh``): one plain line per update, at most every
-  ``LOG_INTERVAL`` seconds, appended to that file (``runs/<profile>/logs/<stage>.log``); the
-  orchestrator echoes the file to the console while the stage runs. The executed notebook, the
-  audit record, holds no progress bar.
-- unset (a notebook run by hand, the CLI, tests): an ordinary text bar on stderr.
-
-Plain ``tqdm`` (not ``tqdm.auto``): the widget bar needs ipywidgets and warns without it.
+``progress_bar`` is a plain ``tqdm`` bar (not ``tqdm.auto``: its widget needs ipywidgets). With
+``ENDOEXPLAIN_PROGRESS_LOG`` set (the orchestrator sets it for each stage's kernel) it appends
+one plain line per update, at most every ``LOG_INTERVAL`` seconds, to that file
+(``runs/<profile>/logs/<stage>.log``, which the orchestrator echoes to the console), so the
+executed notebook holds no bar; unset (a notebook run by hand, the CLI, tests), it is an
+ordinary text bar on stderr.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The run folder's layout: the one owner of every path under ``runs/<profile>/``.
 
-Stages, analysis modules and the record ask a ``RunLayout`` where an artefact lives and read
-the run's registry, primary checkpoint, temperatures and manifest digest through it, so a path
-is spelled once. ``RUN_FOLDER`` lists every documented path pattern with the stage that writes
-it; ``docs/architecture.md``'s run-folder table is tested against it.
+``RunLayout(run_dir)`` gives each artefact's path and reads the registry, the primary
+checkpoint, temperatures and the manifest digest; a missing file is an error naming it and the
+stage that writes it. ``RUN_FOLDER``: every path pattern with the stage that writes it (the
+rows of docs/architecture.md's run-folder table).
 
-A missing file is an error that names the file and the stage that writes it.
+Design: docs/data_models_runs.md, "Run layout and atomic files".
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
-"""Extended localisation: threshold-free IoU, chance-normalised scores and consistency.
+"""Extended localisation (notebook 07): threshold-free IoU, chance-normalised scores, consistency.
 
-For one checkpoint on one masked cohort, ``score_checkpoint`` computes, per image and map
-method, the scores of ``kernels.localisation``: the IoU curve over 19 thresholds and its area
-(AUC-IoU), the top-k sweep (5%..50%), the energy lift lambda_E in bits and the pointing game
-against its own chance level; and, over the correctly classified images, the C-Score of each
-method. The maps are the five CAMs of Table 4, LayerCAM (same fused pass), the random heatmap,
-the centre baseline and the image-only difference-of-Gaussians (DoG) map. The C-Score is per
-class c, as in its paper: ``score_checkpoint`` gives the polyp class's rows (maps for class 1 on
-the masked polyps), ``negative_class_c_scores`` the negative class's (maps for class 0 on
-held-out test negatives); every C-Score row says its ``class`` ("polyp", "negative").
-
-Conventions (every table carries them in its ``note``):
-- Images and masks are prepared as in the audit (``audit_inputs.prepare_case``: model input size,
-  masks nearest-neighbour; empty masks after resizing are excluded and counted).
-- The field of view B is ``localisation.field_of_view`` of the normalised input joined with
-  the mask. Energy lift and pointing are taken inside B; IoU and the top-k sweep over the frame,
-  as in the audit.
-- Constant maps (all zeros after min-max: a CAM without positive evidence) keep no pixel at any
-  IoU threshold > 0 (IoU 0), count as uniform in the energy lift (0 bits) and in the C-Score,
-  and have an arbitrary pointing peak; they are counted in every table (``n_constant``).
-- Spatial scales are fractions of the input size (DoG sigmas, tolerance radius, smoothing), so
-  the profiles' input sizes keep the same geometry.
-- Gold list G(c) of the C-Score: the images of class c whose temperature-scaled confidence for
-  c is >= 0.5 (correctly classified), weighted by it: for the polyp class sigmoid(z / T) on the
-  masked polyps, for the negative class 1 - sigmoid(z / T) on held-out test negatives (z =
-  logit1 - logit0). The negatives have no mask: their field of view (for the DoG map) is the
-  image's alone.
+``score_checkpoint`` scores one checkpoint on one masked cohort, per image and map of
+``EXTENDED_METHODS`` (the five CAMs, LayerCAM, random, centre, DoG), with
+``kernels.localisation``: IoU curve and AUC-IoU, top-k sweep, energy lift (bits) and pointing
+against its chance level; plus the polyp class's C-Score rows (``negative_class_c_scores``: the
+negative class's; every row says its ``class``). Images and masks are prepared as in the audit;
+energy lift and pointing are taken inside the field of view joined with the mask, IoU over the
+frame; spatial scales are fractions of the input size (``LocalisationSettings``); constant maps
+are counted in every table (``CONSTANT_NOTE``).
+Method: docs/maps_and_scores.md, "Extended localisation tables".
 
 Size: over 400 lines on purpose: the case scores, their tables and the C-Score all read one per-
 image score frame; it is notebook 07's analysis, kept in one place.
@@ -204,11 +187,9 @@ def score_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                      total: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Extended scores of one checkpoint on one masked cohort.
 
-    ``cases``: iterable of (sample_id, uint8 RGB, bool mask) as ``audit_inputs.manifest_cases`` yields.
-    Returns (case table: one row per image x ``EXTENDED_METHODS``; C-Score rows of the polyp
-    class (``class`` "polyp"): one per method over the gold list; run summary with timings:
-    ``cam_seconds`` (the fused CAM pass and logits) and ``metric_seconds`` (field of view, DoG,
-    baselines and every score)).
+    ``cases``: (sample_id, uint8 RGB, bool mask) as ``audit_inputs.manifest_cases`` yields. Returns
+    (case table, one row per image x ``EXTENDED_METHODS``; the polyp class's C-Score rows, one per
+    method; run summary with ``cam_seconds`` and ``metric_seconds``).
     """
     checkpoint_id = str(metadata["checkpoint_id"])
     torch_device = resolve_device(device)
@@ -260,12 +241,10 @@ def negative_class_c_scores(model: torch.nn.Module, metadata: dict, temperature:
                             device: str = "cpu") -> pd.DataFrame:
     """C-Score rows of the negative class (``class`` "negative") of one checkpoint.
 
-    ``batches``: (sample ids, normalised float32 (B, 3, S, S) images) of non-polyp frames, e.g.
-    ``negative_batches``. Maps: ``MODEL_METHODS`` for target class 0 and the model-free maps of
-    ``reference_maps`` (the random heatmap keyed by sample id, the centre, the DoG map in the
-    image's own field of view). Gold list G(0): the images whose negative-class confidence
-    1 - sigmoid(z / T) (z = logit1 - logit0) is >= 0.5, weighted by it. Columns as the polyp rows
-    of ``score_checkpoint``; ``n_audited`` = the negatives scored.
+    ``batches``: (sample ids, normalised float32 (B, 3, S, S) images) of non-polyp frames (e.g.
+    ``negative_batches``). Maps for target class 0 and ``reference_maps``; gold list: the images
+    with 1 - sigmoid(z / T) >= 0.5, weighted by it. Columns as ``score_checkpoint``'s C-Score
+    rows; ``n_audited`` = the negatives scored.
     """
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
@@ -373,13 +352,9 @@ def negative_c_score_registered(run_dir: str | Path, data_root: str | Path, chec
 def score_epoch_snapshots(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,
                           image_size: int, settings: LocalisationSettings, replicates: int,
                           seed: int, batch_size: int, device: str = "cpu") -> pd.DataFrame:
-    """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id``
-    (``training.epoch_snapshots``) on the run's masked pool, with ``epoch`` and that epoch's
-    ``val_auprc``; an empty frame when no snapshot was kept.
-
-    A snapshot has no temperature of its own: the checkpoint's fitted T scales every epoch's
-    scores. The gold list (z >= 0) does not depend on T; only the weights do.
-    """
+    """C-Score rows (``score_checkpoint``'s) of every kept epoch snapshot of ``checkpoint_id`` on the
+    run's masked pool, with ``epoch`` and that epoch's ``val_auprc``, every epoch scaled by the
+    checkpoint's fitted temperature; an empty frame when no snapshot was kept."""
     layout = RunLayout(run_dir)
     snapshots = training.epoch_snapshots(layout.checkpoints_dir, checkpoint_id)
     if not snapshots:
@@ -421,15 +396,10 @@ def _single_group(table: pd.DataFrame) -> None:
 def auc_iou_table(table: pd.DataFrame, methods=EXTENDED_METHODS, *, top_fraction: float,
                   replicates: int,
                   seed: int) -> pd.DataFrame:
-    """Per method: n, mean AUC-IoU (raw, max 0.9) with its image-bootstrap 95% CI, mean IoU at
-    0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, mean IoU of
-    the top ``top_fraction`` area (the audit's rule; column ``top_area_metric``, e.g.
-    ``top20_iou``) with its CI, n_constant. The CIs resample the images shared by every method
-    together.
-
-    The relative difference is -10% for any binary map by construction (``binary_map_reference``):
-    only its departure from -10% says something about a method.
-    """
+    """Per method: n, n_constant, mean AUC-IoU (raw, max 0.9) with its image-bootstrap 95% CI, mean
+    IoU at 0.3/0.5/0.7 with the relative difference (AUC-IoU - IoU(t)) / IoU(t) x 100 %, and the
+    mean IoU of the top ``top_fraction`` area (column ``top_area_metric``, e.g. ``top20_iou``) with
+    its CI. The CIs resample the images shared by every method together."""
     _single_group(table)
     top_area = top_area_metric(top_fraction)
     intervals = {}
@@ -458,10 +428,8 @@ BINARY_REFERENCE = "binary map (reference)"
 
 
 def binary_map_reference() -> pd.DataFrame:
-    """The row a binary (0/1) map gets in ``auc_iou_table``'s relative differences, whatever its
-    IoU: every threshold keeps the same pixels, so IoU(t) is one value b and AUC-IoU is b times
-    the width of the threshold grid (0.95 - 0.05 = 0.9), a relative difference of -10% at every
-    threshold. A "threshold-invariant -10%" is this artefact, not a finding."""
+    """The row a binary (0/1) map gets in ``auc_iou_table``'s relative differences, whatever its IoU:
+    (grid width - 1) x 100 = -10% at every threshold."""
     levels = np.asarray(localisation.DEFAULT_IOU_THRESHOLDS)
     width = float(levels[-1] - levels[0])
     return pd.DataFrame([{"method": BINARY_REFERENCE,
@@ -505,14 +473,10 @@ def ranking_table(summary: pd.DataFrame, metrics: tuple[str, ...]) -> tuple[pd.D
 def ranking_stability(table: pd.DataFrame, metrics: tuple[str, ...], methods=EXTENDED_METHODS, *,
                       replicates: int,
                       seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """How much of ``ranking_table`` survives resampling the images.
-
-    Every replicate draws the images once (``stats.bootstrap_draw_counts``) and recomputes each
-    method's mean of every metric. Returns (tau: per metric, Kendall tau against the AUC-IoU
-    ranking in the data and its percentile 95% CI over replicates; reversals: per metric and
-    method pair whose order the metric reverses in the data, ``share_reversed`` = the share of
-    replicates in which that reversal holds).
-    """
+    """How much of ``ranking_table`` survives resampling the images (``replicates`` image-bootstrap
+    draws). Returns (tau: per metric, Kendall tau against the AUC-IoU ranking in the data with its
+    percentile 95% CI; reversals: per metric and method pair reversed in the data,
+    ``share_reversed``, the share of replicates in which the reversal holds)."""
     _single_group(table)
     matrices = {metric: _method_matrix(table, ranking_column(metric), methods) for metric in metrics}
     common = set.intersection(*(set(ids) for _, ids in matrices.values()))
@@ -606,17 +570,13 @@ MIN_RELATIVE_REFERENCE = 0.05
 
 def threshold_bias_tests(table: pd.DataFrame, methods=MODEL_METHODS,
                          thresholds=localisation.DEFAULT_IOU_THRESHOLDS) -> pd.DataFrame:
-    """The threshold-free paper's bias tests: per method and single threshold t, the paired
-    two-sided Wilcoxon signed-rank test of AUC-IoU on IoU's scale (AUC / grid width, 0.9 for
-    the default grid) against IoU(t) over the same images, Holm over the whole family (methods
-    x thresholds): the test is of the quantity the table reports (``grid_mean_difference``),
-    since the raw AUC - IoU difference is partly the grid's width (a binary map's is -10% at
-    every t, ``binary_map_reference``).
+    """The threshold-free paper's bias tests: per method and threshold t, a paired two-sided
+    Wilcoxon signed-rank test of AUC-IoU / grid width against IoU(t) over the same images, Holm
+    over methods x thresholds.
 
     Columns: method, iou_threshold, n, mean_auc_iou, mean_iou, rel_diff_pct ((AUC - IoU) / IoU x
-    100; NaN where mean IoU(t) is below ``MIN_RELATIVE_REFERENCE``: a ratio of near-zero IoUs
-    reached 4,331%), grid_mean_difference (mean of AUC / width - IoU(t), 0 for a binary map),
-    n_nonzero, p_value, p_holm.
+    100; NaN where mean IoU(t) < ``MIN_RELATIVE_REFERENCE``), grid_mean_difference (mean of
+    AUC / width - IoU(t), 0 for a binary map), n_nonzero, p_value, p_holm.
     """
     _single_group(table)
     levels = np.asarray(localisation.DEFAULT_IOU_THRESHOLDS)
@@ -655,10 +615,9 @@ def chance_table(table: pd.DataFrame, methods=EXTENDED_METHODS, by_size: bool = 
                  replicates: int, seed: int) -> pd.DataFrame:
     """Energy lift and pointing against chance, per method (and lesion-size tertile).
 
-    Columns: n, n_constant, n_saliency_free, lambda_E mean [bootstrap CI] and median (bits),
-    share with lambda_E > 0, pointing hit rate with its Wilson CI, mean chance pi_PG, hits above chance (rate -
-    chance), and the mean paired lambda_E difference from the DoG map with its CI (a method
-    whose lift the DoG map also reaches is explained by the image alone).
+    Columns: n, n_constant, n_saliency_free, lambda_E mean [bootstrap CI] and median (bits), share
+    with lambda_E > 0, pointing hit rate with its Wilson CI, mean chance pi_PG, hits above chance
+    (rate - chance), and the mean paired lambda_E difference from the DoG map with its CI.
     """
     _single_group(table)
     table = table.assign(size_tertile=size_tertiles(table) if by_size else "all")

@@ -1,25 +1,12 @@
-"""Faithfulness and sanity controls of the CAMs of one checkpoint on one masked cohort.
+"""Faithfulness and sanity controls of the CAMs of one checkpoint on one masked cohort (notebook 08).
 
-What the notebook ``08_faithfulness`` reports, computed here from prepared cases (images
-resized to the model's input and ImageNet-normalised, masks resized nearest-neighbour, as in
-the audit; cases whose mask is empty after resizing are excluded and counted):
-
-- ROAD / SRG (``kernels.road``): drops of z/T when the most- or least-salient 1..20% of the
-  field of view are filled by noisy linear imputation; SRG per image and map. The random
-  heatmap is the reference map (SRG about 0 expected).
-- LSR (``kernels.reliance``): reliance on the lesion's tolerance zone D_r beyond same-shaped
-  regions elsewhere in the field of view.
-- Shape-preserving random deletion (``kernels.reliance``): each CAM's top-area region moved to
-  seeded places; CAM deletion minus that control, beside the pixel-wise random control.
-- Cascading randomisation (``kernels.randomisation``): similarity of every CAM to the trained
-  model's after each block is randomised, and the spatial metrics of the randomised maps.
-- Case-level localisation outcomes and covariates for the subgroup analysis
-  (``analysis.subgroups``): energy lift, pointing hit, DoG conspicuity, lesion area,
-  centrality, field-of-view area, calibrated margin and correctness.
-
-Field of view, tolerance zone, energy lift, pointing and DoG conspicuity come from
-``kernels.localisation``. Every seed derives from the sample id (``deletion.sample_key``), so
-results do not depend on batch size or order.
+From prepared cases (``prepare_cases``: as in the audit; cases whose mask is empty after
+resizing are excluded and counted): ROAD / SRG (``kernels.road``), LSR and shape-preserving
+deletion (``kernels.reliance``), cascading randomisation (``kernels.randomisation``) and the
+case-level outcomes and covariates of the subgroup models (``localisation_outcomes``). Every
+seed derives from the sample id, so results do not depend on batch size or order.
+Conventions: docs/architecture.md, "Faithfulness and subgroup conventions"; method:
+docs/maps_and_scores.md, "Faithfulness tables".
 
 Size: over 400 lines on purpose: ROAD, LSR, shape-preserving deletion, randomisation and the
 subgroup outcomes run on the same prepared cases and maps of one checkpoint, batch by batch.
@@ -126,10 +113,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
               ``zone_area_fraction`` (|D_r| / |B|)
     ``shape`` per (sample_id, CAM method): ``cam_drop``, ``shifted_drop_mean``, ``n_shifts``,
               ``cam_minus_shifted`` (positive logit, as the deletion test), and the z drops
-
-    ``timings`` (optional): accumulates imputation and forward seconds per part, under
-    ``timings["road"]`` and ``timings["lsr"]`` (the two parts that impute; their zones differ,
-    so do their solver costs).
+    ``timings`` (optional) accumulates imputation and forward seconds under ``"road"`` and ``"lsr"``.
     """
     keys = [deletion.sample_key(s) for s in sample_ids]
     methods = tuple(dict.fromkeys([*settings.road_methods, *CAM_METHODS]))
@@ -188,14 +172,10 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
 def faithfulness_checkpoint(model, metadata: dict, temperature: float, prepared: PreparedCases, *,
                             dataset: str, settings: FaithfulnessControls, batch_size: int,
                             device: str = "cpu", include_shape: bool = True) -> dict:
-    """Run ``faithfulness_batch`` over all prepared cases of one checkpoint (``include_shape``
-    False: ROAD and LSR only, an empty ``shape`` table).
-
-    Returns ``{"road", "srg", "lsr", "shape"}`` DataFrames (with ``dataset`` and
-    ``checkpoint_id`` columns) and ``timings``: per imputing part (``"road"``, ``"lsr"``) the
-    seconds of imputation and of the forwards it feeds and the number of those forwards, plus
-    ``total_s`` for the whole checkpoint. ``cost_table`` turns it into rows.
-    """
+    """Run ``faithfulness_batch`` over all prepared cases of one checkpoint (``include_shape`` False:
+    ROAD and LSR only, an empty ``shape`` table). Returns ``{"road", "srg", "lsr", "shape"}``
+    DataFrames (with ``dataset`` and ``checkpoint_id``) and ``timings`` (per imputing part, seconds
+    of imputation and forwards and the forward count; ``total_s``), ``cost_table``'s input."""
     started = time.perf_counter()
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
@@ -256,10 +236,7 @@ def cost_table(timings_by_checkpoint: dict[str, dict]) -> pd.DataFrame:
 
     ``timings_by_checkpoint``: checkpoint_id -> ``faithfulness_checkpoint(...)["timings"]``.
     Columns: checkpoint_id, part (road / lsr / all), forwards_fed, imputation_s, forward_s,
-    imputation_per_forward_time (goal: < 1, the imputation cheaper than the forwards it feeds)
-    and total_s (whole checkpoint, on the ``all`` row only). ROAD fills a CAM's most- or
-    least-salient pixels, LSR the lesion zone and its same-shaped controls; their systems
-    differ in size and shape, so their costs are reported apart as well as together.
+    imputation_per_forward_time and total_s (whole checkpoint, on the ``all`` row only).
     """
     rows = []
     for checkpoint_id, timings in timings_by_checkpoint.items():
@@ -316,13 +293,10 @@ def lsr_table(lsr: pd.DataFrame, *, replicates: int, seed: int) -> pd.DataFrame:
 
 def shape_deletion_table(shape: pd.DataFrame, pixel_random: pd.DataFrame | None, *,
                          replicates: int, seed: int) -> pd.DataFrame:
-    """Per checkpoint and CAM: CAM deletion minus the shape-preserving random deletion (mean,
-    95% CI, positive logit drop) and, when the audit's pixel-wise random-deletion table
-    (``logit_drop_mean`` per sample) is given, CAM deletion minus that control too.
-
-    ``cam_drop`` and ``shifted_drop`` are means over the same images as ``cam_minus_shifted``
-    (those where the region could be shifted at least once), so the three columns agree;
-    ``no_shift`` counts the images left out. ``cam_minus_pixel_random`` uses every image."""
+    """Per checkpoint and CAM: CAM deletion minus the shape-preserving random deletion (mean, 95% CI,
+    positive logit drop), the mean ``cam_drop`` and ``shifted_drop`` over the same images and
+    ``no_shift`` (images without a shift); with the audit's pixel-wise random-deletion table
+    (``logit_drop_mean`` per sample), CAM deletion minus that control too, over every image."""
     table = _mean_ci_rows(shape, ["checkpoint_id", "method"], "cam_minus_shifted", replicates, seed)
     paired = shape.assign(cam_drop_paired=shape["cam_drop"].where(shape["cam_minus_shifted"].notna()))
     means = paired.groupby(["checkpoint_id", "method"], sort=False).agg(

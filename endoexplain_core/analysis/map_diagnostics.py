@@ -44,11 +44,8 @@ def feature_grid(model: torch.nn.Module, layer: torch.nn.Module, image_size: int
 
 
 def held_out_negatives(manifest: pd.DataFrame, max_images: int) -> pd.DataFrame:
-    """Up to ``max_images`` test-split negatives (target 0), sorted by sample_id.
-
-    Test negatives are never used for training, calibration or selection, and carry no lesion,
-    so where a method peaks on them is a property of the method and the model, not of lesions.
-    """
+    """Up to ``max_images`` test-split negatives (target 0), sorted by sample_id: never used for
+    training, calibration or selection, and without a lesion."""
     rows = manifest[(manifest["role"] == "test") & (manifest["target"] == 0)]
     return rows.sort_values("sample_id").head(max_images).reset_index(drop=True)
 
@@ -66,10 +63,9 @@ def prior_maps(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Ten
     """Prior map per CAM method over negatives, and where each negative's map peaks.
 
     ``images``: normalised (N, 3, S, S) negatives on the model's device. Returns (method ->
-    float32 (S, S) mean normalised map on the CPU; a DataFrame with one row per negative and
-    method: sample_id, method, constant_map, peak_row, peak_col, peak_border_ring,
-    peak_corner_cell, prior_top_iou). Constant maps (all zeros) add nothing to the mean; their
-    peak columns are kept but they are flagged and left out of every share.
+    float32 (S, S) mean normalised map on the CPU; one row per negative and method: sample_id,
+    method, constant_map, peak_row, peak_col, peak_border_ring, peak_corner_cell, prior_top_iou).
+    Constant maps add nothing to the mean; they are flagged and left out of every share.
     """
     sample_ids = list(sample_ids)
     size = images.shape[-1]
@@ -106,8 +102,8 @@ def prior_table(cases: pd.DataFrame, negatives: pd.DataFrame, grid: tuple[int, i
 
     ``cases``: the checkpoint's audit rows (with the diagnostic columns); ``negatives``:
     ``prior_maps`` rows. Columns: method, label, grid, border_ring_chance, n_positive,
-    n_constant_positive, border_ring_positive, corner_positive, n_negative,
-    n_constant_negative, border_ring_negative, corner_negative, prior_top_iou_positive_median,
+    n_constant_positive, border_ring_positive, corner_positive, n_negative, n_constant_negative,
+    border_ring_negative, corner_negative, prior_top_iou_positive_median,
     prior_top_iou_negative_median, lesion_logit_drop_mean, cam_top_logit_drop_mean. Shares are
     over maps with a defined peak (non-constant maps).
     """
@@ -160,14 +156,10 @@ def map_agreement(maps: dict[str, torch.Tensor], sample_ids, top_fraction: float
 def practical_identity(agreement: pd.DataFrame, identical_groups=(),
                        pearson: float = IDENTITY_PEARSON, top_iou: float = IDENTITY_TOP_IOU
                        ) -> pd.DataFrame:
-    """Per method pair: median Pearson, median top-set IoU, same-peak share and the flags.
-
-    Columns: first, second, pair, n, median_pearson, median_top_iou, n_constant_pairs (images
-    where either map is constant, left out of the medians), same_peak_share, peak_disagreements
-    (images whose two peaks differ), identical_by_construction, identical_in_practice (the
-    medians' rule and no peak disagreement), independent_evidence (False when either identity
-    holds).
-    """
+    """Per method pair, columns: first, second, pair, n, median_pearson, median_top_iou,
+    n_constant_pairs (left out of the medians), same_peak_share, peak_disagreements,
+    identical_by_construction, identical_in_practice (the medians' rule and no peak
+    disagreement), independent_evidence (False when either identity holds)."""
     rows = []
     for (first, second), group in agreement.groupby(["first", "second"], sort=False):
         median_pearson = float(group["pearson"].median())   # NaN (constant maps) skipped

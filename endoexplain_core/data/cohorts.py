@@ -1,36 +1,24 @@
 """External mask cohorts: one adapter per dataset layout, real downloads and synthetic copies alike.
 
-Every adapter returns ``(cases, report)``:
+Every adapter (``ADAPTERS``; ``read_cohort``) returns ``(cases, report)``:
 
-- ``cases``: a DataFrame with one row per *case* (a unique frame, after collapsing byte-identical
-  frames) and the columns of ``CASE_COLUMNS``: ``dataset``, ``sample_id`` (unique within the
-  cohort), ``image_path`` (the case's first frame, POSIX path relative to the data root),
-  ``mask_paths`` (tuple of relative mask paths; several when identical frames were collapsed:
-  the case's mask is their union), ``frame_paths`` (tuple of every collapsed frame),
-  ``centre`` and ``modality`` (``""`` where the dataset has no such label), ``sha256`` (hex of
-  the image bytes), ``ahash`` (16x16 average hash, 64 hex characters, as in the HyperKvasir
-  manifest), ``height``, ``width`` (pixels) and ``lesion_pixels`` (count of mask pixels).
-- ``report``: a ``CohortReport`` with the rows read, the duplicate frames collapsed and every
-  exclusion with its reason (a case whose mask has no positive pixel is excluded from
-  localisation, never scored).
+- ``cases``: one row per *case* (a unique frame after collapsing byte-identical frames),
+  columns ``CASE_COLUMNS``: ``dataset``, ``sample_id`` (unique within the cohort),
+  ``image_path`` (the case's first frame, POSIX, relative to the data root), ``mask_paths``
+  (tuple; the case's mask is their union), ``frame_paths`` (tuple of the collapsed frames),
+  ``centre``, ``modality`` (``""`` where the dataset has none), ``sha256``, ``ahash`` (64 hex,
+  as in the manifest), ``height``, ``width`` (pixels), ``lesion_pixels``.
+- ``report``: a ``CohortReport``: rows read, duplicates collapsed, exclusions with reasons
+  (``EMPTY_MASK``; ``NO_MASK`` unless more than one and more than ``MAX_UNPAIRED_SHARE`` of
+  the frames lack a mask, which is a problem).
 
-Bad input raises an error naming the file: ``CohortError`` for a missing cohort folder, an
-unknown layout or an image without a mask; ``imageio.MaskSizeError`` for a mask whose size
-differs from its image; ``imageio.ImageReadError`` for an undecodable frame or mask. Given a
-``problems`` list, the adapters record each bad frame as ``(path, kind, message)`` instead
-and go on with the others (the preflight lists them all at once); a missing folder or an
-unknown layout still raises.
+Errors name the file: ``CohortError`` (missing cohort folder, unknown layout, unpaired frames
+beyond that share), ``imageio.MaskSizeError``, ``imageio.ImageReadError``. Given a ``problems``
+list, bad frames are recorded as ``(path, kind, message)`` and the others read; a missing
+folder or an unknown layout still raises. Each adapter's docstring names its layout (paths:
+docs/architecture.md, "Data root layout"; variants: docs/protocol.md, "Dataset layouts").
 
-Layouts (docs/architecture.md, docs/protocol.md), relative to the data root:
-``ETIS-LaribPolypDB/ETIS-LaribPolypDB/<n>.tif`` + ``ETIS-LaribPolypDB/Ground Truth/p<n>.tif``
-(or ``GroundTruth``), or PraNet's ``ETIS-LaribPolypDB/{images,masks}/<n>.png``;
-``PolypGen/data_C<k>/{images_C<k>,masks_C<k>}`` with ``<stem>_mask.jpg`` (``<stem>mask.jpg``
-when the stem ends in ``_``), directly or inside the published top folder
-(``PolypGen/PolypGen2021_MultiCenterData_v3/data_C<k>``);
-``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}``; ``Kvasir-SEG/{images,masks}``;
-``CVC-ClinicDB/{Original,Ground Truth}``. A frame without a mask is excluded and counted
-(``NO_MASK``) unless more than one and more than ``MAX_UNPAIRED_SHARE`` of the cohort's frames
-lack one.
+Design: docs/data_models_runs.md, "External cohorts".
 """
 
 from __future__ import annotations
@@ -47,10 +35,7 @@ from endoexplain_core.data import imageio, roles
 
 EMPTY_MASK = "mask has no positive pixel (excluded from localisation)"
 NO_MASK = "no mask file (excluded from localisation)"
-# Real downloads miss the odd mask (PolypDB ships one LCI frame without one): such a frame is
-# excluded and counted. More than one, and more than this share of a cohort's frames, is more
-# likely an incomplete download than a quirk: every unpaired frame is then a problem that
-# blocks the run.
+# More unpaired frames than this share (and more than one) read as an incomplete download.
 MAX_UNPAIRED_SHARE = 0.05
 CASE_COLUMNS = ("dataset", "sample_id", "image_path", "mask_paths", "frame_paths", "centre",
                 "modality", "sha256", "ahash", "height", "width", "lesion_pixels")
@@ -297,12 +282,9 @@ def iter_cases(cases: pd.DataFrame, data_root: Path, *, decode_size: int | None
 
 def read_etis(data_root: Path, problems: list | None = None) -> tuple[pd.DataFrame, CohortReport]:
     """ETIS-LaribPolypDB as published (``ETIS-LaribPolypDB/<n>.tif`` frames, ``Ground
-    Truth/p<n>.tif`` masks) or as PraNet's test set ships it (``images/<n>.png``,
-    ``masks/<n>.png``); a folder holding both layouts is refused (one would be read twice).
-
-    Byte-identical frames (the dataset holds a few) are collapsed into one case whose mask is
-    the union of their masks. ``sample_id`` is the frame number.
-    """
+    Truth/p<n>.tif`` or ``GroundTruth`` masks) or as PraNet's test set ships it
+    (``images/<n>.png``, ``masks/<n>.png``); both layouts at once is a ``CohortError``.
+    ``sample_id`` is the frame number."""
     root = _cohort_root(data_root, "etis")
     original, pranet = root / "ETIS-LaribPolypDB", root / "images"
     if original.is_dir() and pranet.is_dir():

@@ -1,17 +1,11 @@
 """Manifest datasets: the images of given study roles, resized and ImageNet-normalised.
 
-Every stage that feeds an image to a classifier uses the same two steps defined here, so a
-checkpoint sees identical pixels in training, logit export and the CAM audit:
+Every stage that feeds an image to a classifier reads it with ``decode_resized``
+(``imageio.read_rgb(path, decode_size=S)``, then ``resize_rgb``: uint8 (S, S, 3)) and
+``to_normalised_tensor`` (float32 (3, S, S), ``(x / 255 - IMAGENET_MEAN) / IMAGENET_STD``, RGB).
+Training augmentation draws from ``(seed, epoch, row index)`` only.
 
-1. ``resize_rgb``: uint8 (H, W, 3) RGB -> uint8 (S, S, 3), area interpolation (OpenCV), from
-   the frame decoded for size S (``imageio.read_rgb(path, decode_size=S)``: large JPEGs at a
-   reduced DCT scale that keeps both sides >= 2 S, the same in every stage).
-2. ``to_normalised_tensor``: uint8 (S, S, 3) -> float32 (3, S, S), ``(x / 255 - mean) / std``
-   with the ImageNet ``IMAGENET_MEAN`` / ``IMAGENET_STD`` (RGB order).
-
-Training images are augmented (flips, mild brightness/contrast) with a random stream derived
-from ``(seed, epoch, row index)`` only, so an epoch's augmentations do not depend on the number
-of DataLoader workers or on whether the run was resumed.
+Design: docs/data_models_runs.md, "Model inputs".
 """
 
 from __future__ import annotations
@@ -84,11 +78,9 @@ def training_augmentation() -> A.Compose:
 
 def load_manifest(manifest_path: str | Path) -> pd.DataFrame:
     """Read ``manifest.csv`` with ``roles.read_manifest`` after checking it against its digest
-    (``manifest.sha256`` beside it, written by 00_roles with it), and check its roles.
-
-    A manifest without its digest, or edited after it was written, is refused naming the file
-    (``roles.ManifestVerificationError``): every stage's reuse keys rest on that digest.
-    ``roles.verify_manifest`` also checks the image and mask files' bytes.
+    (``manifest.sha256`` beside it) and check its roles. ``FileNotFoundError`` without it;
+    ``roles.ManifestVerificationError`` naming the file without its digest or when edited
+    after it; ValueError for an unknown role. (``roles.verify_manifest`` also checks files.)
     """
     manifest_path = Path(manifest_path)
     if not manifest_path.is_file():
@@ -118,11 +110,8 @@ def rows_of_roles(manifest: pd.DataFrame, wanted: Sequence[str]) -> pd.DataFrame
 
 
 class ImageCache:
-    """Decoded, resized uint8 images kept in memory, keyed by (absolute path, image size).
-
-    The default profile trains ten models on the same images: decoding them once saves most
-    of the data-loading time. Use one cache per process (DataLoader workers get a copy).
-    """
+    """Decoded, resized uint8 images kept in memory, keyed by (absolute path, image size);
+    one cache per process (DataLoader workers get a copy)."""
 
     def __init__(self) -> None:
         self._images: dict[tuple[str, int], np.ndarray] = {}
@@ -149,20 +138,13 @@ def decode_resized(path: Path, image_size: int) -> np.ndarray:
 
 
 class ManifestDataset(Dataset):
-    """Images of selected manifest rows as (image, target, index) triples.
+    """Manifest rows as (image float32 (3, S, S) normalised, target int64 (1 = polyp family),
+    index int64 position in ``rows``) triples.
 
-    ``image``: float32 (3, S, S), ImageNet-normalised. ``target``: int64 scalar (1 = polyp
-    family). ``index``: int64 position in ``rows`` (maps a batch back to ``sample_id``).
-
-    Parameters
-    ----------
-    rows: manifest rows (e.g. from ``rows_of_roles``); paths are relative to ``data_root``.
-    data_root: folder the manifest paths are relative to.
-    image_size: side length S in pixels.
-    targets: optional int array replacing ``rows.target`` (the shuffled-label control).
-    augment_seed: ``None`` for deterministic evaluation images; an int turns on the training
-        augmentation, drawn from ``(augment_seed, epoch, index)`` (see ``set_epoch``).
-    cache: optional shared ``ImageCache``.
+    ``rows``: manifest rows, paths relative to ``data_root``; ``image_size``: S in pixels;
+    ``targets``: optional int array replacing ``rows.target`` (the shuffled-label control);
+    ``augment_seed``: None for evaluation images, an int for the training augmentation drawn
+    from ``(augment_seed, epoch, index)`` (``set_epoch``); ``cache``: optional ``ImageCache``.
     """
 
     def __init__(self, rows: pd.DataFrame, data_root: str | Path, image_size: int,

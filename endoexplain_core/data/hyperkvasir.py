@@ -1,38 +1,17 @@
 """HyperKvasir adapter: the labelled lower-GI images and the segmented polyp subset.
 
-Reads a real HyperKvasir tree and the embedded synthetic one with the same code:
+``index_hyperkvasir`` reads ``<data_root>/hyper-kvasir`` (real or synthetic; layout:
+docs/architecture.md, "Data root layout"; ``labeled-images`` and ``segmented-images`` may each
+sit one or two folders deeper). One row per labelled lower-GI image (``TABLE_COLUMNS``):
+``source`` the canonical category (folder name lower-cased, "_" and " " as "-",
+``CATEGORY_ALIASES``), ``group`` its group folder, ``target`` 1 for ``POSITIVE_SOURCES`` else
+0, ``mask_path`` on the labelled twin of each segmented image (the matching rule:
+docs/protocol.md, "Roles"). Upper-GI images are counted and excluded, hidden files skipped,
+other non-image files counted as ignored; masks are thresholded at 128. ``HyperKvasirError``
+for an unrecognised category, a segmented image with a near-copy within
+``NEAR_DUPLICATE_BITS``, and a missing, wrongly sized or empty mask.
 
-    <data_root>/hyper-kvasir/labeled-images/lower-gi-tract/<group>/<category>/<file>
-    <data_root>/hyper-kvasir/labeled-images/upper-gi-tract/...          (counted, excluded)
-    <data_root>/hyper-kvasir/segmented-images/images/<stem>.jpg
-    <data_root>/hyper-kvasir/segmented-images/masks/<stem>.jpg          (white = polyp)
-
-``labeled-images`` and ``segmented-images`` may each sit one or two folders deeper (a zip
-extracted into a folder of its own name, e.g. ``hyper-kvasir/hyper-kvasir-labeled-images/
-labeled-images``): the one folder of that name is used and the summary says where it was found.
-
-Conventions:
-- One row per labelled lower-GI image. ``source`` is the canonical category folder name,
-  ``group`` the canonical group folder, ``target`` (``polyp_family``) is 1 for ``polyps`` and
-  ``dyed-lifted-polyps`` and 0 for every other lower-GI category.
-- Category folders are matched after lower-casing and turning "_" and " " into "-", and through
-  the aliases the official split files use (``polyp``, ``hemorroids``, ``normal-cecum``, ...).
-  An unrecognised category is an error (its target would be a guess).
-- Image files are recognised by extension, case-insensitively (``imageio.is_image_file``:
-  .jpg/.jpeg/.png/.tif/.tiff/.bmp); hidden files are skipped, other files are counted as ignored.
-- The segmented images are matched to their labelled twins by content (their names differ):
-  by SHA-256, else by an identical 16x16 average hash among the polyp-family images (the same
-  pixels in other bytes; the rule that already groups near-duplicates in the roles). The
-  mask path is recorded on the first labelled file (by path) of the match. A segmented image
-  with no twin either way is left out and counted (``segmented_without_twin``): it is in no
-  role. It is an error only when a labelled image lies within ``NEAR_DUPLICATE_BITS`` of its
-  average hash without equalling it: a near-copy the roles do not group, which could carry the
-  audited picture into development.
-- Masks are thresholded at 128 (JPEG noise). A mask whose size differs from its image, or one
-  with no lesion pixel, is an error, not an exclusion: in HyperKvasir every segmented image
-  shows a polyp, so an empty mask means a broken file, and dropping the image silently would
-  let an audit image drift into development. (Empty-mask frames of external cohorts such as
-  PolypGen are recorded exclusions; that is the ``cohorts`` module's rule.)
+Design: docs/data_models_runs.md, "HyperKvasir index".
 """
 
 from __future__ import annotations
@@ -121,17 +100,14 @@ def _relative(path: Path, data_root: Path) -> str:
 
 def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
                       problems: list | None = None) -> HyperKvasirIndex:
-    """Index ``<data_root>/hyper-kvasir``: labelled lower-GI images, hashes, segmented masks.
+    """Index ``<data_root>/hyper-kvasir``: labelled lower-GI images, hashes (``roles.hash_files``),
+    segmented masks matched to their twins and checked (same size, a lesion pixel).
 
-    Hashes every labelled image (SHA-256, 16x16 average hash, size; see ``roles.hash_files``),
-    matches ``segmented-images/images`` to them by content (module docstring) and checks every mask (same size as
-    its image, at least one lesion pixel). Raises ``HyperKvasirError`` naming the path for a
-    missing data root or folder, an unknown category, a repeated file stem, a segmented image
-    whose near-copy could leak (module docstring), a missing mask or an empty mask; ``imageio.ImageReadError`` for an
-    unreadable image or mask; ``imageio.MaskSizeError`` for a mask of the wrong size. Given a
-    ``problems`` list, unreadable labelled images and segmented images without a usable mask
-    (missing, unreadable, of another size, empty) are recorded there as ``(path, kind,
-    message)`` and left out, and indexing goes on (the preflight lists them all at once).
+    Raises ``HyperKvasirError`` naming the path (missing data root or folder, unknown category,
+    repeated file stem, a near-copy that could leak, missing or empty mask),
+    ``imageio.ImageReadError`` and ``imageio.MaskSizeError``. Given a ``problems`` list,
+    unreadable labelled images and segmented images without a usable mask are recorded there
+    as ``(path, kind, message)`` and left out, and indexing goes on.
     """
     data_root = Path(data_root)
     if not data_root.is_dir():
@@ -220,8 +196,7 @@ def _subtree(root: Path, name: str) -> Path:
 
 def _pixel_twin(file: Path, candidates: pd.DataFrame, data_root: Path):
     """Index of the labelled row (of ``candidates``, equal average hash, ordered by path) whose
-    decoded pixels equal ``file``'s, else the first: a re-encoded near-duplicate shares the
-    hash, and the audit should show the picture the mask was drawn on."""
+    decoded pixels equal ``file``'s, else the first."""
     if len(candidates) > 1:
         pixels = imageio.read_rgb(file)
         for row, path in candidates["path"].items():

@@ -1,34 +1,19 @@
 """Reading images and lesion masks, with errors that name the offending file.
 
-Conventions used by every stage:
+- ``read_rgb``: uint8 (H, W, 3) RGB (greyscale, palette and RGBA converted; alpha dropped).
+  With ``decode_size=S`` a JPEG is decoded at the largest DCT scale (1/2, 1/4, 1/8) that keeps
+  both sides >= ``DECODE_MARGIN`` x S: ceil(W/k) x ceil(H/k) of a W x H file (``same_frame``),
+  so a mask is checked against the header's full size.
+- ``read_mask``: bool (H, W), True = lesion: 8-bit grey level >= ``threshold``
+  (``MASK_THRESHOLD``); a mask must have its image's height and width (``MaskSizeError``).
+- ``ImageReadError`` naming the file: missing or undecodable, EXIF orientation other than 1,
+  above ``MAX_PIXELS`` pixels (checked before decoding), more than 8 bits per channel.
+  ``MaskFormatError``: a binary mask whose foreground is below the threshold (0/1), a mask
+  with transparency, a colour mask (over ``COLOUR_MASK_SHARE`` of pixels with a channel spread
+  above ``COLOUR_MASK_SPREAD``). A near-black mask with many grey levels is empty, not refused.
 
-- An image is a uint8 array of shape (H, W, 3) in RGB order (greyscale, palette and RGBA
-  files are converted to RGB; alpha is dropped).
-- A mask is a bool array of shape (H, W), True = lesion. Masks are stored as greyscale or RGB
-  files with white = lesion; they are converted to 8-bit greyscale and a pixel is lesion when
-  its value is >= ``threshold`` (default 128). The threshold is needed because JPEG masks
-  (HyperKvasir, PolypGen) carry compression noise around the edge and are never exactly 0/255.
-- A mask belongs to one image and must have the same height and width.
-- Masks that would silently read as something else are refused, naming the file
-  (``MaskFormatError``): a binary mask whose foreground value is below the threshold (0/1 masks:
-  every pixel would be background); a mask drawn in transparency (an alpha channel that is not
-  fully opaque); a colour mask (the channels of more than ``COLOUR_MASK_SHARE`` of the pixels
-  differ by more than ``COLOUR_MASK_SPREAD`` levels, e.g. red on black; JPEG colour noise
-  stays far below both). Near-black masks with many grey levels (a JPEG-compressed empty mask)
-  are empty, not refused.
-- An image whose EXIF orientation is not 1 is refused: viewers rotate it, the pixels (and so
-  the model's input and the mask's alignment) are not.
-- An image above ``MAX_PIXELS`` pixels is refused before it is decoded (a decompression bomb,
-  or a file far larger than any endoscopy frame).
-- Model inputs are decoded for their size: ``read_rgb(path, decode_size=S)`` decodes a JPEG at
-  the largest DCT scale (1/2, 1/4 or 1/8, libjpeg's scaled decoding) that keeps both sides at
-  least ``DECODE_MARGIN`` x S, so that the caller's area resize to S x S still averages blocks
-  of at least 2 x 2 pixels. A reduced frame of a W x H file is ceil(W/k) x ceil(H/k)
-  (``same_frame``), so its mask is checked against the header's full size. Every path that
-  feeds a model (training, logit export, every audit) decodes this way, so a checkpoint sees
-  identical pixels everywhere; against a full decode + resize the model input differs by well
-  under one grey level on average (tests/test_imageio.py states the bound).
-  Hashes, masks and figures read the full frame.
+Design: docs/data_models_runs.md, "Reading images and masks"; decoding for the input size:
+docs/protocol.md, "Dataset layouts".
 """
 
 from __future__ import annotations
@@ -83,9 +68,8 @@ class MaskFormatError(ImageReadError):
 
 
 def is_image_file(path: Path) -> bool:
-    """True for a visible file with an image suffix. Hidden files are never images of a
-    dataset: macOS archives carry an AppleDouble ``._<name>.jpg`` beside each file, which no
-    image reader decodes."""
+    """True for a visible file with an image suffix (``IMAGE_SUFFIXES``, any case); hidden
+    files (AppleDouble ``._<name>.jpg``) never."""
     path = Path(path)
     return path.is_file() and not path.name.startswith(".") and path.suffix.lower() in IMAGE_SUFFIXES
 

@@ -1,27 +1,13 @@
-"""How the real datasets look on disk, for the synthetic generator's ``mirror`` layout.
+"""How the real datasets look on disk, for the synthetic generator's ``mirror`` and
+``downloaded`` layouts (what each holds: docs/protocol.md, "Dataset layouts").
 
-The embedded cohort (``synthetic.generate_cohort(layout="embedded")``) writes small square
-frames. The ``mirror`` layout writes the same planted content as the real downloads look: each
-rendered frame is enlarged into a frame of one of its dataset's published sizes, on a black
-surround, with the text and box overlays of the processor's screen where the dataset has them
-(``dress_frame``); the mask is enlarged with it (nearest neighbour) and encoded as the dataset
-encodes its masks. Beside the frames it writes what real folders hold and readers must pass by:
-stray files (``.DS_Store``, ``Thumbs.db``, AppleDouble ``._<name>.jpg``), label CSVs and JSON,
-PolypGen's ``sequenceData`` videos and PolypDB's modality-wise copy of its tree.
+``dress_frame`` puts a rendered frame and its mask into a frame of one of its dataset's
+published sizes (``*_SIZES``, (height, width) pixels) with the screen overlays of
+``OVERLAY_TEXT``; ``STRAY_FILES`` and ``label_csv`` are what real folders hold beside the
+images; ``rearrange_as_downloaded`` turns a mirror tree into the ``downloaded`` layout in
+place. Every draw comes from the generator passed in.
 
-Frame sizes are (height, width) in pixels, the sizes listed for each published set (several per
-dataset where the set mixes processors); ETIS-LaribPolypDB has one size. The frames are large
-on purpose: they exercise the loaders' reduced-scale JPEG decoding and the preflight's size
-report with the pixels a real run reads.
-
-The ``downloaded`` layout is the mirror rearranged as people hold the real sets after
-unpacking them (``rearrange_as_downloaded``): each HyperKvasir zip extracted into a folder of
-its own name, segmented images with the same pixels as their labelled twins in other bytes,
-PolypGen inside its published top folder with its ``<stem>_`` frame and a name with spaces,
-ETIS in PraNet's ``images/`` + ``masks/`` PNG layout, and one PolypDB frame without a mask.
-
-Every draw comes from the generator passed in (the generator's ``mirror/...`` streams), so the
-content streams of the embedded layout are untouched and its bytes do not change.
+Design: docs/data_models_runs.md, "The mirror of the real datasets".
 """
 
 from __future__ import annotations
@@ -64,14 +50,10 @@ def dress_frame(rng: np.random.Generator, image: np.ndarray, mask: np.ndarray,
                 sizes: Sequence[tuple[int, int]], *, text: bool) -> tuple[np.ndarray, np.ndarray]:
     """A rendered frame placed in a real-sized frame: uint8 (H, W, 3) image, bool (H, W) mask.
 
-    ``image`` (uint8 h x w x 3) and ``mask`` (bool h x w) are enlarged together into the
-    field-of-view box of a frame whose (H, W) is drawn from ``sizes``: the box fills 90-98% of
-    the height, keeps the rendered aspect ratio up to +15% wider (at most 80% of the width),
-    sits right of a black margin of at least 18% of the width,
-    and is drawn bilinearly (image) and by nearest neighbour (mask, so it stays binary).
-    With ``text``, the margin carries the processor's on-screen text and a white frame around
-    the field of view, as endoscopy screens record them. The surround is near-black (0-3), not
-    exact zero, as in real recordings.
+    ``image`` (uint8 h x w x 3) and ``mask`` (bool h x w) are enlarged together (bilinear,
+    nearest neighbour) into the field-of-view box of a frame whose (H, W) is drawn from
+    ``sizes``; with ``text`` the left margin carries screen text and a frame line. Geometry:
+    docs/data_models_runs.md, "The mirror of the real datasets".
     """
     height, width = sizes[int(rng.integers(len(sizes)))]
     box_height = int(round(height * rng.uniform(0.90, 0.98)))

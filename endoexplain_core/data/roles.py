@@ -1,22 +1,16 @@
-"""Content hashing, hash groups, study roles, the manifest and Table 2.
+"""Content hashing, hash groups, study roles, the manifest and Table 2 (docs/protocol.md, "Roles").
 
-Protocol (docs/protocol.md, "Roles"):
-
-1. Every labelled image gets the SHA-256 of its bytes and a 16x16 average hash
-   (``imagehash.average_hash(hash_size=16)``, 256 bits written as 64 hex characters).
-2. Two files belong to one *hash group* when their SHA-256 is equal or their average hash is
-   identical (Hamming distance 0); groups are the connected components of that relation.
-3. Every group with a member in the segmented set (non-empty ``mask_path``) gets the role
-   ``spatial_audit``, all members, before any split.
-4. The other groups are split train/val/test (default 70/15/15), stratified by source
-   category, whole groups at a time, with a fixed seed.
-5. No group may cross roles; the manifest CSV (columns ``MANIFEST_COLUMNS``, sorted by path,
-   "\\n" line endings) is compared with the committed reference in ``data_manifest/<profile>/``
-   and written with its SHA-256 to ``<run_dir>/manifest/`` only when accepted
-   (``record_manifest``): a refused manifest never stands there with a valid digest.
+``hash_files``: SHA-256 and 16x16 average hash (``AHASH_SIZE``; 64 hex) per image;
+``assign_roles``: ``group_id`` (``hash_groups``) and ``role`` (``ROLES``), checked by
+``check_roles`` (``RoleIntegrityError``); ``build_manifest``: ``MANIFEST_COLUMNS``, rows by
+path, "\\n" line endings (``manifest_bytes``); ``record_manifest``: compared with the committed
+reference in ``data_manifest/<profile>/`` (``ManifestMismatchError``) and written with its
+SHA-256 to ``<run_dir>/manifest/`` only when accepted; ``verify_manifest``: a later stage's
+check of the files (``ManifestVerificationError``); ``table2``: counts per role and kind.
 
 Size: over 400 lines on purpose: one protocol step (content -> groups -> roles -> manifest)
 whose parts share the group invariants; split, they would each re-derive them.
+Design: docs/data_models_runs.md, "Roles and the manifest".
 """
 
 from __future__ import annotations
@@ -151,13 +145,10 @@ def _stratum_rng(seed: int, stratum: str) -> np.random.Generator:
 
 def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
                  fractions: Sequence[float]) -> dict[str, str]:
-    """Assign the groups of one stratum to train/val/test, whole groups at a time.
+    """Assign the groups of one stratum to train/val/test, whole groups at a time: {group_id: role}.
 
-    ``group_sizes``: images per group, indexed by group id. Groups are put in a seeded random
-    order (from ids sorted alphabetically) and laid end to end; a group goes to the role whose
-    share of the stratum's images (cumulative fractions) contains the group's midpoint. With
-    single-image groups this is a plain 70/15/15 split of a shuffled list.
-    Returns {group_id: role}.
+    ``group_sizes``: images per group, indexed by group id; ``fractions``: three shares summing
+    to 1 (ValueError otherwise). Rule: docs/data_models_runs.md, "Roles and the manifest".
     """
     if len(fractions) != 3 or any(f < 0 for f in fractions) or not np.isclose(sum(fractions), 1):
         raise ValueError(f"split fractions must be three non-negative numbers summing to 1, "
@@ -173,14 +164,11 @@ def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
 
 def assign_roles(table: pd.DataFrame, *, seed: int,
                  fractions: Sequence[float]) -> pd.DataFrame:
-    """Add ``group_id`` and ``role`` to an image table.
-
-    ``table`` needs columns ``path``, ``source``, ``sha256``, ``ahash``, ``mask_path`` (empty
-    string when the image is not in the segmented set). A group with any segmented member is
-    ``spatial_audit``; other groups are split by ``split_groups`` within strata. A group's
-    stratum is its most common source (ties: alphabetical), so a group whose members were filed
-    under two categories still moves as one.
-    """
+    """Add ``group_id`` and ``role`` to an image table (columns ``path``, ``source``,
+    ``sha256``, ``ahash``, ``mask_path``, "" outside the segmented set): a group with a
+    segmented member is ``spatial_audit``; the others are split by ``split_groups`` within the
+    stratum of their most common source (ties: alphabetical). ``RoleIntegrityError`` on a
+    broken invariant (``check_roles``)."""
     result = table.copy()
     result["group_id"] = hash_groups(list(result["sha256"]), list(result["ahash"]))
     audit_groups = set(result.loc[result["mask_path"] != "", "group_id"])
@@ -345,13 +333,10 @@ def _adopt(new_bytes: bytes, reference_dir: Path) -> None:
 
 def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, *,
                            adopt: bool = False) -> dict[str, str]:
-    """Compare ``<manifest_dir>/manifest.csv`` (already written) with the committed reference.
-
-    Equal digests: returns ``{"status": "match", ...}``. Different or missing reference:
-    raises ``ManifestMismatchError`` with a summary of the differences, unless ``adopt`` is
-    true, in which case the new manifest and digest are copied over the reference (temporary
-    file + rename) and ``{"status": "adopted", ...}`` is returned with the summary.
-    Stage 00 uses ``record_manifest``, which never leaves a refused manifest with a digest.
+    """Compare ``<manifest_dir>/manifest.csv`` (already written) with the committed reference:
+    ``{"status": "match" | "adopted", "digest", "summary"}``. A different or missing reference
+    raises ``ManifestMismatchError`` summarising the difference, unless ``adopt`` (then the new
+    manifest and digest replace the reference atomically). Stage 00 uses ``record_manifest``.
     """
     manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
     new_digest = read_digest(manifest_dir / DIGEST_FILE)
@@ -370,16 +355,11 @@ def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, 
 
 def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_dir: str | Path,
                     *, adopt: bool = False) -> dict[str, str]:
-    """Stage 00's manifest step: compare ``manifest`` with the committed reference first, and
-    write ``manifest.csv`` + ``manifest.sha256`` into ``manifest_dir`` only once it is
-    accepted (equal to the reference, or ``adopt``; then the reference is replaced after the
-    run's manifest is written). Returns ``{"status": "match" | "adopted", "digest", "summary"}``.
-
-    Refused (``ManifestMismatchError``): ``manifest_dir`` is left with no ``manifest.sha256``
-    and no ``manifest.csv`` -- neither the refused manifest nor an earlier run's, which no
-    longer describes this data -- so every later stage stops with "run 00_roles first"
-    (``verify_manifest``); the refused rows are kept in ``manifest.rejected.csv`` (no digest)
-    for reading, and the error names that file.
+    """Stage 00's manifest step: compare ``manifest`` with the committed reference, then write
+    ``manifest.csv`` + ``manifest.sha256`` into ``manifest_dir`` only when accepted (equal, or
+    ``adopt``: the reference is replaced after). Returns ``{"status": "match" | "adopted",
+    "digest", "summary"}``. Refused: ``ManifestMismatchError`` naming ``manifest.rejected.csv``
+    (the rows, no digest); ``manifest_dir`` is left without a manifest or digest.
     """
     manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
     data = manifest_bytes(manifest)
@@ -402,9 +382,8 @@ def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
                     progress: bool = True) -> pd.DataFrame:
     """Check that the run's manifest still describes the files; return the manifest.
 
-    Later stages call this first. ``data_root`` is the notebook parameter ("" = the synthetic
-    cohort under ``<run_dir>/data``). Checks: ``manifest.csv`` matches ``manifest.sha256``;
-    every listed file exists and has its recorded SHA-256; every listed mask exists. Raises
+    ``data_root``: the notebook parameter ("" = ``<run_dir>/data``). ``manifest.csv`` must match
+    ``manifest.sha256``, every listed file exist with its SHA-256 and every listed mask exist;
     ``ManifestVerificationError`` with a summary otherwise.
     """
     manifest_dir = RunLayout(run_dir).manifest_dir
@@ -456,14 +435,9 @@ AUDITED_COLUMN = "audited (with mask)"
 
 def table2(manifest: pd.DataFrame) -> pd.DataFrame:
     """Table 2: image counts per study role (rows, plus ``total``) and kind (columns, plus
-    ``total``), and how many of them the spatial audit reads. Columns: ``role``, ``negative``,
-    ``dyed-lifted polyp``, ``standard polyp``, ``total``, ``AUDITED_COLUMN`` (int).
-
-    ``AUDITED_COLUMN`` counts the images with a lesion mask in the ``spatial_audit`` role (the
-    masked pool behind Table 4 panel B). The role can hold a few images without a mask: copies
-    of segmented polyps found elsewhere in the dataset, grouped with their originals so that
-    no copy reaches training; they are held out and never audited, and the column shows the
-    difference."""
+    ``total``). Columns: ``role``, ``negative``, ``dyed-lifted polyp``, ``standard polyp``,
+    ``total``, ``AUDITED_COLUMN`` (int: images with a mask in ``spatial_audit``, the pool
+    behind Table 4 panel B)."""
     kinds = ["negative", "dyed-lifted polyp", "standard polyp"]
     kind = [image_kind(s, t) for s, t in zip(manifest["source"], manifest["target"])]
     counts = pd.crosstab(manifest["role"], pd.Series(kind, index=manifest.index, name="kind"))

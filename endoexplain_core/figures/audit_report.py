@@ -1,11 +1,9 @@
 """The spatial-audit report of one checkpoint, assembled once for notebook 04 and ``endoexplain audit``.
 
-From the audit table and its random deletions: the per-method summary with image-bootstrap
-intervals (panel A: scaled score >= threshold; panel B: every audited image), its formatted
-form, the map ties, the CAM methods identical by construction at the audited layer, and the
-case figure (typical miss, discordant, consensus) with its check that the redrawn maps give the
-table's IoU. The notebook adds what needs the run (the gate's daggers, paired tests, map
-identity, priors); the command adds its record.
+From the audit table and its random deletions: the per-method summary (panel A: scaled score
+>= threshold; panel B: every audited image) and its reading form, the map ties, the CAM methods
+identical by construction at the audited layer, and Figure 3 with its IoU check against the
+table. The notebook adds what needs the run (gate daggers, paired tests, map identity, priors).
 """
 
 from __future__ import annotations

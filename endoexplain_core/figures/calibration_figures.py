@@ -1,10 +1,11 @@
 """Figure 2: (A) reliability of raw vs temperature-scaled scores on the test split; (B) CAM
 failure (peak outside the lesion) vs the score threshold, with eligible counts.
 
-Inputs are the run artefacts: ``<run_dir>/calibration/reliability_test.csv`` (02_calibration:
-checkpoint_id, split, score = "Raw" | "Temperature-scaled", bin, lower, upper, count,
-mean_score, observed_frequency) and ``<run_dir>/robustness/threshold_sensitivity.csv``
-(05_robustness: threshold, method, n_eligible, failure_rate, ci_low, ci_high).
+Inputs: ``<run_dir>/calibration/reliability_test.csv`` (02_calibration: checkpoint_id, split,
+score = "Raw" | "Temperature-scaled", bin, lower, upper, count, mean_score,
+observed_frequency) and ``<run_dir>/robustness/threshold_sensitivity.csv`` (05_robustness:
+score_threshold, method, n_eligible, failure_rate, ci_low, ci_high).
+Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -54,19 +55,11 @@ def _runs_of_adjacent_bins(part: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def draw_reliability(ax, reliability: pd.DataFrame, ece_intervals: pd.DataFrame | None = None) -> None:
-    """Observed positive frequency vs mean score per bin, raw and scaled, each point with its
-    Wilson 95% interval; empty bins skipped.
-
-    Only adjacent bins of at least ``MIN_BIN_COUNT`` images are joined by a line (never across
-    an empty or small bin); smaller bins are open markers (a frequency of 1 of 2 images is not
-    a calibration estimate). The raw points sit a little left of their mean score, the scaled
-    a little right, so that their intervals do not overlap. Each legend entry gives its ECE,
-    with its bootstrap interval when ``ece_intervals`` (``calibration.ece_intervals``) is given,
-    and the legend's title the change from scaling with its interval.
-    The number of images per bin (temperature-scaled score) is printed in a row above the
-    axes at each bin's centre, so that counts never sit on the points; the legend goes below
-    the axes, clear of the diagonal.
-    """
+    """Observed positive frequency vs mean score per non-empty bin, raw and scaled, each point with
+    its Wilson 95% interval; lines join adjacent bins of at least ``MIN_BIN_COUNT`` images, smaller
+    bins are open markers; legend entries give each ECE (with its interval from ``ece_intervals``,
+    ``calibration.ece_intervals``, when given) and the legend's title the change from scaling;
+    images per bin printed above the axes."""
     ax.plot([0, 1], [0, 1], color="black", linewidth=0.7, linestyle=":", label="Perfect calibration")
     for kind, nudge in (("Raw", -0.006), ("Temperature-scaled", 0.006)):
         part = reliability[(reliability["score"] == kind) & (reliability["count"] > 0)]
@@ -118,13 +111,9 @@ def draw_reliability(ax, reliability: pd.DataFrame, ece_intervals: pd.DataFrame 
 
 def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
                                score_threshold: float | None = None) -> None:
-    """Peak-outside-lesion rate (95% CI) vs score threshold per map; n eligible on top; methods
-    in ``not_validated`` carry the validity gate's mark.
-
-    Thresholds without an eligible image get no tick and no point, only "n=0" in the count
-    row (and the whole panel says so when no threshold has an image). Methods are
-    spread sideways around each threshold so that equal rates do not hide each other.
-    """
+    """Peak-outside-lesion rate (95% CI) vs score threshold per map, n eligible on top; methods in
+    ``not_validated`` carry the validity gate's mark; thresholds without an eligible image get only
+    "n=0"."""
     counts = sensitivity.groupby("score_threshold")["n_eligible"].max()
     thresholds = np.sort(counts.index[counts > 0].to_numpy())
     order = [m for m in (*CAM_METHODS, *BASELINE_METHODS) if m in set(sensitivity["method"])]
@@ -197,13 +186,9 @@ def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str
 
 
 def plot_reliability_with_counts(reliability: pd.DataFrame, ece_intervals: pd.DataFrame | None = None):
-    """Figure: (A) reliability raw vs temperature-scaled, (B) images per score bin.
-
-    ``reliability`` is ``reliability_raw_vs_scaled`` output; ``ece_intervals`` (optional) is
-    ``calibration.ece_intervals`` of the same split (the legend of panel A gives each ECE and
-    the change from scaling with their intervals). Panel A is drawn by ``draw_reliability`` (the same drawing as Figure 2A); panel B
-    has a linear count axis with each non-empty bar's count printed on it.
-    """
+    """Figure: (A) reliability raw vs temperature-scaled (``draw_reliability``, as Figure 2A), (B)
+    images per score bin. ``reliability``: ``reliability_raw_vs_scaled`` output; ``ece_intervals``
+    (optional): ``calibration.ece_intervals`` of the same split."""
     fig, (curve_ax, count_ax) = plt.subplots(1, 2, figsize=(7.2, 3.8), layout="constrained",
                                              gridspec_kw={"width_ratios": [1, 1.1]})
     draw_reliability(curve_ax, reliability, ece_intervals)

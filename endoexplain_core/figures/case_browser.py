@@ -1,17 +1,10 @@
 """The case browser: every audited image of the primary checkpoint on one static page.
 
-``runs/<profile>/cases/index.html`` opens from disk (no server, no network). It lists one row
-per audited image of the HyperKvasir pool and of each external cohort, with the scaled score,
-lesion area and centrality and, per map, whether its peak falls inside the lesion; filters pick
-the cases a reader asks about (high score but every CAM misses, methods disagree, a CAM worse
-than the centre baseline, constant or tied maps, lesion-size tertile, cohort); clicking a row
-shows the case: the frame with the lesion contour and one panel per map (five CAMs, centre
-baseline, random heatmap) on one colour scale, with the peak, the top-area outline, IoU, energy
-in the mask and the deletion logit drop beside this image's random-deletion reference.
-
-Numbers come from the audit tables; the panels are the maps recomputed from the checkpoint in
-the audit's batches (``audit_inputs.prepared_batches``), drawn as one small JPEG strip per case. The
-peak marker is the table's peak, so a badge and its picture never disagree.
+``runs/<profile>/cases/index.html`` opens from disk (no server, no network): one row per audited
+image of the HyperKvasir pool and of each external cohort, filters, and per case a JPEG strip
+of the frame and every map of ``MAP_METHODS``. Numbers come from the audit tables; the strips'
+maps are recomputed in the audit's batches (``audit_inputs.prepared_batches``), and the peak
+marker is the table's peak. Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -145,10 +138,9 @@ def case_strips(model: torch.nn.Module, target_layer: torch.nn.Module, cases, ta
                 device: str | torch.device = "cpu") -> dict[str, str]:
     """Write one JPEG strip per audited case to ``out_dir`` and return sample_id -> file name.
 
-    ``cases``: (sample_id, uint8 RGB, bool mask) in the audit's order (the iterable the audit
-    consumed); maps are recomputed in the audit's batches of ``batch_size`` with empty masks
-    left out, as the audit did. Panels: the frame, then ``MAP_METHODS`` (five CAMs, random,
-    centre); each panel's peak is the table's.
+    ``cases``: (sample_id, uint8 RGB, bool mask) in the audit's order; maps are recomputed in the
+    audit's batches of ``batch_size``, empty masks left out. Panels: the frame, then
+    ``MAP_METHODS``; each panel's peak is the table's.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 Inputs are the tables of ``analysis.extended_localisation``: ``iou_curves`` (method,
 threshold, mean_iou, n), the case table (for the energy-lift distributions), ``top_k_table``
-and the C-Score rows (checkpoint_id, method, c_score, n_gold).
+and the C-Score rows (checkpoint_id, method, c_score, n_gold). Scores:
+docs/maps_and_scores.md, "Threshold-free and chance-normalised scores".
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
 
 
 def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", not_validated=()):
-    """Energy lift lambda_E (bits) per method: box plots (middle 50%, whiskers 5-95%) with
-    points, the 0-bit chance line (a uniform map), the alpha floor and the DoG map's median as
-    a reference line (a method whose lift the DoG map also reaches is explained by the image)."""
+    """Energy lift lambda_E (bits) per method: box plots (middle 50%, whiskers 5-95%) with points,
+    the 0-bit chance line (a uniform map), the alpha floor and the DoG map's median."""
     data = [table.loc[table["method"] == m, "energy_lift_bits"].dropna().to_numpy() for m in methods]
     fig, ax = plt.subplots(figsize=(min(style.DOUBLE_COLUMN_INCHES - 0.2, 2.6 + 0.5 * len(methods)), 3.4),
                            layout="constrained")

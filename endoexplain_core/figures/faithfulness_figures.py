@@ -9,6 +9,7 @@ Inputs are the tables of ``analysis.faithfulness`` and ``analysis.subgroups``:
   subgroup gaps    contrast, outcome, model, slopes, method, gap, ci_low, ci_high,
                    ci90_low, ci90_high, tost_equivalent
 Each function returns a Matplotlib figure; saving is the notebook's job.
+Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -48,11 +49,10 @@ def coinciding_curves(curves: pd.DataFrame, tolerance: float = 1e-9) -> dict[str
 
 
 def road_curves_figure(curves: pd.DataFrame, not_validated=()):
-    """MoRF and LeRF curves of one checkpoint: mean drop of z/T against the share of the field
-    of view filled, per method with 95% bands; the random heatmap (reference) dashed.
-    Methods with coinciding curves (``coinciding_curves``) are drawn once, labelled together
-    ("Grad-CAM = XGrad-CAM"), so no curve hides behind another. ``not_validated``: methods
-    marked with the validity gate's dagger."""
+    """MoRF and LeRF curves of one checkpoint: mean drop of z/T against the share of the field of
+    view filled, per method with 95% bands, the random heatmap dashed; coinciding curves
+    (``coinciding_curves``) drawn once, labelled together. ``not_validated``: methods marked with
+    the validity gate's dagger."""
     groups = coinciding_curves(curves)
     hidden = {other for same in groups.values() for other in same}
     fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.3, 3.0), sharey=True,
@@ -127,12 +127,9 @@ def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame, not_validated=()):
 
 
 def randomisation_figure(table: pd.DataFrame, not_validated=()):
-    """Similarity of each CAM to the trained model's after cascading randomisation, block by
-    block from the head (left) to the stem (right): Spearman rank correlation (A) and top-20%
-    IoU (B). The reference is the trained map itself (1 at the first step); a method that
-    passes this sanity check falls towards 0 as its model is randomised, while one that stays
-    high draws the image, not the model. ``not_validated``: methods marked with the validity
-    gate's dagger. 183 mm wide."""
+    """Similarity of each CAM to the trained model's map after cascading randomisation, block by
+    block from the head (left) to the stem: Spearman rank correlation (A) and top-20% IoU (B).
+    ``not_validated``: methods marked with the validity gate's dagger. 183 mm wide."""
     steps = table.drop_duplicates("step").sort_values("step")
     fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.3, 3.1), sharex=True,
                              layout="constrained")

@@ -1,7 +1,7 @@
 """Figure S1: training loss and validation AUPRC per epoch for every checkpoint of the matrix.
 
 Input: ``<run_dir>/checkpoints/training_curves.csv`` (01_training: checkpoint_id, arch, seed,
-control, epoch, train_loss, val_auprc).
+control, epoch, train_loss, val_auprc). Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -17,16 +17,10 @@ DODGE = 0.12   # largest sideways shift of a run, in epochs
 
 
 def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
-    """Figure: training loss and validation AUPRC per epoch, one panel pair, one line per run.
-
-    Architecture = grey level and marker (as in every figure; colours belong to the CAM methods),
-    line style = seed; the shuffled-label control is drawn in the random reference's colour.
-    ``primary_id``: the validation-selected checkpoint, drawn thicker, labelled "(primary)"
-    and starred at its best validation AUPRC. A run with one epoch is a marker without a line,
-    in the plot and in its legend entry (the legend shows only what is drawn). Runs are dodged
-    sideways by up to ``DODGE`` epochs so that markers at the same epoch do not hide each other.
-    Returns the Matplotlib figure.
-    """
+    """Figure: training loss (A) and validation AUPRC (B) per epoch, one line per run: architecture
+    by grey level and marker, seed by line style, the shuffled-label control in the random
+    reference's colour; ``primary_id`` (the validation-selected checkpoint) drawn thicker and
+    starred at its best validation AUPRC. Returns the Matplotlib figure."""
     dashes = ["-", "--", ":"]
     fig, (loss_ax, auprc_ax) = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 1.0, 3.0),
                                             layout="constrained")

@@ -2,6 +2,7 @@
 
 Input: the per-cohort summary of ``analysis.transfer.transfer_summary`` (dataset, method,
 n_cases, n_eligible, mean_iou, ci_low, ci_high, centre_baseline_iou, chance_iou).
+Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -38,13 +39,10 @@ def figure5_caption(summary: pd.DataFrame, *, score_threshold: float, synthetic:
 def figure5_transfer(summary: pd.DataFrame, *, score_threshold: float, top_fraction: float,
                      synthetic: bool = False, not_validated=(),
                      methods: tuple[str, ...] = CAM_METHODS):
-    """Grouped bars: mean top-fraction IoU per CAM and cohort with 95% CIs, then the cohort's two
-    references with their CIs: the centre baseline (hatched) and the random heatmap (dashed
-    outline), with the chance level (the expected IoU of a uniformly random top area,
-    ``chance_iou``) as a black tick on the random bar. No reference line crosses the CAM bars.
-    n cases and eligible counts under each cohort. ``synthetic``: cohorts named "Synthetic
-    ETIS-like" etc.; ``not_validated``: CAM methods marked with the validity gate's dagger.
-    183 mm wide."""
+    """Grouped bars: mean top-fraction IoU per CAM and cohort with 95% CIs, then the centre baseline
+    (hatched) and random heatmap (dashed) with theirs and the chance level (``chance_iou``) as a
+    black tick; n cases and eligible counts under each cohort. ``synthetic``: cohorts named
+    "Synthetic ETIS-like" etc.; ``not_validated``: CAMs with the gate's dagger. 183 mm wide."""
     datasets = list(dict.fromkeys(summary["dataset"]))
     references = [m for m in ("centre", "random") if m in set(summary["method"])]
     drawn = (*methods, *references)

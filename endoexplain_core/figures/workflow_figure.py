@@ -1,12 +1,6 @@
-"""Figure 1: the endoExplain workflow and its exclusion flow, drawn in code (Matplotlib patches
-and arrows).
-
-Top: one box per notebook that computes evidence, in order: content-defined roles before any
-training; training and validation-only selection; calibration on validation only; the
-planted-truth validity gate; the paired spatial audit; robustness; frozen transfer; extended
-localisation; faithfulness and sanity controls. Bottom: the exclusion flow of the masked audit
-images, from the manifest to panel A, and the external cohorts, as in a CONSORT diagram. Every
-count is passed in from the run (never typed by hand).
+"""Figure 1: the endoExplain workflow (one box per evidence notebook) and the exclusion flow of
+the masked audit images, drawn with Matplotlib patches and arrows; every count is passed in
+from the run. Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
@@ -62,13 +56,10 @@ def gate_summary(gate) -> tuple[str, str]:
 
 def workflow_steps(role_counts: dict[str, int] | None = None, n_checkpoints: int | None = None,
                    cohort_names: list[str] | None = None, gate=None) -> list[Step]:
-    """The nine evidence steps of the protocol (notebooks 00-08), with run counts where given.
-
-    ``role_counts``: manifest rows per role (train/val/test/spatial_audit); ``n_checkpoints``:
-    trained checkpoints including the control; ``cohort_names``: external cohorts analysed (display
-    names); ``gate``: the validity gate table, whose verdict the gate box states and is coloured
-    by (green: every CAM passes; amber: inconclusive; red: fails).
-    """
+    """The nine evidence steps of the protocol (notebooks 00-08), with run counts where given:
+    ``role_counts`` (manifest rows per role), ``n_checkpoints`` (including the control),
+    ``cohort_names`` (external cohorts' display names), ``gate`` (the validity gate table: its
+    verdict is stated in the gate box and colours it)."""
     roles = ("train / val / test / audit pool" if role_counts is None else
              " / ".join(f"{role_counts.get(r, 0)}" for r in ("train", "val", "test", "spatial_audit"))
              + "\n(train / val / test / audit)")

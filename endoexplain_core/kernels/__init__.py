@@ -4,6 +4,7 @@ The localisation scores are re-exported here (``from endoexplain_core.kernels im
 auc_iou``); the other kernels are used as modules (``from endoexplain_core.kernels import cams``).
 Protocol values (fractions, repetitions, noise, alpha) have no defaults here: they come from the
 profile (``endoexplain_core.config``), so a forgotten argument is an error, not a silent value.
+Methods: docs/maps_and_scores.md, one section per kernel.
 """
 
 from endoexplain_core.kernels.localisation import (  # noqa: F401 (re-export)

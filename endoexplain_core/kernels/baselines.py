@@ -1,10 +1,8 @@
 """Reference heat maps that carry no information from the model.
 
-* ``random_heatmaps``: pixel-wise uniform noise, one seeded stream per sample, so the same
-  sample always gets the same map (on any device: drawn on the CPU, then moved).
-* ``centre_gaussian``: an isotropic Gaussian centred on the frame, the "lesions tend to be
-  central" baseline.
-Both return float32 (B, H, W) in [0, 1], like the CAMs, so the same metrics apply.
+``random_heatmaps`` (seeded uniform noise, one stream per sample, the same on any device) and
+``centre_gaussian`` (an isotropic Gaussian on the frame centre); both float32 (B, H, W) in
+[0, 1], like the CAMs. Method: docs/maps_and_scores.md, "Spatial metrics and reference maps".
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
-"""Fused class activation maps: five CAM methods from one forward and one backward pass.
+"""Fused class activation maps: several CAM methods from one forward and one backward pass.
 
-Formulas follow pytorch-grad-cam 1.5.x, with A = target-layer activation (B, C, h, w) and
-g = d logit[target_class] / dA (same shape):
-
-  gradcam    weights w_c = mean_hw g                      cam = sum_c w_c A_c
-  gradcampp  a = g^2 / (2 g^2 + S_c g^3 + 1e-6) (0 where g == 0), S_c = sum_hw A_c,
-             w_c = sum_hw relu(g) a                      cam = sum_c w_c A_c
-  xgradcam   w_c = sum_hw g A_c / (S_c + 1e-7)             cam = sum_c w_c A_c
-  hirescam   cam = sum_c g_c A_c (element-wise, no pooling of the gradient)
-  layercam   cam = sum_c relu(g_c) A_c (element-wise, positive gradients only). An extended
-             method (``methods.EXTENDED_CAM_METHODS``): it is computed from the same pass when
-             asked for, but it is not one of the paper's five (``CAM_METHODS``, the default).
-  eigencam   cam = projection of the spatially centred activations (h*w rows, C columns) on
-             their first right singular vector, with the sign chosen so that the projection's
-             largest-magnitude value is positive (the library leaves the sign arbitrary).
-             Class-agnostic: it ignores ``target_class``.
-
-Then, for every method, as three separate steps: ReLU; bilinear resize to the input size
-(half-pixel centres, no antialiasing, as cv2.resize); per-image min-max to [0, 1]. A map whose
-range is zero after the resize (e.g. all-negative before the ReLU), or only float rounding of a
-flat map (``FLAT_RELATIVE_RANGE``: a 1x1 grid resized), becomes all zeros;
-``threshold.tie_diagnostics`` flags it. The library min-maxes before and after resizing; since
-bilinear resizing commutes with affine rescaling, both orders agree up to its 1e-7 epsilon.
-
-Cost: the layers before the target layer run without autograd (no graph is recorded) and the
-backward pass runs only from the logit to the target activation, so the five maps cost about
-one inference forward. Model parameter gradients (``.grad``) are never touched.
+Methods: ``methods.FUSED_CAM_METHODS`` (the five ``CAM_METHODS`` and the extended LayerCAM),
+following pytorch-grad-cam 1.5.x. Every map is ReLU'd, resized bilinearly to the input size
+(half-pixel centres, as cv2.resize) and min-max normalised per image to float32 [0, 1]; a flat
+map becomes all zeros (``FLAT_RELATIVE_RANGE``). Eigen-CAM ignores the target class. Model
+parameter gradients (``.grad``) are never touched.
+Method: docs/maps_and_scores.md, "CAM computation".
 """
 
 from __future__ import annotations
@@ -52,9 +32,9 @@ def _resolve_layer(model: nn.Module, target_layer: nn.Module | str) -> nn.Module
 
 
 class _ActivationCapture:
-    """Forward hook: detaches the target activation, makes it the autograd leaf, and switches
-    gradient recording on for the rest of the forward pass (the caller's ``torch.no_grad``
-    block restores the previous mode when it exits, also on errors)."""
+    """Forward hook: makes the detached target activation the autograd leaf and switches gradient
+    recording on for the rest of the forward pass (the caller's ``torch.no_grad`` block restores
+    the previous mode on exit, also on errors)."""
 
     def __init__(self, record_graph: bool) -> None:
         self.record_graph = record_graph
@@ -104,12 +84,8 @@ CHANNEL_WEIGHT_METHODS = ("gradcam", "gradcampp", "xgradcam")
 
 def channel_weights(activation: torch.Tensor, gradient: torch.Tensor, methods=CHANNEL_WEIGHT_METHODS
                     ) -> dict[str, torch.Tensor]:
-    """Per-channel weights w[b, c] of the CAMs that weight whole channels, (B, C) each.
-
-    Grad-CAM: the spatial mean of the gradient. Grad-CAM++: the positive gradient weighted by
-    alpha = g^2 / (2 g^2 + S_c g^3 + eps), S_c the channel's activation sum. XGrad-CAM:
-    sum(g A) / (S_c + eps), which is ill-posed where S_c is near zero (pytorch-grad-cam's eps).
-    """
+    """Per-channel weights w[b, c], (B, C) each, of the CAMs that weight whole channels
+    (``CHANNEL_WEIGHT_METHODS``; formulas: docs/maps_and_scores.md, "CAM computation")."""
     weights: dict[str, torch.Tensor] = {}
     channel_sum = activation.sum(dim=(2, 3), keepdim=True)  # S_c, (B, C, 1, 1)
     if "gradcam" in methods:
@@ -137,18 +113,10 @@ def _gradient_cams(activation: torch.Tensor, gradient: torch.Tensor, methods) ->
 def eigen_projection(activation: torch.Tensor) -> torch.Tensor:
     """First principal component projection of each image's activation, sign-fixed.
 
-    activation : (B, C, h, w) float. Each image's activation is reshaped to an (h*w, C)
-    matrix, centred per channel over space, and projected on its first right singular vector.
-    The sign is chosen so that the projection's largest-magnitude value is positive (when the
-    most negative value is larger in magnitude than the largest one, the map is negated).
-    Returns (B, h, w) float32, before ReLU, on the input's device.
-
-    Computed from the smaller Gram matrix in float64 instead of an SVD of the (h*w, C) matrix:
-    with X the centred matrix and (u1, s1, v1) its first singular triple, the projection
-    X v1 equals s1 u1, where u1 is the top eigenvector of X X^T (h*w x h*w), or X v1 with v1
-    the top eigenvector of X^T X (C x C) when that one is smaller. At 256 px (8 x 8 x 1280 on
-    EfficientNet-B0) this is a 64 x 64 eigenproblem per image: about 10x faster on the CPU than
-    the float32 SVD and closer to a float64 SVD (max error 3e-6 vs 3e-3 on a map of range 12).
+    activation : (B, C, h, w) float. Returns (B, h, w) float32 before ReLU, on the input's device:
+    each image's spatially centred (h*w, C) matrix projected on its first right singular vector
+    (from the smaller Gram matrix, in float64), negated when its most negative value outweighs its
+    largest.
     """
     batch, channels, height, width = activation.shape
     rows = activation.float().reshape(batch, channels, height * width).transpose(1, 2)
@@ -190,24 +158,15 @@ def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.
                  target_class: int = 1, methods=CAM_METHODS, return_logits: bool = False):
     """Compute several CAMs of ``images`` from one forward and (at most) one backward pass.
 
-    Parameters
-    ----------
-    model : classifier returning logits (B, K). Put in eval mode here and left in eval mode.
-    target_layer : the module (or its ``get_submodule`` path) whose output is used; it must
-        run exactly once per forward pass and output (B, C, h, w).
-    images : float tensor (B, 3, H, W), normalised model input, on the model's device.
+    model : classifier returning logits (B, K); put in eval mode and left so.
+    target_layer : the module (or its ``get_submodule`` path) whose output is used; it must run
+        exactly once per forward pass and output (B, C, h, w).
+    images : float (B, 3, H, W), normalised model input, on the model's device.
     target_class : logit column the gradient methods explain (1 = positive class).
-    methods : subset of ``FUSED_CAM_METHODS`` (the five ``CAM_METHODS`` and the extended
-        LayerCAM), in any order; default the five.
-    return_logits : also return the logits of the very same forward pass.
-
-    Returns
-    -------
-    dict method -> float32 tensor (B, H, W) in [0, 1] on the images' device (ReLU, bilinear
-    resize, per-image min-max; zero-range maps are all zeros); with ``return_logits`` a tuple
-    ``(maps, logits)`` with logits float (B, K), detached.
-
-    Hooks are removed even when an error occurs; parameters' ``.grad`` are left untouched.
+    methods : subset of ``FUSED_CAM_METHODS``, in any order; default the five ``CAM_METHODS``.
+    Returns dict method -> float32 (B, H, W) in [0, 1] on the images' device (zero-range maps all
+    zeros); with ``return_logits``, ``(maps, logits)`` with the same pass's logits (B, K), detached.
+    Raises ValueError for unknown methods, bad shapes or a layer that is not the model's.
     """
     methods = tuple(methods)
     unknown = [m for m in methods if m not in FUSED_CAM_METHODS]
@@ -237,11 +196,8 @@ def compute_cams(model: nn.Module, target_layer: nn.Module | str, images: torch.
 
 def activation_and_gradient(model: nn.Module, target_layer: nn.Module | str, images: torch.Tensor,
                             target_class: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target-layer activation A and gradient d logit[target_class] / dA, both (B, C, h, w).
-
-    The very pass ``compute_cams`` uses (trunk without autograd); for diagnostics that need
-    the raw quantities, e.g. how often the Grad-CAM++ epsilon dominates its denominator.
-    """
+    """Target-layer activation A and gradient d logit[target_class] / dA, both float32 (B, C, h, w),
+    from the very pass ``compute_cams`` uses (for diagnostics such as Grad-CAM++'s epsilon share)."""
     layer = _resolve_layer(model, target_layer)
     model.eval()
     activation, gradient, _ = _forward_with_activation_gradient(model, layer, images, target_class,

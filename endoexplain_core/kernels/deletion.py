@@ -1,13 +1,10 @@
 """Deletion response: how much the positive logit falls when a set of pixels is removed.
 
-"Removing" a pixel sets it to 0 in all channels of the normalised input, i.e. to the
-ImageNet mean colour. The CAM deletion removes each map's top-area pixels
-(``threshold.top_fraction_mask``); the control removes the same number of pixels chosen at
-random, 20 times per image: a counter-based integer hash of (sample id, repetition, pixel)
-ranks the pixels, computed on the model's device (same masks on CPU and GPU).
-
-Drops are ``reference - deleted`` (positive = the evidence was in the removed pixels), for the
-positive logit and for the binary logit difference z = logit_pos - logit_neg.
+A removed pixel is 0 in every channel of the normalised input (the ImageNet mean colour). Drops
+are ``reference - deleted`` (positive: the evidence was in the removed pixels), for the positive
+logit and for z = logit_pos - logit_neg. The random control's masks are counter-based: they
+depend only on (sample id, repetition), on any device.
+Method: docs/maps_and_scores.md, "Deletion and the random-deletion control".
 """
 
 from __future__ import annotations
@@ -55,11 +52,8 @@ def deletion_logits(model: nn.Module, images: torch.Tensor, keeps: torch.Tensor,
     """Logits after each of M deletions: float (M, B, K).
 
     images : (B, C, H, W) normalised input. keeps : bool (M, B, H, W), True = delete.
-    chunk_size : at most this many deleted images per no-grad forward (whole deletions are
-    grouped, at least one per forward). Default ``None``: one deletion per forward, i.e.
-    forwards of the caller's batch size B. On 2 CPU cores bigger forwards were slower (25
-    deletions of 16 EfficientNet-B0 images at 256 px: 21.1 s with 64 per forward, 16.5 s with
-    16, floor 15.2 s); on a GPU a larger chunk can pay. The model is put in eval mode.
+    chunk_size : at most this many deleted images per no-grad forward (whole deletions, at least
+    one per forward); None: one deletion (B images) per forward. Puts the model in eval mode.
     """
     _check_keep(images, keeps)
     if keeps.dim() != 4:
@@ -138,15 +132,9 @@ def mix32(values: torch.Tensor) -> torch.Tensor:
 
 
 def random_deletion_sort_keys(stream_key: torch.Tensor, n_total: int) -> torch.Tensor:
-    """Counter-based random sort keys: int64 (B, N) for B streams and N pixels, on
-    ``stream_key``'s device.
-
-    ``stream_key``: int64 (B,) 63-bit keys (``repetition_seed``). Pixel i of stream s gets two
-    32-bit words ``hi = mix32(mix32(i ^ s_lo) ^ s_hi)`` and ``lo = mix32(mix32(i ^ s_hi) ^ s_lo
-    ^ 0x85EBCA6B)`` (s_lo, s_hi: the key's low 32 and high 31 bits); the top
-    ``62 - index_bits`` bits of ``hi:lo`` are the random draw and the pixel index fills the low
-    ``index_bits`` bits, so all N keys of a stream are distinct and non-negative.
-    """
+    """Counter-based random sort keys: int64 (B, N) for B streams and N pixels, distinct and
+    non-negative within a stream, on ``stream_key``'s device. ``stream_key``: int64 (B,) 63-bit
+    keys (``repetition_seed``)."""
     index_bits = n_total.bit_length()
     random_bits = 62 - index_bits
     if random_bits < 16:
@@ -162,15 +150,9 @@ def random_deletion_sort_keys(stream_key: torch.Tensor, n_total: int) -> torch.T
 
 def random_deletion_masks(sample_keys, n_pixels, height: int, width: int,
                           repetitions: int, device=None) -> torch.Tensor:
-    """bool (R, B, H, W): for each repetition r and sample b exactly ``n_pixels[b]`` pixels.
-
-    Counter-based: the random value of pixel i in repetition r of sample b is a fixed integer
-    hash of (``repetition_seed(key_b, r)``, i) (``random_deletion_sort_keys``), computed on
-    ``device`` without any generator state; the ``n_pixels[b]`` pixels with the lowest values
-    are deleted (values are distinct, so the selection is exact). The masks therefore depend
-    only on (sample id, repetition): not on the batch composition, the number of
-    repetitions, or the device (integer arithmetic only, identical on CPU and GPU).
-    """
+    """bool (R, B, H, W): for each repetition r and sample b exactly ``n_pixels[b]`` pixels, those with
+    the lowest ``random_deletion_sort_keys`` of ``repetition_seed(key_b, r)``; the masks depend
+    only on (sample id, repetition), not on the batch, the number of repetitions or the device."""
     sample_keys = [int(key) for key in sample_keys]
     n_pixels = torch.as_tensor(n_pixels, dtype=torch.int64).reshape(-1).cpu()
     n_total = height * width

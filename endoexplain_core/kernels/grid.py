@@ -1,16 +1,10 @@
 """Where a CAM's grid lands on the image: node positions and the resolution ceiling.
 
-A CAM is computed on the target layer's (h, w) grid and resized bilinearly to the input size
-(half-pixel centres, ``align_corners=False``, as ``kernels.cams`` and cv2.resize do). Bilinear
-interpolation is a convex combination of the four surrounding nodes, so the upsampled map's
-maximum always lies on a node: node (i, j) sits at pixel ((i + 0.5) H / h - 0.5,
-(j + 0.5) W / w - 0.5) (pixel centres at integer coordinates). A peak can therefore only land
-on these h x w pixels, whatever the model does.
-
-The **resolution ceiling** of a region is whether the node nearest its centroid lies inside
-it: a map that puts its maximum on the cell that holds the region's centre scores a hit only
-when that holds. Its mean over images bounds what a perfect coarse map can reach, and it is
-printed beside the gate's rates (``analysis.validity_gate``).
+Node i of an h-node axis resized bilinearly to S pixels (half-pixel centres, as ``kernels.cams``)
+sits at pixel (i + 0.5) S / h - 0.5, and the upsampled map's maximum always lies on a node. The
+resolution ceiling of a region: whether the node nearest its centroid lies inside it. Rule:
+docs/protocol.md, "CAM grid and resolution"; method: docs/maps_and_scores.md, "Grid nodes and
+the resolution ceiling".
 """
 
 from __future__ import annotations

@@ -1,40 +1,12 @@
 """Noisy linear imputation: fill removed pixels from their neighbours instead of a constant.
 
-Setting pixels to one colour (``deletion``) draws sharp edges the classifier may react to
-whatever the map says. ROAD-style imputation removes that artefact: every removed pixel
-becomes the weighted mean of its 8 neighbours,
-
-    x_i = sum_j w_ij x_j / sum_j w_ij      (j over the neighbours of i inside the frame)
-
-with weight 1/6 for the 4 edge neighbours and 1/12 for the 4 diagonal ones. Neighbours that
-are removed too are unknowns, so the removed pixels of one image form one sparse linear
-system A x = b (one right-hand side per channel):
-
-    A_ii = d_i = sum of the weights of i's in-frame neighbours
-    A_ij = -w_ij          for removed neighbours j
-    b_i  = sum_j w_ij v_j  over kept neighbours j with values v_j
-
-A is a weighted graph Laplacian restricted to the removed pixels: symmetric, and positive
-definite on every connected group of removed pixels that touches a kept pixel. A group with
-no kept pixel anywhere around it (e.g. a whole frame removed) has b = 0 and keeps the value 0
-(the ImageNet mean colour in normalised space), as plain deletion would give.
-
-Two solvers, chosen by the images' device (``solver="auto"``) or by name:
-
-``direct`` (CPU): a sparse LU factorisation per image (SciPy's SuperLU, minimum-degree
-    ordering of A + A^T), the system built and solved in float64 (exact to rounding), all
-    channels as one right-hand side. Removed regions from CAM maps are solid blobs tens of
-    pixels across; there Jacobi-preconditioned CG needs 100+ iterations (104-117 on the 160-px
-    default run's maps) and cost 1.8x the forwards it fed, while factorising a few thousand
-    unknowns of a 2-D grid is cheap: about 3x faster than CG on the same systems.
-``cg`` (any device; the default off the CPU): Jacobi-preconditioned conjugate gradient in
-    torch over the removed pixels only (one sparse CSR product with at most 9 entries per row
-    per iteration), every image and channel of a batch at once, stopped at a relative
-    residual of ``tolerance``.
-
-The two agree to ``tolerance`` (tested). After the solve, seeded Gaussian noise (standard
-deviation ``noise_std`` in the images' units, one CPU generator per image, so device- and
-batch-independent) is added to the removed pixels only. Kept pixels are never changed.
+images float (B, C, H, W), any units; removed bool (B, H, W). Every removed pixel becomes the
+weighted mean of its in-frame 8 neighbours (``EDGE_WEIGHT``, ``DIAGONAL_WEIGHT``); removed
+neighbours are unknowns of one sparse system per image, and a removed group with no kept
+neighbour keeps 0. Solvers: ``direct`` (sparse LU in float64, CPU) and ``cg``
+(Jacobi-preconditioned conjugate gradient, any device), chosen by device with ``solver="auto"``.
+Seeded noise is added to removed pixels only; kept pixels never change.
+Method: docs/maps_and_scores.md, "Noisy linear imputation".
 """
 
 from __future__ import annotations
@@ -97,13 +69,9 @@ def _check_inputs(images: torch.Tensor, removed: torch.Tensor) -> None:
 
 
 def _sparse_system(images: torch.Tensor, removed: torch.Tensor):
-    """The block-diagonal system of every removed pixel of the batch, in CSR form.
-
-    Unknowns are ordered image by image, row-major. Returns (image index (n,), flat pixel
-    index (n,) into B*H*W, A as a sparse CSR (n, n) tensor, right-hand side b (n, C)).
-    Within a row the 9 candidate columns (neighbours in row-major order with the pixel itself
-    in the middle) are already increasing, so the CSR needs no sorting.
-    """
+    """The block-diagonal system of every removed pixel of the batch, in CSR form: (image index
+    (n,), flat pixel index (n,) into B*H*W, A as a sparse CSR (n, n) tensor, right-hand side b
+    (n, C)); unknowns image by image, row-major, columns already sorted."""
     batch, channels, height, width = images.shape
     image_index, rows, cols = removed.nonzero(as_tuple=True)
     n_unknown = image_index.numel()
@@ -147,20 +115,15 @@ def solve_linear_imputation(images: torch.Tensor, removed: torch.Tensor, *,
                             solver: str = "auto", tolerance: float = DEFAULT_TOLERANCE,
                             max_iterations: int = DEFAULT_MAX_ITERATIONS
                             ) -> tuple[torch.Tensor, SolveInfo]:
-    """Noise-free imputation: ``images`` with the ``removed`` pixels replaced by the solution
-    of the neighbour-mean system (module docstring).
+    """Noise-free imputation: ``images`` with the ``removed`` pixels replaced by the solution of the
+    neighbour-mean system.
 
-    images : float (B, C, H, W), any units (normalised model input in the audit).
-    removed : bool (B, H, W), True = unknown pixel.
+    images : float (B, C, H, W). removed : bool (B, H, W), True = unknown pixel.
     solver : "auto" (``direct`` for CPU tensors, ``cg`` otherwise), "direct" or "cg".
-    tolerance : largest relative residual ||b - A x|| / ||b|| allowed per (image, channel)
-        system: CG stops there (float32 reaches about 1e-6; the default 1e-4 keeps pixel errors
-        below the profile's noise, 0.01); the direct solve reaches about 1e-15 and is checked.
+    tolerance : largest relative residual ||b - A x|| / ||b|| per (image, channel) system.
     max_iterations : ``cg`` only.
-    Returns (filled images, same dtype and device; ``SolveInfo``). Raises ``ImputationError``
-    when CG does not converge in ``max_iterations`` or a direct solve misses ``tolerance``.
-
-    Cost: only removed pixels enter the solve, whatever the frame size.
+    Returns (filled images, same dtype and device; ``SolveInfo``). Raises ``ImputationError`` when
+    CG does not converge in ``max_iterations`` or a direct solve misses ``tolerance``.
     """
     _check_inputs(images, removed)
     if solver not in SOLVERS:
@@ -228,13 +191,9 @@ def _fill(images: torch.Tensor, flat_pixel: torch.Tensor, solution: torch.Tensor
 
 def _direct_solve(matrix: torch.Tensor, rhs: torch.Tensor, image_index: torch.Tensor, batch: int
                   ) -> tuple[torch.Tensor, SolveInfo]:
-    """Solve the block-diagonal system image by image with a sparse LU (float64, CPU).
-
-    A connected group of unknowns with no kept neighbour (all its row sums are 0: e.g. a whole
-    frame removed) makes A singular there; its right-hand side is 0 too, so it keeps the value
-    0 (as CG gives) and is left out of the factorisation. Returns (solution (n, C) as ``rhs``,
-    ``SolveInfo`` with the worst relative residual per image and channel).
-    """
+    """Solve the block-diagonal system image by image with a sparse LU (float64, CPU); groups of
+    unknowns with no kept neighbour (A singular there, b = 0) keep 0 and are left out. Returns
+    (solution (n, C) as ``rhs``, ``SolveInfo`` with the worst relative residual)."""
     a = scipy.sparse.csr_matrix((matrix.values().double().cpu().numpy(),
                                  matrix.col_indices().cpu().numpy(),
                                  matrix.crow_indices().cpu().numpy()), shape=tuple(matrix.shape))
@@ -281,13 +240,10 @@ def _diagonal_slots(matrix: torch.Tensor, n_unknown: int) -> torch.Tensor:
 
 def imputation_noise(noise_keys, removed: torch.Tensor, channels: int, dtype=torch.float32
                      ) -> torch.Tensor:
-    """(B, C, H, W) noise: standard normal on removed pixels, 0 elsewhere.
-
-    Image b draws ``C * removed[b].sum()`` float64 normals (pixel-major, row-major order) from
-    its own CPU generator seeded by ``noise_keys[b]`` (non-negative ints, e.g.
-    ``deletion.sample_key`` of a string naming the image and removal), so an image's noise is
-    the same in any batch and on any device, and only removed pixels cost a draw.
-    """
+    """(B, C, H, W) noise: standard normal on removed pixels, 0 elsewhere. Image b draws its normals
+    from its own CPU generator seeded by ``noise_keys[b]`` (non-negative ints, e.g.
+    ``deletion.sample_key`` of a string naming the image and removal): the same in any batch and on
+    any device."""
     keys = [int(key) for key in noise_keys]
     counts = removed.flatten(1).sum(dim=1).tolist()
     draws = torch.cat([torch.randn(int(count), channels, dtype=torch.float64,

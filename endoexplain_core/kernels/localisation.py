@@ -6,32 +6,12 @@ Conventions, shared by every function:
   fov     bool (B, H, W), True = the frame's visible area B (``field_of_view``); the lesion is
           always taken inside it (M := M & B), and a map only counts inside it (S := map * B).
   images  float (B, 3, H, W) or (B, H, W) in any per-channel affine scaling (raw [0, 1] or
-          ImageNet-normalised): the rules below use each image's own intensity range, and the
-          grey level is the channel mean.
+          ImageNet-normalised); the grey level is the channel mean.
 Results are tensors on the inputs' device; distances and radii are in pixels of the maps.
-
-What each score means:
-  * ``iou_curve`` / ``auc_iou``: IoU of the binarised map ``map >= t`` against the lesion at
-    each threshold t, and its trapezoid integral over the 19 thresholds 0.05, 0.10, ..., 0.95.
-    The integral is raw (not divided by the 0.9 width), so a binary map equal to the mask
-    scores 0.9, the maximum.
-  * ``energy_lift_bits``: how many times more saliency per pixel the lesion gets than the rest
-    of the field of view, in bits (log2), after mixing a share ``alpha`` of a uniform map in:
-    E_in = sum_M S / sum_B S, pi = |M| / |B|, E' = (E_in + alpha pi) / (1 + alpha),
-    lambda_E = log2((E' / |M|) / ((1 - E') / |B \\ M|)). A uniform map scores 0 at any lesion
-    size; a map with all its saliency outside the lesion sits at the floor
-    log2(alpha (1 - pi) / (1 + alpha - alpha pi)), about log2(alpha / (1 + alpha)) = -6.66
-    bits for alpha = 0.01 and small lesions; a map equal to the mask reaches the geometry's
-    ceiling log2(1 + 1 / (alpha pi)). A map with no saliency inside B counts as uniform (0
-    bits; ``saliency_free`` flags it). A lesion covering all of B leaves no background and
-    scores NaN.
-  * ``pointing_hits``: the peak of the (lightly Gaussian-smoothed) map inside B hits when it
-    falls in the tolerance zone D_r (``tolerance_zone``); a peak at a uniformly drawn pixel of
-    B hits with probability pi_PG = |D_r| / |B|, the chance level returned beside the hits.
-  * ``dog_conspicuity``: a classifier-free map, max(0, I * g_small - I * g_large), of spots
-    that stand out from their surroundings.
-  * ``soft_iou`` / ``c_score``: agreement between two maps, sum min / sum max, and its
-    confidence-weighted mean over all pairs of a set of maps.
+Scores: ``iou_curve`` / ``auc_iou`` (raw integral, maximum 0.9), ``top_k_sweep``,
+``energy_lift_bits`` (bits; 0 = a uniform map), ``pointing_hits`` (hits and chance
+|D_r| / |B|), ``dog_conspicuity``, ``soft_iou`` / ``c_score``.
+Method: docs/maps_and_scores.md, "Threshold-free and chance-normalised scores".
 
 Size: over 400 lines on purpose: the extended scores share one ranking and one field-of-view
 convention per batch (curve_and_sweep, peak_in_zone); splitting them would re-sort the maps.
@@ -119,17 +99,10 @@ def auc_iou(maps: torch.Tensor, masks: torch.Tensor, thresholds=None) -> torch.T
 
 def field_of_view(images: torch.Tensor, masks: torch.Tensor | None = None,
                   relative_threshold: float = FOV_RELATIVE_THRESHOLD) -> torch.Tensor:
-    """bool (B, H, W): the visible area B of each endoscopy frame.
-
-    Rule: a pixel is lit when its grey level (channel mean) exceeds the image's minimum by more
-    than ``relative_threshold`` of the image's range (max - min). The lit pixels' holes are
-    filled (a dark lumen or specular-free shadow inside the disc stays in view: only darkness
-    connected to the frame border is outside), and the largest 8-connected region is kept
-    (drops burnt-in text and overlays on the black border). ``masks``, when given, are joined
-    in, so the lesion always lies inside B. A frame with no range (all one value) is all in
-    view. The threshold runs on the images' device; the connectivity steps run on the CPU
-    (SciPy), one frame at a time, and the result is returned on the images' device.
-    """
+    """bool (B, H, W): the visible area B of each endoscopy frame: pixels whose grey level exceeds
+    the image's minimum by more than ``relative_threshold`` of its range, holes filled, largest
+    8-connected region kept; ``masks``, when given, are joined in. A frame with no range is all in
+    view. Returned on the images' device (connectivity computed on the CPU)."""
     if not 0 <= relative_threshold < 1:
         raise ValueError(f"relative_threshold must be in [0, 1); got {relative_threshold}")
     grey = _grey(images)
@@ -191,11 +164,9 @@ def saliency_free(maps: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
 
 def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
                      alpha: float) -> torch.Tensor:
-    """float32 (B,): energy lift lambda_E in bits (module docstring), computed in float64.
-
-    S = max(map, 0) inside B; M = mask inside B. Maps with no saliency inside B score 0 bits
-    (uniform; see ``saliency_free``); a lesion covering all of B scores NaN (no background).
-    """
+    """float32 (B,): energy lift lambda_E in bits, computed in float64. S = max(map, 0) inside B;
+    M = mask inside B. Maps with no saliency inside B score 0 bits (uniform; ``saliency_free``);
+    a lesion covering all of B scores NaN (no background)."""
     masks = as_masks(masks)
     check_maps(maps, masks)
     fov = _check_fov(fov, masks)
@@ -221,13 +192,9 @@ def energy_lift_bits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor,
 
 
 def gaussian_smooth(maps: torch.Tensor, sigma_px: float, edges: str = "replicate") -> torch.Tensor:
-    """float32 (B, H, W): separable Gaussian blur, kernel radius ceil(3 sigma).
-
-    edges : "replicate" (the border pixel repeated; for images and the DoG map) or "wrap"
-    (periodic, as an FFT blur: every pixel averages the same number of distinct pixels, so the
-    blur of a noise map has the same variance everywhere; the pointing game's choice).
-    ``sigma_px = 0`` returns the maps unchanged (as float32).
-    """
+    """float32 (B, H, W): separable Gaussian blur, kernel radius ceil(3 sigma). ``edges``:
+    "replicate" (the border pixel repeated) or "wrap" (periodic). ``sigma_px = 0`` returns the
+    maps unchanged (as float32)."""
     if sigma_px < 0 or not math.isfinite(sigma_px):
         raise ValueError(f"sigma_px must be a finite number >= 0; got {sigma_px}")
     if edges not in ("replicate", "wrap"):
@@ -254,12 +221,9 @@ def pointing_hits(maps: torch.Tensor, masks: torch.Tensor, fov: torch.Tensor, *,
                   radius_px: float, smooth_sigma_px: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(hits bool (B,), chance float32 (B,)): the pointing game against its chance level.
 
-    The map is smoothed (``gaussian_smooth`` with ``smooth_sigma_px``, edges wrapped: see
-    ``peak_in_zone``; 0 = none), restricted to
-    B, and its first row-major maximum inside B is the peak. A hit is a peak inside
-    ``tolerance_zone(masks, fov, radius_px)``; chance = |D_r| / |B|, the hit rate of a peak
-    drawn uniformly in B. A map constant inside B has an arbitrary peak (the first pixel of B);
-    ``saliency_free`` and the audit's constant-map flag identify those.
+    The peak is the first row-major maximum inside B of the map smoothed by ``smooth_sigma_px``
+    (edges wrapped; 0 = none); a hit is a peak inside ``tolerance_zone(masks, fov, radius_px)``;
+    chance = |D_r| / |B|. A map constant inside B has an arbitrary peak (the first pixel of B).
     """
     masks = as_masks(masks)
     check_maps(maps, masks)
@@ -275,16 +239,8 @@ def pointing_chance(zone: torch.Tensor, fov: torch.Tensor) -> torch.Tensor:
 
 def peak_in_zone(maps: torch.Tensor, zone: torch.Tensor, fov: torch.Tensor, *,
                  smooth_sigma_px: float) -> torch.Tensor:
-    """bool (B,): the smoothed map's first row-major maximum inside ``fov`` lies in ``zone``
-    (a precomputed ``tolerance_zone``; ``pointing_hits`` without recomputing it per map).
-
-    The blur wraps at the frame's edges (``gaussian_smooth(edges="wrap")``). With replicated
-    edges a border pixel is counted many times, its blurred value varies more, and the maximum
-    of a noise map is drawn to the border: on the default run 91 of 150 random-heatmap peaks
-    lay within 3 px of the frame's edge (3.5% of the field of view) and the random map hit
-    0.033 against a chance of 0.093. Wrapped, its hits match chance. A CAM's value within
-    3 sigma of one edge then mixes with the opposite edge's, a small change at sigma = 1-2 px.
-    """
+    """bool (B,): the smoothed map's (edges wrapped) first row-major maximum inside ``fov`` lies in
+    ``zone`` (a precomputed ``tolerance_zone``: ``pointing_hits`` without recomputing it per map)."""
     smoothed = gaussian_smooth(maps, smooth_sigma_px, edges="wrap")
     restricted = torch.where(fov, smoothed, torch.full_like(smoothed, -math.inf)).flatten(1)
     batch, n_pixels = restricted.shape
@@ -298,14 +254,10 @@ def peak_in_zone(maps: torch.Tensor, zone: torch.Tensor, fov: torch.Tensor, *,
 
 def dog_conspicuity(images: torch.Tensor, sigma_small_px: float, sigma_large_px: float,
                     fov: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 (B, H, W) in [0, 1]: difference-of-Gaussians conspicuity, no classifier.
-
-    D = max(0, I * g_small - I * g_large) with I the grey level (channel mean), then per-image
-    min-max (a map with no positive value is all zeros, like a constant CAM). With ``fov``, both
-    blurs are normalised convolutions inside the field of view (sum of I*B*g / sum of B*g), so
-    the black border does not light up the rim of the frame, and D is 0 outside B; without it,
-    edges are replicated. ``sigma_small_px`` < ``sigma_large_px``, both > 0.
-    """
+    """float32 (B, H, W) in [0, 1]: difference-of-Gaussians conspicuity max(0, I * g_small -
+    I * g_large) of the grey level I, no classifier, min-max per image (no positive value: all
+    zeros). With ``fov`` both blurs are normalised inside the field of view and D is 0 outside it;
+    without, edges are replicated. Needs 0 < ``sigma_small_px`` < ``sigma_large_px``."""
     if not 0 < sigma_small_px < sigma_large_px:
         raise ValueError(f"need 0 < sigma_small_px < sigma_large_px; got {sigma_small_px}, {sigma_large_px}")
     grey = _grey(images)
@@ -324,17 +276,9 @@ def dog_conspicuity(images: torch.Tensor, sigma_small_px: float, sigma_large_px:
 
 def top_k_sweep(maps: torch.Tensor, masks: torch.Tensor, fractions=TOP_K_FRACTIONS
                 ) -> dict[str, torch.Tensor]:
-    """IoU and energy of the top-k set for each fraction k (default 5%, 10%, ..., 50%).
-
-    The top-k set is ``threshold.top_fraction_mask``'s (exact pixel count, same tie-break), so
-    the 20% column equals the audit's IoU. Returns ``{"iou": (B, K), "energy": (B, K)}``
-    float32, where energy is the share of the top-k set's saliency that lies in the lesion
-    (sum over top-k & M of the map / sum over top-k; a top-k set with no saliency counts as
-    uniform: its lesion pixel share).
-
-    The pixels are ranked once; every top-k set is a prefix of that ranking, so its lesion
-    count and saliency sums are read off running sums (no mask is built per k).
-    """
+    """IoU and energy of the top-k set for each fraction k: ``{"iou": (B, K), "energy": (B, K)}``
+    float32. The top-k set is ``threshold.top_fraction_mask``'s (exact count, same tie-break);
+    energy is the share of its saliency inside the lesion (no saliency: its lesion pixel share)."""
     masks = as_masks(masks)
     check_maps(maps, masks)
     return _sweep_from_ranking(_Ranking(maps, masks), fractions)
@@ -412,13 +356,9 @@ def c_score(maps: torch.Tensor, weights: torch.Tensor, resolution: int = 64,
             block_size: int = 256) -> float:
     """Confidence-weighted mean pairwise soft IoU of N maps (N, H, W) -> float in [0, 1].
 
-    C = sum_{i<j} w_i w_j sIoU(H_i, H_j) / sum_{i<j} w_i w_j with weights (N,) >= 0 (e.g. the
-    scores p_i of the correctly classified images; normalising them to sum 1 changes nothing).
-    Maps are area-resized to ``resolution`` x ``resolution`` first; all-zero (constant) maps
-    count as uniform, as in the audit's energy. Pairwise sums use
-    sum min = (|a| + |b| - |a - b|_1) / 2 and sum max = (|a| + |b| + |a - b|_1) / 2, with the
-    L1 distances computed ``block_size`` rows at a time, so memory stays O(block_size * N)
-    for N in the thousands. Needs N >= 2 and a positive weight on at least two maps.
+    weights : (N,) finite, >= 0, positive on at least two maps; N >= 2. Maps are area-resized to
+    ``resolution`` x ``resolution`` first and all-zero maps count as uniform; L1 distances are
+    taken ``block_size`` rows at a time (memory O(block_size * N)).
     """
     check_maps(maps)
     weights = torch.as_tensor(weights, dtype=torch.float64, device=maps.device).flatten()

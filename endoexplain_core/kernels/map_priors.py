@@ -1,21 +1,10 @@
 """Map-prior and map-agreement kernels: is a CAM's peak evidence, or a property of the grid?
 
-A CAM is computed on the target layer's h x w feature grid and then resized to the input size
-S x S. Two failure modes look like "the map misses the lesion" without saying anything about
-the lesion:
-
-- a *position prior*: the same grid cells win on every image (zero padding and position bias
-  make border and corner cells stand out), so the peak sits in the border ring of the grid
-  whatever the image shows. Measured here by the peak's grid cell and by the overlap of each
-  map's top set with the top set of the method's *prior map* (the mean normalised map over
-  held-out negatives, i.e. images with no lesion at all);
-- *practically identical methods*: two formulas that differ on paper give the same map on this
-  checkpoint (e.g. Grad-CAM++ when its epsilon dominates every weight), so they are one piece
-  of evidence, not two.
-
-Conventions: maps float (B, S, S) in [0, 1] as returned by ``cams.compute_cams`` (a constant
-map is all zeros); the grid cell of pixel (r, c) is (floor(r * h / S), floor(c * w / S)) --
-exactly the cell whose value dominates that pixel after the half-pixel bilinear resize.
+maps : float (B, S, S) in [0, 1] as ``cams.compute_cams`` returns them (a constant map is all
+zeros). The grid cell of pixel (r, c) on an h x w feature grid is (floor(r h / S),
+floor(c w / S)). Peak cells (border ring, corner), top-set IoU with a prior map, per-map Pearson
+correlation and Grad-CAM++'s epsilon share.
+Method: docs/maps_and_scores.md, "Map priors and practical identity".
 """
 
 from __future__ import annotations
@@ -36,11 +25,8 @@ def grid_cells(rows: torch.Tensor, cols: torch.Tensor, image_size: int, grid: tu
 
 def border_ring(rows: torch.Tensor, cols: torch.Tensor, image_size: int, grid: tuple[int, int]
                 ) -> torch.Tensor:
-    """bool (B,): the pixel's grid cell is in the outer ring of the h x w grid.
-
-    On a 4x4 grid 12 of 16 cells are border cells (chance 0.75 for a uniform peak); on 8x8,
-    28 of 64 (0.44). ``border_ring_share(grid)`` gives that chance level.
-    """
+    """bool (B,): the pixel's grid cell is in the outer ring of the h x w grid
+    (``border_ring_share(grid)`` is the chance level of a uniformly placed peak)."""
     cell_row, cell_col = grid_cells(rows, cols, image_size, grid)
     height, width = grid
     return (cell_row == 0) | (cell_row == height - 1) | (cell_col == 0) | (cell_col == width - 1)
@@ -90,15 +76,9 @@ def pearson_per_map(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 def gradcampp_epsilon_share(activation: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
-    """float64 (B,): share of Grad-CAM++ denominators in which the epsilon dominates.
-
-    The Grad-CAM++ coefficient is a = g^2 / (2 g^2 + S_c g^3 + eps), eps = 1e-6, computed per
-    element where g != 0 (S_c: the channel's spatial sum of activations). When |2 g^2 + S_c g^3|
-    < eps the denominator is mostly epsilon, so a ~ g^2 / eps: the weights scale with the
-    squared gradient instead of following the method's formula. Counted over elements with
-    g != 0; NaN for an image whose gradient is zero everywhere. ``activation`` and ``gradient``:
-    (B, C, h, w) at the target layer.
-    """
+    """float64 (B,): share of Grad-CAM++ denominators in which the epsilon dominates,
+    |2 g^2 + S_c g^3| < ``GRADCAMPP_EPS``, over the elements with g != 0; NaN for an image whose
+    gradient is zero everywhere. ``activation``, ``gradient``: (B, C, h, w) at the target layer."""
     gradient = gradient.double()
     channel_sum = activation.double().sum(dim=(2, 3), keepdim=True)
     squared = gradient.pow(2)

@@ -6,6 +6,7 @@ Conventions, shared by all functions:
          an empty mask raises ValueError naming the batch indices.
   Pixel (r, c) sits at (r + 0.5, c + 0.5) in continuous coordinates; the frame centre is
   (H / 2, W / 2). Results are (B,) tensors on the inputs' device.
+Method: docs/maps_and_scores.md, "Spatial metrics and reference maps".
 """
 
 from __future__ import annotations
@@ -75,10 +76,8 @@ def peak_location(maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def peak_lesion_distance(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """float32 (B,): Euclidean distance in pixels from the map's peak (``peak_location``) to
-    the nearest lesion pixel, 0 when the peak is inside. NaN for a constant map (no peak) and
-    for an empty mask. How far a miss is: one pixel past the contour and across the frame both
-    count as "outside"."""
+    """float32 (B,): Euclidean distance in pixels from the map's peak (``peak_location``) to the
+    nearest lesion pixel, 0 when the peak is inside; NaN for a constant map and an empty mask."""
     masks = as_masks(masks)
     check_maps(maps, masks)
     rows, cols = peak_location(maps)
@@ -113,12 +112,7 @@ def top_fraction_iou(keep: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
 
 
 def _uniform_if_constant(maps: torch.Tensor) -> torch.Tensor:
-    """Maps (B,H,W) as weights, with all-zero maps replaced by ones.
-
-    An all-zero map comes from a constant CAM (min-max leaves nothing); a constant map spreads
-    its value evenly, so energy and centre of mass are taken from a uniform map. This keeps every
-    image in every outcome; ``threshold.tie_diagnostics`` still flags the map as constant.
-    """
+    """Maps (B, H, W) as weights, with all-zero (constant) maps replaced by ones (a uniform map)."""
     constant = maps.amax(dim=(1, 2)) <= 0
     return torch.where(constant[:, None, None], torch.ones_like(maps), maps)
 

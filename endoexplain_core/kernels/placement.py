@@ -1,20 +1,11 @@
 """Seeded placement of a region's translated copies inside the field of view.
 
-Two controls need "the same shape, somewhere else": the comparison regions of lesion-specific
-reliance (the tolerance zone D_r moved to places that do not overlap it) and the
-shape-preserving random deletion (a CAM's top-area region moved elsewhere). Both are pure
-translations (dy, dx) of the whole region, rows down and columns right positive, such that:
-
-- every pixel of the moved region lands inside the frame and inside the field of view B;
-- with ``avoid``, no moved pixel lands on an ``avoid`` pixel (LSR: the zone itself);
-- the zero translation is excluded (``exclude_identity``).
-
-Valid translations are found exactly for all shifts at once by FFT cross-correlation
-(rounded counts: region pixels landing in B must equal the region's area, those landing on
-``avoid`` must be 0). Among them, ``count`` are drawn without replacement by a CPU generator
-seeded from (purpose, sample), so a sample's placements do not depend on its batch or
-device. When fewer valid translations exist, all of them are used and the rest are marked
-not placed.
+regions, fov, avoid : bool (B, H, W). A valid translation (dy, dx) (rows down and columns right
+positive) moves every pixel of the region inside the frame and the field of view B, none onto
+an ``avoid`` pixel when given, and is not the zero shift (``exclude_identity``). Up to ``count``
+are drawn per image by a CPU generator seeded from (purpose, sample); with fewer valid ones, all
+are used and the rest marked not placed.
+Method: docs/maps_and_scores.md, "Lesion-specific reliance and shape-preserving deletion".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Cascading model-parameter randomisation (Adebayo et al., "Sanity checks for saliency maps").
 
-The trained weights are replaced by random ones block by block, from the head downwards, and
-every map is recomputed after each step. A map that stays similar to the trained model's map
-while the weights it should explain are destroyed is not explaining the learned model (it
-reflects the input or the architecture instead).
-
-Blocks (``randomisation_blocks``), head first:
-  efficientnet_b0, convnext_tiny : ``classifier``, then ``features.<k>`` for k from the last
-                                   stage down to 0 (the stem)
-  resnet34                       : ``fc``, ``layer4``, ``layer3``, ``layer2``, ``layer1``, then
-                                   the stem (``conv1`` + ``bn1``)
-Re-initialisation of a block (``randomise_block``): every submodule with a
-``reset_parameters`` method is reset by it (PyTorch's default initialisers: Kaiming-uniform
-convolutions and linear layers, BatchNorm to weight 1, bias 0 and fresh running statistics),
-under a seed derived from (seed, block name); parameters that no such submodule owns (e.g.
-ConvNeXt's layer scale) are redrawn from a normal distribution with the trained tensor's
-mean and standard deviation, which keeps their scale but destroys what was learned.
-
-Similarity of a map to the trained model's map, per image:
-  ``spearman``  Spearman rank correlation of all pixel values (average ranks for ties); NaN
-                when either map is constant
-  ``top_iou``   IoU of the two maps' top-area sets (``threshold.top_fraction_mask``)
+``randomisation_blocks`` names a model's blocks, head first (torchvision ResNet: ``fc``,
+``layer4`` .. ``layer1``, ``stem``; EfficientNet, ConvNeXt, MobileNetV3: ``classifier``, then
+``features.<k>`` down to 0); ``randomise_block`` re-initialises one in place under a seed;
+``cascade`` yields a copy randomised cumulatively after each block. Similarity of a map to the
+trained model's, per image: ``spearman_per_image`` (NaN for a constant map) and
+``top_area_iou``. Method: docs/maps_and_scores.md, "Cascading randomisation".
 """
 
 from __future__ import annotations
@@ -38,7 +23,7 @@ from endoexplain_core.kernels.threshold import top_fraction_mask
 
 
 def randomisation_blocks(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """[(block name, [module paths])] from the head downwards (module docstring)."""
+    """[(block name, [module paths])] from the head downwards; ValueError for other architectures."""
     if isinstance(model, torchvision.models.ResNet):
         return [("fc", ["fc"]), ("layer4", ["layer4"]), ("layer3", ["layer3"]),
                 ("layer2", ["layer2"]), ("layer1", ["layer1"]), ("stem", ["conv1", "bn1"])]
@@ -51,8 +36,9 @@ def randomisation_blocks(model: nn.Module) -> list[tuple[str, list[str]]]:
 
 
 def randomise_block(model: nn.Module, module_paths, *, seed: int) -> None:
-    """Re-initialise the modules at ``module_paths`` of ``model`` in place (module docstring).
-    The global RNG state is restored afterwards."""
+    """Re-initialise the modules at ``module_paths`` of ``model`` in place: ``reset_parameters`` (and
+    running statistics) where a module has one, else a normal draw with the trained tensor's mean
+    and standard deviation, under ``seed``. The global RNG state is restored afterwards."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for path in module_paths:

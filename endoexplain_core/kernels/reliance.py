@@ -1,24 +1,12 @@
 """Does the classifier use the lesion, and does a CAM's region matter beyond its shape?
 
-Lesion-specific reliance (LSR), per image:
-
-    LSR = drop(D_r filled) - mean over comparison regions k of drop(region_k filled)
-
-with drops in the temperature-scaled logit difference z / T (intact minus filled), D_r the
-lesion's tolerance zone (``localisation.tolerance_zone``), every fill by noisy linear
-imputation from the surrounding tissue, and up to ``n_regions`` comparison regions: D_r
-translated to seeded places inside the field of view that do not overlap D_r
-(``placement.seeded_translations``). LSR > 0: filling in the lesion costs more evidence than
-filling in the same amount of ordinary tissue. An image with no valid comparison place has
-LSR = NaN (it is counted, not scored).
-
-Shape-preserving random deletion, per image and CAM: the CAM's own top-area region (the set
-the deletion test removes) is translated to ``repetitions`` seeded places inside the field of
-view (same shape and area, never the zero shift) and deleted the way the deletion test
-deletes (set to 0 in normalised space, the ImageNet mean colour). The contrast reported is
-CAM deletion minus the mean shape-preserving random deletion: positive when the CAM's place,
-not just a blob of that shape, carries the evidence. It complements the pixel-wise random
-control, whose scattered pixels do not look like a CAM's region.
+``lesion_specific_reliance``: LSR = drop(D_r filled) - mean over up to ``n_regions``
+comparison regions k of drop(region_k filled), drops in z / T (intact minus filled), fills by
+noisy linear imputation, the regions D_r translated to seeded places in the field of view that
+do not overlap it; NaN without a comparison region. ``shape_preserving_deletion``: a CAM's
+top-area region deleted as the deletion test deletes, in place and at ``repetitions`` seeded
+translations. Method: docs/maps_and_scores.md, "Lesion-specific reliance and shape-preserving
+deletion".
 """
 
 from __future__ import annotations
@@ -41,7 +29,7 @@ def lesion_specific_reliance(model: nn.Module, images: torch.Tensor, zones: torc
                              chunk_size: int | None = None,
                              reference_z: torch.Tensor | None = None,
                              timings: dict | None = None) -> dict[str, torch.Tensor]:
-    """LSR of every image (module docstring).
+    """LSR of every image.
 
     images : (B, C, H, W) normalised, on the model's device. zones : bool (B, H, W), D_r.
     fov : bool (B, H, W). sample_keys : B ints. Returns float64/int64 (B,) tensors (CPU):
@@ -82,13 +70,12 @@ def shape_preserving_deletion(model: nn.Module, images: torch.Tensor, top_region
                               repetitions: int,
                               reference_logits: torch.Tensor | None = None,
                               chunk_size: int | None = None) -> dict[str, torch.Tensor]:
-    """Deletion of one CAM's top region and of its seeded translations (module docstring).
+    """Deletion of one CAM's top region and of its seeded translations.
 
     top_regions : bool (B, H, W), the CAM's top-area pixels. method : the CAM's name (in the
-    seed, so each CAM's placements are drawn independently). Returns CPU (B,) or (R, B)
-    float64 tensors of drops of the positive logit (as the deletion test reports):
-    ``cam_drop``, ``shifted_drops`` (R, B; NaN where not placed), ``shifted_drop_mean``,
-    ``n_shifts`` and the same in z: ``cam_z_drop``, ``shifted_z_drop_mean``.
+    seed). Returns CPU float64 drops of the positive logit: ``cam_drop`` (B,), ``shifted_drops``
+    (R, B; NaN where not placed), ``shifted_drop_mean``, ``n_shifts`` and, in z, ``cam_z_drop``
+    and ``shifted_z_drop_mean``.
     """
     batch = images.shape[0]
     keys = [int(key) for key in sample_keys]

@@ -1,27 +1,11 @@
 """ROAD (RemOve And Debias) and the symmetric relevance gain (SRG) of a saliency map.
 
-For each map, the most-salient (MoRF) or least-salient (LeRF) ``f`` share of the field-of-view
-pixels is removed, for f in 1%, 2%, 5%, 10% and 20%, and filled by noisy linear imputation
-(``imputation``) instead of a constant colour, so the classifier does not react to artificial
-edges. Each filled image is re-scored. Conventions:
-
-- Counts: ``round(f * |B|)`` pixels of the image's field of view B (Python's ``round``);
-  pixels outside B are never removed.
-- Ranking: by map value (highest first for MoRF, lowest first for LeRF); equal values are
-  ranked by ``threshold.tie_break_priority`` (the top-area rule's fixed priority), so a
-  constant map removes the same scattered pixels in both orders.
-- Score: the temperature-scaled logit difference z / T, z = logit_pos - logit_neg. A drop is
-  ``z/T(intact) - z/T(filled)`` (positive: the removed pixels carried evidence for the
-  positive class).
-- SRG = mean over the fractions of [drop(MoRF) - drop(LeRF)]. A map that ranks the pixels the
-  model uses has SRG > 0; one unrelated to them has SRG about 0.
-- Noise: the imputation noise of an image depends on (sample, order, fraction) only, not on
-  the map, so every method of an image sees the same noise draw (common random numbers make
-  method contrasts less noisy); the seed is ``deletion.sample_key`` of a string naming them.
-
-Cost per image and map: 10 forwards (5 fractions x 2 orders) plus the imputation solve over
-the removed pixels (``imputation``: sparse LU per image on the CPU, batched conjugate gradient
-elsewhere); ``timings`` reports both parts.
+Per map and fraction f, the ``round(f * |B|)`` most- (MoRF) or least-salient (LeRF) pixels of
+the field of view B (ties by ``threshold.tie_break_priority``) are filled by noisy linear
+imputation (``imputation``) and re-scored. Drops are z/T(intact) - z/T(filled) in float64
+(z = logit_pos - logit_neg); SRG = mean over the fractions of drop(MoRF) - drop(LeRF). An
+image's imputation noise depends on (sample, order, fraction), not on the map.
+Method: docs/maps_and_scores.md, "ROAD and SRG".
 """
 
 from __future__ import annotations
@@ -140,9 +124,8 @@ def road_drops(model: nn.Module, images: torch.Tensor, maps: dict[str, torch.Ten
 
     images : (B, C, H, W) normalised input on the model's device. maps : method -> float
     (B, H, W). fov : bool (B, H, W). sample_keys : B ints (``deletion.sample_key``).
-    chunk_size : images per forward (default B, the caller's batch size).
-    reference_z : z / T of the intact images (B,), if already known (saves a forward).
-    Each method's 2 x F removals are imputed in one call and scored in B-sized forwards.
+    chunk_size : images per forward (default B). reference_z : z / T of the intact images (B,),
+    if already known (saves a forward).
     """
     batch = images.shape[0]
     keys = [int(key) for key in sample_keys]

@@ -1,10 +1,9 @@
 """Exact top-area rule: keep a fixed number of the highest-valued pixels of each map.
 
-Each map of H x W = N pixels keeps exactly ``k = round(fraction * N)`` pixels (Python's
-``round``: halves go to the even integer). Pixels are ranked by value, highest first; pixels
-with equal values are ranked by a fixed priority of their flattened row-major index i,
-``(i * 1_000_003) % N``, lower first. The priority spreads tied pixels over the frame rather
-than favouring its top rows, and it is the same for every map and device.
+Each H x W = N pixel map keeps exactly ``round(fraction * N)`` pixels (Python's ``round``),
+ranked by value, highest first, ties by the fixed priority ``(i * 1_000_003) % N`` of the
+row-major index i, lower first: the same for every map and device. Rule: docs/protocol.md,
+"Maps and the top-area rule"; method: docs/maps_and_scores.md, "Top-area rule".
 """
 
 from __future__ import annotations
@@ -71,15 +70,10 @@ def top_fraction_mask(maps: torch.Tensor, top_fraction: float) -> torch.Tensor:
 
 
 def tie_diagnostics(maps: torch.Tensor, top_fraction: float) -> dict[str, torch.Tensor]:
-    """How much the top-area rule depended on tie-breaking, per map.
-
-    Returns a dict of (B,) tensors on the maps' device:
-      ``constant``          bool: all pixels equal (the rule then keeps priority order only)
-      ``max_multiplicity``  int64: number of pixels equal to the map's maximum
-      ``boundary_ties``     int64: number of pixels equal to the k-th largest value (the last
-                            kept one), counted inside and outside the kept set; 1 means the
-                            boundary is unambiguous
-    """
+    """How much the top-area rule depended on tie-breaking: a dict of (B,) tensors on the maps'
+    device, ``constant`` (bool: all pixels equal), ``max_multiplicity`` (int64: pixels equal to the
+    maximum) and ``boundary_ties`` (int64: pixels equal to the last kept value, inside and outside
+    the kept set; 1 = an unambiguous boundary)."""
     _check_maps(maps)
     batch, height, width = maps.shape
     count = kept_pixel_count(top_fraction, height, width)

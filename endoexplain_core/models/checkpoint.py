@@ -1,20 +1,12 @@
 """Checkpoint files that can be read without running code: tensors in safetensors, the rest JSON.
 
-Why: ``torch.load(..., weights_only=False)`` unpickles whatever the file says, and a pickle can
-call any Python function (``os.system`` included). The package therefore never unpickles an
-object it did not write as plain data:
+``save_tree`` / ``load_tree`` round-trip a nested structure exactly in one ``.safetensors``
+file: each tensor or NumPy array is a tensor named by its path in the structure
+(``state_dict/layer1.0.conv1.weight``), everything else a JSON tree in the header under
+``HEADER_KEY``; writes are atomic. ``load_state_dict`` reads foreign weights from safetensors
+or a torch pickle with ``weights_only=True``; one that needs more is an ``UnsafeCheckpointError``.
 
-- Its own files (best weights, resume states) are single ``.safetensors`` files. Every tensor
-  (and NumPy array) of a nested structure is stored as a safetensors tensor named by its path
-  in the structure (``state_dict/layer1.0.conv1.weight``); everything else (numbers, strings,
-  tuples, dicts with non-string keys, ...) is a JSON tree kept in the safetensors header under
-  the key ``endoexplain``. ``save_tree`` / ``load_tree`` round-trip such a structure exactly.
-- Foreign weights (``load_state_dict``) are read from safetensors, or from a torch pickle with
-  ``weights_only=True`` (torch's restricted unpickler: tensors and plain containers only). A
-  file whose unpickling would need anything else is refused with ``UnsafeCheckpointError``.
-
-Writes are atomic: a temporary sibling is written, flushed to disk and renamed over the target,
-so a kill or a full disk leaves the previous file intact.
+Design: docs/data_models_runs.md, "Checkpoint files".
 """
 
 from __future__ import annotations
@@ -173,9 +165,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
 # ----------------------------------------------------------------------------- foreign weights
 
 
-# Declared uncompressed size of a torch zip archive. Classifier weights are small (ConvNeXt-Tiny
-# 0.11 GiB, ResNet-50 0.1 GiB); loading peaks near 3x the declared size, so 0.5 GiB keeps a
-# zip bomb's peak near 1.5 GB instead of the 4 GB seen with a 2 GiB limit.
+# Declared uncompressed size of a torch zip archive (docs/data_models_runs.md, "Checkpoint files").
 MAX_ARCHIVE_BYTES = 512 * 1024 ** 2
 
 
@@ -199,14 +189,11 @@ def check_declared_size(path: Path, head: bytes) -> None:
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A model state dict from a weights file, read without running code.
 
-    Accepted: ``.safetensors`` (a flat state dict, or a checkpoint of this package whose
-    ``state_dict`` is used), or a torch pickle (``.pt``/``.pth``/``.bin``) holding a state
-    dict, possibly wrapped as ``{"state_dict": ...}`` or ``{"model": ...}``; a ``module.``
-    prefix (DataParallel) is removed. Pickles are read with ``weights_only=True``.
-
-    Raises ``FileNotFoundError``; ``UnsafeCheckpointError`` when the pickle needs anything but
-    tensors and plain containers (it would run code); ``CheckpointError`` when the file is
-    truncated or holds no state dict. Messages name the file.
+    Accepted: ``.safetensors`` (a flat state dict, or this package's checkpoint: its
+    ``state_dict``), or a torch pickle (``.pt``/``.pth``/``.bin``) holding a state dict, bare or
+    under ``state_dict``/``model``/``model_state_dict``; a common ``module.`` prefix is removed.
+    Raises ``FileNotFoundError``, ``UnsafeCheckpointError`` (the pickle needs more than tensors
+    and plain containers) and ``CheckpointError`` (truncated, no state dict), naming the file.
     """
     path = Path(path)
     if not path.is_file():

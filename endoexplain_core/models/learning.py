@@ -1,24 +1,12 @@
 """Whether a checkpoint learned: the rule that keeps an unlearned checkpoint's maps out of the
 robustness and subgroup analyses (they are audited, listed and marked, never pooled).
 
-A checkpoint learned when both hold:
+Learned = validation AUPRC >= ``MIN_VAL_AUPRC`` (``learning_table``) and Grad-CAM and Eigen-CAM
+(``MAP_CHECK_METHODS``) non-constant on at least ``MIN_NONCONSTANT_SHARE`` of the audited
+images (``with_map_check``); the other CAMs' constant maps are reported, never decide. Table
+conventions: docs/architecture.md, "Audit validity".
 
-- its validation AUPRC is at least ``MIN_VAL_AUPRC`` (0.95): a converged classifier, not one
-  that is merely better than chance;
-- on the audited images, its Grad-CAM (the plain gradient-weighted map) and its Eigen-CAM (the
-  activation map) are non-constant on at least ``MIN_NONCONSTANT_SHARE`` (95%) of them
-  (``MAP_CHECK_METHODS``): a model whose maps are flat has nothing to point with, however well
-  it scores (a barely trained ResNet-34 once scored 0.86 with Grad-CAM constant on 90 of 90
-  images). The other methods' constant maps are reported (``nonconstant_share``, the flattest
-  method) but do not decide: XGrad-CAM divides by each channel's spatial sum, which at a layer
-  before BatchNorm can be near zero, and Grad-CAM++ shares part of that, so their all-negative,
-  then constant, maps on a converged model (XGrad-CAM on 12-19% of the default run's images at
-  EfficientNet-B0's `features.8.0`) are a property of the method at that layer, counted as
-  peak failures in Table 4, not a sign that the model did not learn.
-
-The first check is known after training (03 shows it); the second after the audits (05 writes
-``table_checkpoint_learning`` with both). A checkpoint that fails the first is not audited
-(unless asked for), so it has no map share and stays not learned.
+Design: docs/data_models_runs.md, "The learning rule".
 """
 
 from __future__ import annotations

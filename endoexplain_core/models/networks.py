@@ -1,16 +1,12 @@
 """Architectures, their CAM target layers, and which CAM methods coincide by construction.
 
-The study uses three torchvision classifiers with a 2-class head (index 0 = negative,
-index 1 = positive). Each has one CAM target layer, given here as a module path for
-``model.get_submodule``; the audit records the name with every map.
+``build_model``: a torchvision classifier (``AUDITABLE_ARCHITECTURES``) with a 2-class head
+(index 0 = negative, 1 = positive), built with ``weights=None`` (never downloads; ImageNet
+weights only from a local file) and portable dropout / stochastic-depth masks.
+``TARGET_LAYERS``: one CAM target layer per architecture, a ``model.get_submodule`` path.
+``identical_methods``: CAMs that coincide there by construction.
 
-Models are always built with ``weights=None``: nothing is ever downloaded. ImageNet weights
-are used only when a local file exists (``find_local_imagenet_weights``) or is given.
-
-Dropout and stochastic depth draw their masks with ``torch.rand`` (``PortableDropout``,
-``PortableStochasticDepth``): torch's scalar ``bernoulli_``, which ``nn.Dropout`` and
-torchvision's stochastic depth use, takes MKL's random stream on Intel CPUs and ATen's on
-others, so the same seed would drop different units on different machines.
+Design: docs/data_models_runs.md, "Architectures and target layers".
 """
 
 from __future__ import annotations
@@ -25,12 +21,7 @@ from torch import nn
 from endoexplain_core import files
 from endoexplain_core.config import ARCHITECTURES  # the profile schema validates against it
 
-# CAM target layer per architecture (docs/protocol.md, "Target layers"):
-#   efficientnet_b0  features[-1][0]  the last 1x1 convolution, before its BatchNorm and SiLU
-#   resnet34         layer4[-1]       the last residual block (output after its ReLU)
-#   convnext_tiny    features[-1]     the last stage (residual stream, can be negative)
-#   resnet18         layer4[-1]       the last residual block, as for ResNet-34
-#   mobilenet_v3_large features[-1][0] the last 1x1 convolution, as for EfficientNet-B0
+# CAM target layer per architecture (docs/protocol.md, "Target layers").
 TARGET_LAYERS = {
     "efficientnet_b0": "features.8.0",
     "resnet34": "layer4.2",
@@ -102,21 +93,13 @@ def _replace_head(model: nn.Module, arch: str, num_classes: int) -> None:
 
 
 def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None = None) -> nn.Module:
-    """Build a torchvision classifier with ``num_classes`` outputs.
+    """A torchvision classifier ``arch`` with ``num_classes`` outputs, in train mode on the CPU,
+    with ``portable_random_masks``; never downloads.
 
-    Parameters
-    ----------
-    arch : one of ``ARCHITECTURES``.
-    num_classes : size of the output layer (2 for the study: negative, positive).
-    weights_path : optional local file holding an ImageNet (1000-class) state dict for this
-        architecture. When given, the trunk is loaded from it and the 1000-class head is
-        replaced by a new ``num_classes`` head (initialised from torch's global RNG, so seed it
-        first). When None the model is randomly initialised (torch's global RNG).
-
-    Returns the model in train mode on the CPU, with portable dropout / stochastic-depth masks
-    (``portable_random_masks``). Never downloads anything.
-    Raises ValueError for an unknown architecture, FileNotFoundError for a missing file and
-    ValueError naming the file when its state dict does not fit the architecture.
+    ``weights_path``: optional local ImageNet (1000-class) state dict; its trunk is loaded and
+    the head replaced by a new one. New weights come from torch's global RNG (seed it first).
+    Raises ValueError for an unknown architecture or a state dict that does not fit (naming
+    the file), FileNotFoundError for a missing file.
     """
     _check_arch(arch)
     if weights_path is None:
@@ -136,18 +119,12 @@ def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None
 
 
 def find_local_imagenet_weights(arch: str) -> Path | None:
-    """Path of torchvision's ImageNet weights for ``arch`` in the local torch hub cache, or None.
-
-    Looks for the file name torchvision would download (``<torch hub dir>/checkpoints/<name>``,
-    e.g. ``resnet34-b627a593.pth``) and returns it when present. Never downloads.
-    """
+    """``imagenet_weights_cache_path(arch)`` when that file exists, else None; never downloads."""
     candidate = imagenet_weights_cache_path(arch)
     return candidate if candidate.is_file() else None
 
 
-# torchvision names its weight files "<name>-<first hex digits of the file's SHA-256>.pth" and
-# checks that prefix when it downloads (torch.hub's check_hash); the same rule verifies a
-# local copy, which torchvision never re-checks.
+# "<name>-<first hex digits of the file's SHA-256>.pth", torchvision's file names.
 TORCHVISION_HASH_IN_NAME = re.compile(r"-([a-f0-9]{8,})\.")
 
 
@@ -198,20 +175,8 @@ def resolve_target_layer(model: nn.Module, arch: str, layer_name: str | None = N
     return name, module
 
 
-# Layers whose output goes straight into global average pooling, per torchvision class. Whatever follows the pooling (linear
-# head, ConvNeXt's LayerNorm on the pooled vector) only sees the pooled vector, so the gradient
-# of any class logit with respect to such a layer's activation A[c, h, w] is g_c / (H * W):
-# constant over space. Consequences (pytorch-grad-cam formulas):
-#   HiResCAM  sum_c g_c/(HW) * A[c]           == Grad-CAM  sum_c mean(g_c/(HW)) * A[c]
-#   XGrad-CAM weight sum_hw(g A)/(sum_hw A + eps) = g_c/(HW) * S_c/(S_c + eps), equal to the
-#             Grad-CAM weight whenever |S_c| >> eps = 1e-7, whatever the sign of S_c (an
-#             all-zero channel contributes nothing to either map). Only a channel whose spatial
-#             sum is within a few eps of zero breaks the identity, so at these layers XGrad-CAM
-#             joins Grad-CAM and HiResCAM on ResNet, ConvNeXt and EfficientNet alike (measured
-#             max difference 6e-7 after min-max at EfficientNet features.8 and ConvNeXt
-#             features.7). Non-negative (post-ReLU) activations are not needed for it.
-# EfficientNet's default layer features[-1][0] is followed by BatchNorm + SiLU before pooling,
-# which makes the gradient vary over space: no identity there.
+# Layers whose output goes straight into global average pooling, per torchvision class: their
+# gradient is constant over space (docs/data_models_runs.md, "Architectures and target layers").
 def _gap_fed_layers(model: nn.Module) -> set[str]:
     if isinstance(model, torchvision.models.ResNet):
         return {"layer4", f"layer4.{len(model.layer4) - 1}"}
@@ -222,18 +187,11 @@ def _gap_fed_layers(model: nn.Module) -> set[str]:
 
 
 def identical_methods(model: nn.Module, layer_name: str) -> list[tuple[str, ...]]:
-    """Groups of CAM methods that are identical by construction at ``layer_name``.
-
-    Decided from the architecture table above (torchvision ResNet, ConvNeXt, EfficientNet),
-    not from data. A layer that feeds global average pooling directly has a spatially constant
-    gradient, so Grad-CAM == HiResCAM, and XGrad-CAM joins them whenever no channel's spatial
-    activation sum is within a few 1e-7 of zero (its epsilon), whatever the sum's sign.
-
-    Returns ``[("gradcam", "hirescam", "xgradcam")]`` for resnet34 ``layer4.2``, convnext_tiny
-    ``features.7`` and efficientnet_b0 ``features.8``, and ``[]`` for efficientnet_b0
-    ``features.8.0`` (the default) or any layer not feeding the pooling directly. Methods that
-    coincide only on a given checkpoint's data are found by
-    ``analysis.map_diagnostics.practical_identity``.
+    """Groups of CAM methods identical by construction at ``layer_name``, from the architecture,
+    not from data: ``[("gradcam", "hirescam", "xgradcam")]`` for a layer that feeds global
+    average pooling directly (e.g. resnet34 ``layer4.2``, convnext_tiny ``features.7``,
+    efficientnet_b0 ``features.8``), else ``[]`` (e.g. efficientnet_b0 ``features.8.0``).
+    Identity on one checkpoint's data: ``analysis.map_diagnostics.practical_identity``.
     Raises ValueError when ``layer_name`` is not a module of the model.
     """
     try:

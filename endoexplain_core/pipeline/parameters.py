@@ -1,10 +1,10 @@
 """Notebook ``parameters`` cells, generated from the profile schema so there is one source.
 
-Papermill needs default values in each notebook's ``parameters`` cell; they are what a reader
-sees when a notebook is opened by hand. They are not a second configuration: the cell is
-rendered from ``config`` (names, the smoke profile's values, the schema's descriptions as
-comments) by ``render_parameters_cell``, ``sync_notebook`` writes it, and a test checks that
-every notebook's cell equals what the schema renders.
+``render_parameters_cell(stage)`` renders a stage's cell from ``config`` (names, the
+``REFERENCE_PROFILE``'s values, the schema's descriptions as comments); ``sync_notebook``
+writes it into the notebook.
+
+Design: docs/data_models_runs.md, "Notebook parameters cells".
 """
 
 from __future__ import annotations

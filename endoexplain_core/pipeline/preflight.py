@@ -1,36 +1,16 @@
 """Preflight: what a run needs, checked all at once, before any training.
 
-``./run_all.sh --profile P [--data-root DATA] [--set ...] --check`` runs every check below,
-prints one line per finding and exits 0 when the run is ready, 2 when it is not. Nothing is
-trained or written.
-
-  data     the data root; HyperKvasir's tree (labelled lower-GI images per category beside the
-           paper's counts for the paper profile, segmented images with masks); each external
-           cohort the profile audits (required ones must exist; optional ones are reported):
-           cases kept, files excluded by reason (the first few named, all counted), frame
-           sizes and formats seen
-  weights  every ImageNet weight file the profile asks for, at its expected path, its SHA-256
-           checked against the hash its torchvision file name carries
-  device   the device the profile asks for (CUDA present, its memory)
-  disk     free space where the run folder will be
-  estimate time per stage: work counts from the profile and the data (images per split, audit
-           pool, external cases, checkpoints, steps, repetitions) times per-image costs measured
-           here, on the chosen device, with each architecture at the input size (forward,
-           forward + backward, one fused five-CAM pass) and decoding + resizing a few of the
-           data's own images; model passes only (the method is printed beside each stage). On
-           the default run: 13 min estimated against 17.6 min measured; per stage within a
-           factor of 1.3 for training and the gate, up to 5x low where statistics dominate.
-           Disk: trained models exactly (parameters x 4 bytes x best weights + resume state),
-           notebooks, tables, figures and the case browser from sizes measured on a run; more
-           than the free space is a problem
-
-Each data check uses the reader the run itself uses (``data.hyperkvasir``, ``data.cohorts``),
-so a problem the preflight does not see is one the run would not see either. A dataset's
-reader stops at its first unreadable file: that dataset reports one problem; every other
-check still runs.
+``./run_all.sh --profile P [--data-root DATA] [--set ...] --check`` calls ``run_preflight`` and
+``report``: one line per ``Finding``; exit 0 when the run is ready, 2 when a finding is
+``missing`` or ``problem``. Nothing is trained or written. Areas: ``data`` (HyperKvasir and
+each external cohort, read by the run's own readers: cases kept, exclusions by reason, sizes
+and formats), ``weights`` (each ImageNet file the profile asks for, SHA-256 against its
+torchvision name), ``device``, ``disk`` (free space); with ``estimate``, minutes and disk per
+stage from per-image costs measured here (``measure_costs``, ``decode_cost``; model passes only).
 
 Size: over 400 lines on purpose: the data, weights, device, disk and time checks report into
 one list of findings with one exit rule.
+Design: docs/data_models_runs.md, "Preflight".
 """
 
 from __future__ import annotations

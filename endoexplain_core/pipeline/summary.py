@@ -1,15 +1,11 @@
 """The run's headline numbers in one short Markdown file: ``figures/<profile>/summary.md``.
 
-Two parts. **Headline numbers** come only from the run's tables (validation AUPRC of every
-checkpoint, the primary's test metrics, the validity gate, Table 4 panel A, Table 5's CAM terms,
-transfer, and which verdicts held under a perturbed seed); on any x86-64 machine under the
-package's CPU pin, with the same thread count, they are identical to the last digit. **Machine**
-records where the run happened (CPU pin, detected CPU, threads, torch version, stage seconds);
-it is expected to differ between machines.
+``write_summary`` writes the brief (``verdict_lines``), the headline numbers
+(``headline_lines``, read only from the run's tables in ``figures_dir``) and the machine
+section (``machine_lines``, from ``MACHINE_HEADING`` on); ``headline_part`` is what must agree
+across machines; ``readme_block`` / ``replace_readme_block`` make the README's results block.
 
-The README's results block is this file's headline part, pasted by
-``scripts/readme_results.py`` from the committed reference ``tests/expected/default/summary.md``
-(a test checks that the two agree), so the README's numbers are generated, never typed.
+Design: docs/data_models_runs.md, "Run summary and verdicts".
 """
 
 from __future__ import annotations
@@ -316,14 +312,11 @@ RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
 
 def verdict_lines(figures_dir: str | Path, synthetic: bool,
                   unavailable: dict[str, str] | None = None) -> list[str]:
-    """The run in sentences, each read from its table: what the gate validates, how good the
-    primary is, one sentence per research question (RQ1 Table 4 panel A; RQ2 threshold,
-    checkpoint and lesion-size sensitivity; RQ3 deletion against random deletion and lesion
-    reliance; RQ4 transfer), and what did not hold under a perturbed seed.
+    """The run in sentences (Markdown), each read from its table (``BRIEF_TABLES``): the gate,
+    the primary, one per research question (``RQ_TITLES``) and stability.
 
-    ``unavailable`` maps a table's file stem to why it cannot be read in this run (e.g. "stage
-    05_robustness did not finish"): such a table counts as missing even when an earlier run left
-    it on disk. A sentence whose tables are missing says it could not be computed, and why."""
+    ``unavailable``: table file stem -> why it cannot be read in this run; such a table counts
+    as missing even when an earlier run left it on disk, and its sentence says why."""
     figures_dir, unavailable = Path(figures_dir), dict(unavailable or {})
 
     def read(name: str) -> pd.DataFrame | None:

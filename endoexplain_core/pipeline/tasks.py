@@ -1,46 +1,23 @@
 """Independent units of work (one checkpoint's training, one checkpoint x cohort audit) as tasks.
 
-Three schedulers, chosen by the profile key / ``run_all.sh --scheduler``:
+``TaskRunner(scheduler)`` maps a function over units; ``task_map_for(runner)`` is the
+``task_map`` argument of the core loops (``training.train_matrix``, ``audit.audit_registry``,
+``transfer.audit_cohorts``; ``None``: the plain loop). Schedulers (``parse_scheduler``; profile
+key ``shared.scheduler``, ``run_all.sh --scheduler``):
 
-``""`` or ``"sequential"`` (default)
-    in the notebook's own process, one unit after the other: exactly the behaviour (and the
-    results) of calling the core functions without this module. No Dask is imported.
-``"local:N"``
-    a ``dask.distributed`` cluster of N worker processes on this machine, each running one task
-    at a time. With CUDA devices present, worker i sees only device ``i % n_gpus`` (pinned
-    through ``CUDA_VISIBLE_DEVICES``, so ``device: cuda`` means "my GPU"). The cluster lives as
-    long as the ``TaskRunner`` (one notebook cell). It is private: scheduler, nannies and
-    workers listen on 127.0.0.1 only and speak TLS with mutual authentication, using
-    credentials made for this cluster in memory (``Security.temporary()``), so another user of
-    the machine cannot connect to it and run code as you (a Dask client can run any code on
-    the workers).
-``"tls://HOST:PORT"``
-    an existing Dask scheduler, e.g. one started by ``dask-jobqueue`` on a SLURM cluster
-    (README, "Scaling out"). The workers must see the same files (run folder, data root) at the
-    same paths and have this package installed. The client's certificates come from Dask's own
-    configuration, which ``distributed.Client`` reads: ``distributed.comm.tls.ca-file``,
-    ``distributed.comm.tls.client.cert`` and ``distributed.comm.tls.client.key`` (in
-    ``~/.config/dask/*.yaml`` or the environment variables
-    ``DASK_DISTRIBUTED__COMM__TLS__CA_FILE``, ``..._CLIENT__CERT``, ``..._CLIENT__KEY``); a
-    missing one is an error naming them (``address_security``).
-``"tcp://HOST:PORT"``
-    refused unless ``allow_insecure=True`` (``run_all.sh --allow-insecure-scheduler``, profile
-    key ``shared.allow_insecure_scheduler``): a plain TCP scheduler is neither encrypted nor
-    authenticated, so anyone who can reach the port can submit code to its workers.
+- ``""`` or ``"sequential"`` (default): in this process, one unit after the other; no Dask.
+- ``"local:N"``: a private ``dask.distributed`` cluster of N one-thread worker processes on
+  127.0.0.1 over mutually authenticated TLS, worker i on CUDA device ``i % n_gpus``; it lives
+  as long as the ``TaskRunner``.
+- ``"tls://HOST:PORT"``: a running Dask scheduler whose workers see the same paths and have
+  this package; client certificates from Dask's configuration (``TLS_CONFIG_KEYS``), a missing
+  one is a ``SchedulerError`` (``address_security``).
+- ``"tcp://HOST:PORT"``: only with ``allow_insecure`` (``--allow-insecure-scheduler``,
+  ``shared.allow_insecure_scheduler``).
 
-Results are identical to the sequential run because every task sets the submitting process's
-torch intra-op thread count (float sums depend on it) and every unit of work derives its
-randomness from its own seeds, never from what ran before it in the same process. Tasks are
-idempotent: each writes its artefacts through a temporary file and a rename, and reuses a
-finished artefact (training: the finished resume state; audits: the summary JSON with matching
-settings). A task whose worker dies (killed, out of memory) is rescheduled by Dask on another
-worker and starts again from those artefacts; a half-written temporary file is overwritten,
-never appended to, so no table ever holds duplicate rows.
+Results equal the sequential run's; a task whose worker dies is rerun from its artefacts.
 
-The core functions that loop over units (``training.train_matrix``, ``audit.audit_registry``,
-``transfer.audit_cohorts``) take a ``task_map`` argument with the signature of
-``TaskRunner.map``; ``None`` (their default) is the plain loop. This module lives in the
-pipeline layer because it submits models/analysis work; those layers never import it.
+Design: docs/data_models_runs.md, "Tasks and schedulers".
 """
 
 from __future__ import annotations
@@ -150,8 +127,7 @@ def cuda_device_count() -> int:
 
 
 def local_worker_environments(workers: int, n_gpus: int) -> list[dict[str, str]]:
-    """Environment of each local worker process: its pinned GPU, and tqdm bars switched off
-    (progress is reported per task in the notebook instead of by N interleaved bars)."""
+    """Environment of each local worker process: its pinned GPU, tqdm bars off, PYTHONHASHSEED."""
     environments = []
     for index in range(workers):
         environment = {"TQDM_DISABLE": "1", "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
@@ -162,11 +138,9 @@ def local_worker_environments(workers: int, n_gpus: int) -> list[dict[str, str]]
 
 
 def _start_local_cluster(workers: int):
-    """A SpecCluster of ``workers`` Nanny-supervised processes with one task thread each,
-    private to this process: every server (scheduler, nannies, workers) listens on
-    ``LOOPBACK`` over ``tls://`` and requires a certificate signed by a key made here, in memory,
-    for this cluster only (``Security.temporary``; needs the pinned ``cryptography``). The
-    cluster's ``security`` is what ``Client(cluster)`` connects with."""
+    """A SpecCluster of ``workers`` Nanny-supervised one-thread processes, private to this
+    process: every server listens on ``LOOPBACK`` over ``tls://`` with credentials made here
+    (``Security.temporary``), which ``Client(cluster)`` connects with."""
     from distributed import Nanny, Scheduler, SpecCluster
     from distributed.security import Security
 
@@ -268,9 +242,7 @@ class TaskRunner:
             self.client.close()
             self.client = None
         if self._cluster is not None:
-            # Every result is in by now. On a loaded machine a worker can take over the nanny's
-            # 4 s to exit and is killed with a WARNING on stderr; that says nothing about the
-            # results and would read as a problem in the executed notebook, so it is muted here.
+            # Every result is in: a slow worker's exit WARNING is muted (docs/data_models_runs.md).
             nanny_log = logging.getLogger("distributed.nanny")
             level = nanny_log.level
             nanny_log.setLevel(logging.ERROR)

@@ -1,18 +1,13 @@
 """Do two runs of one profile reach the same verdicts?
 
-Training from scratch is not bit-identical across CPU vendors (docs/protocol.md, "CPU
-numerics"), so the promise between machines is about verdicts, not bytes. A run agrees with a
-reference (``tests/expected/default/`` holds the default run's headline tables) when:
+``compare_runs(figures_dir, reference_dir)``: one row (check, ok, detail) per check of the
+``HEADLINE_TABLES`` against a reference (default ``tests/expected/default/``): the same gate
+verdict per CAM, the same learned checkpoints, the same primary, panel A's size within
+``PANEL_A_TOLERANCE``, every Table 4 peak-failure rate inside the other run's 95% interval
+both ways. ``python -m endoexplain_core.pipeline.verdicts FIGURES_DIR [REFERENCE_DIR]`` prints
+them; exit 1 when a check fails, 2 when a table is missing.
 
-- **gate**: every CAM method has the same validity-gate verdict;
-- **learned**: the same checkpoints learned;
-- **primary**: the same primary checkpoint;
-- **panel A**: the primary's high-score subset has the same size within 10%;
-- **Table 4**: every peak-failure rate lies inside the other run's 95% interval and vice
-  versa (panel A and panel B, every map method).
-
-``compare_runs`` returns one row per check; ``python -m endoexplain_core.pipeline.verdicts
-FIGURES_DIR [REFERENCE_DIR]`` prints them and exits 1 when any check fails.
+Design: docs/data_models_runs.md, "Run summary and verdicts".
 """
 
 from __future__ import annotations
