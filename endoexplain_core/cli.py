@@ -478,44 +478,19 @@ def verify_folder(folder: str | Path) -> list[str]:
 def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float,
                 calibration_note: str, cases: list[Case], model, weights_sha: str,
                 layer_name: str, layer) -> dict:
-    """The body of ``run_audit``, run while ``out`` is locked.
-
-    Long on purpose: the command's steps in their order, each writing into the staging folder
-    that is committed as a whole.
-    """
+    """The body of ``run_audit``, run while ``out`` is locked: the command's steps in their
+    order, each writing into the staging folder that is committed as a whole."""
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import audit, audit_schema
-    from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
+    from endoexplain_core.analysis import audit_schema
+    from endoexplain_core.data.imageio import read_image_and_mask
     from endoexplain_core.figures import audit_report, style
     from endoexplain_core.numerics import resolve_device
 
     name = args.name or Path(args.weights).stem
-    metadata = {"checkpoint_id": name, "arch": args.arch, "seed": -1, "control": "none",
-                "target_layer": layer_name}
     table_path, deletion_path = out / "case_table.parquet", out / "random_deletion.parquet"
-
-    def read_cases():
-        for case in cases:
-            # decoded for the input size, as the package's own runs read every model input
-            image, mask = read_image_and_mask(case.image_path, case.mask_path,
-                                              decode_size=args.image_size)
-            yield case.sample_id, image, mask
-
+    summary = _write_case_tables(args, name, temperature, cases, model, layer_name, layer,
+                                 table_path, deletion_path)
     device = resolve_device(args.device)
-    try:
-        summary = audit.audit_checkpoint(
-            model, metadata, temperature, read_cases(), dataset=args.dataset,
-            image_size=args.image_size, table_path=table_path, random_deletion_path=deletion_path,
-            top_fraction=args.top_fraction, repetitions=args.repetitions,
-            batch_size=args.batch_size, device=args.device, target_layer=(layer_name, layer),
-            total=len(cases))
-    except (ImageReadError, MaskSizeError) as error:
-        raise CommandError(str(error)) from error
-    except ValueError as error:
-        if "no case with a non-empty mask" in str(error) or "mask size" in str(error):
-            raise CommandError(str(error)) from error
-        raise
-
     style.apply()
     table = audit_schema.read_audit_table(table_path)
     report = audit_report.audit_summary(
@@ -562,6 +537,39 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
                           out / "case_figure.png",
                           [Path(p) for p in written] + [out / RECORD_NAME])
     return record
+
+
+def _write_case_tables(args: argparse.Namespace, name: str, temperature: float,
+                       cases: list[Case], model, layer_name: str, layer, table_path: Path,
+                       deletion_path: Path) -> dict:
+    """Run ``audit.audit_checkpoint`` on the cases; an unreadable frame or mask, or no
+    non-empty mask, is a ``CommandError``. Returns the audit's summary."""
+    from endoexplain_core.analysis import audit
+    from endoexplain_core.data.imageio import ImageReadError, MaskSizeError, read_image_and_mask
+
+    metadata = {"checkpoint_id": name, "arch": args.arch, "seed": -1, "control": "none",
+                "target_layer": layer_name}
+
+    def read_cases():
+        for case in cases:
+            # decoded for the input size, as the package's own runs read every model input
+            image, mask = read_image_and_mask(case.image_path, case.mask_path,
+                                              decode_size=args.image_size)
+            yield case.sample_id, image, mask
+
+    try:
+        return audit.audit_checkpoint(
+            model, metadata, temperature, read_cases(), dataset=args.dataset,
+            image_size=args.image_size, table_path=table_path, random_deletion_path=deletion_path,
+            top_fraction=args.top_fraction, repetitions=args.repetitions,
+            batch_size=args.batch_size, device=args.device, target_layer=(layer_name, layer),
+            total=len(cases))
+    except (ImageReadError, MaskSizeError) as error:
+        raise CommandError(str(error)) from error
+    except ValueError as error:
+        if "no case with a non-empty mask" in str(error) or "mask size" in str(error):
+            raise CommandError(str(error)) from error
+        raise
 
 
 def _check_methods(requested: Sequence[str] | None, known: Sequence[str]) -> tuple[str, ...]:
@@ -636,12 +644,7 @@ Eigen-CAM* is class-agnostic.</p>
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``endoexplain`` argument parser (subcommand ``audit``).
-
-    Long on purpose: argparse declarations only.
-    """
-    from endoexplain_core.models.networks import AUDITABLE_ARCHITECTURES
-
+    """The ``endoexplain`` argument parser (subcommands ``audit`` and ``verify``)."""
     parser = argparse.ArgumentParser(
         prog="endoexplain",
         description="endoExplain: audit where CAM explanations of a polyp classifier point.",
@@ -663,7 +666,25 @@ def build_parser() -> argparse.ArgumentParser:
             "  endoexplain audit --arch resnet18 --weights model.safetensors \\\n"
             "      --images frames/ --masks masks/ --mask-suffix _mask --out audit_out/\n\n"
             "exit codes: 0 done, 2 refused with a one-line reason, 1 unexpected error"))
-    model = audit.add_argument_group("model")
+    _add_model_arguments(audit.add_argument_group("model"))
+    _add_data_arguments(audit.add_argument_group("data"))
+    _add_protocol_arguments(audit.add_argument_group("protocol"))
+    _add_run_arguments(audit.add_argument_group("run"))
+    audit.set_defaults(handler=run_audit)
+    verify = commands.add_parser(
+        "verify", help="check an audit folder's files against its audit.json record",
+        description="Check every file listed in DIR/audit.json (the record an audit writes last) "
+                    "against its SHA-256. Exit 0: all match; 2: a file is missing or changed, or "
+                    "there is no record (an interrupted audit).")
+    verify.add_argument("folder", metavar="DIR", help="an endoexplain audit --out folder")
+    verify.set_defaults(handler=run_verify)
+    return parser
+
+
+def _add_model_arguments(model) -> None:
+    """The audited model: architecture, weights, layer, input size, calibration."""
+    from endoexplain_core.models.networks import AUDITABLE_ARCHITECTURES
+
     model.add_argument("--arch", required=True, metavar="ARCH",
                        help=f"torchvision architecture: {', '.join(AUDITABLE_ARCHITECTURES)}")
     model.add_argument("--weights", required=True, metavar="FILE",
@@ -687,7 +708,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="temperature T of the score sigmoid(z / T) (default 1)")
     calibration.add_argument("--calibration-logits", metavar="CSV", default=None,
                              help="fit T on validation logits: CSV with logit_neg, logit_pos, target")
-    data = audit.add_argument_group("data")
+
+
+def _add_data_arguments(data) -> None:
+    """The masked frames: folders, mask suffix, dataset name."""
     data.add_argument("--images", required=True, metavar="DIR",
                       help="folder of frames (JPEG, PNG, TIFF, BMP)")
     data.add_argument("--masks", required=True, metavar="DIR",
@@ -696,7 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="mask name suffix after the image stem, e.g. _mask (default none)")
     data.add_argument("--dataset", default=DEFAULT_DATASET, metavar="NAME",
                       help=f"dataset name written in the case table (default {DEFAULT_DATASET})")
-    protocol = audit.add_argument_group("protocol")
+
+
+def _add_protocol_arguments(protocol) -> None:
+    """The protocol values: methods shown, panel A threshold, top area, deletions, bootstrap."""
     protocol.add_argument("--methods", nargs="+", metavar="METHOD", default=None,
                           help="CAM methods shown in the summary (default all five; the case "
                                "table always holds all of them)")
@@ -709,7 +736,10 @@ def build_parser() -> argparse.ArgumentParser:
     protocol.add_argument("--bootstrap-replicates", type=int, default=2000, metavar="N",
                           help="image-bootstrap replicates for the CIs (default 2000)")
     protocol.add_argument("--seed", type=int, default=20260721, help="bootstrap seed")
-    run = audit.add_argument_group("run")
+
+
+def _add_run_arguments(run) -> None:
+    """Where and how the audit runs: output folder, device, batch, lock, report."""
     run.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     run.add_argument("--name", default=None, help="model name in the tables (default: weights file stem)")
     run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -721,15 +751,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default 0: refuse at once)")
     run.add_argument("--report", default="html", choices=("html", "none"),
                      help="write the self-contained report.html (default html)")
-    audit.set_defaults(handler=run_audit)
-    verify = commands.add_parser(
-        "verify", help="check an audit folder's files against its audit.json record",
-        description="Check every file listed in DIR/audit.json (the record an audit writes last) "
-                    "against its SHA-256. Exit 0: all match; 2: a file is missing or changed, or "
-                    "there is no record (an interrupted audit).")
-    verify.add_argument("folder", metavar="DIR", help="an endoexplain audit --out folder")
-    verify.set_defaults(handler=run_verify)
-    return parser
 
 
 def run_verify(args: argparse.Namespace) -> str:

@@ -153,17 +153,8 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
 
     Returns a summary: checkpoint_id, n_audited, n_empty_masks_excluded, the excluded sample ids,
     the two paths and the wall time in seconds.
-
-    Long on purpose: the batch loop streams rows into one Parquet writer and validates them;
-    split, the writer's state would cross functions.
     """
-    missing = [key for key in ("checkpoint_id", "arch", "seed") if key not in metadata]
-    if missing:
-        raise ValueError(f"checkpoint metadata lacks {missing}")
-    checkpoint_id = str(metadata["checkpoint_id"])
-    if temperature is None or not np.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"checkpoint {checkpoint_id} has no valid fitted temperature "
-                         f"(got {temperature}); run 02_calibration first")
+    checkpoint_id = _checked_checkpoint_id(metadata, temperature)
     started = time.perf_counter()
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
@@ -177,6 +168,8 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                  "control": str(metadata.get("control", "none")), "target": TARGET,
                  "target_layer": layer_name, "top_fraction": float(top_fraction),
                  "calibration": CALIBRATION_STATUS, "temperature": float(temperature)}
+    random_constants = {"dataset": dataset, "checkpoint_id": checkpoint_id,
+                        "top_fraction": float(top_fraction), "repetitions": repetitions}
     deletion_schema = audit_schema.random_deletion_schema(repetitions)
 
     table_path, random_deletion_path = Path(table_path), Path(random_deletion_path)
@@ -199,10 +192,7 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
                 n_rows = len(rows["sample_id"])
                 rows.update({k: [v] * n_rows for k, v in constants.items()})
                 table_writer.write_table(pa.Table.from_pydict(rows, schema=audit_schema.AUDIT_SCHEMA))
-                random_table.update({"dataset": [dataset] * len(ids),
-                                     "checkpoint_id": [checkpoint_id] * len(ids),
-                                     "top_fraction": [float(top_fraction)] * len(ids),
-                                     "repetitions": [repetitions] * len(ids)})
+                random_table.update({k: [v] * len(ids) for k, v in random_constants.items()})
                 deletion_writer.write_table(pa.Table.from_pydict(random_table, schema=deletion_schema))
                 n_audited += len(ids)
                 bar.update(n_audited + len(excluded) - bar.n)   # excluded cases count as seen
@@ -219,6 +209,18 @@ def audit_checkpoint(model: torch.nn.Module, metadata: dict, temperature: float,
             "n_empty_masks_excluded": len(excluded), "excluded_sample_ids": excluded,
             "table_path": str(table_path), "random_deletion_path": str(random_deletion_path),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _checked_checkpoint_id(metadata: dict, temperature: float | None) -> str:
+    """The checkpoint id, after checking the metadata keys and the fitted temperature."""
+    missing = [key for key in ("checkpoint_id", "arch", "seed") if key not in metadata]
+    if missing:
+        raise ValueError(f"checkpoint metadata lacks {missing}")
+    checkpoint_id = str(metadata["checkpoint_id"])
+    if temperature is None or not np.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"checkpoint {checkpoint_id} has no valid fitted temperature "
+                         f"(got {temperature}); run 02_calibration first")
+    return checkpoint_id
 
 
 # --- one registered checkpoint of a run ---------------------------------------------------------

@@ -50,13 +50,18 @@ def _csv(folder: Path, name: str) -> pd.DataFrame | None:
 
 
 def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object]:
-    """This run's value of every paper quantity it produces (keys of the paper CSV).
+    """This run's value of every paper quantity it produces (keys of the paper CSV); a
+    quantity whose table is missing, or whose value is NaN, is left out."""
+    layout, figures_dir = RunLayout(Path(run_dir)), Path(figures_dir)
+    values = {**_role_values(layout), **_model_values(layout, figures_dir),
+              **_calibration_values(figures_dir), **_audit_values(figures_dir),
+              **_transfer_values(figures_dir)}
+    return {k: v for k, v in values.items() if not (isinstance(v, float) and np.isnan(v))}
 
-    Long on purpose: one flat list of the paper's quantities, one lookup each.
-    """
-    run_dir, figures_dir = Path(run_dir), Path(figures_dir)
+
+def _role_values(layout: RunLayout) -> dict[str, object]:
+    """Manifest rows per role and the manifest digest's prefix."""
     values: dict[str, object] = {}
-    layout = RunLayout(run_dir)
     manifest_path = layout.manifest
     if manifest_path.is_file():
         manifest = pd.read_csv(manifest_path, dtype={"mask_path": str}, keep_default_na=False)
@@ -69,6 +74,12 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
     digest_path = layout.manifest_digest_file
     if digest_path.is_file():
         values["manifest_digest_prefix"] = digest_path.read_text().strip()[:12]
+    return values
+
+
+def _model_values(layout: RunLayout, figures_dir: Path) -> dict[str, object]:
+    """The primary checkpoint, its validation and test scores, and the source categories."""
+    values: dict[str, object] = {}
     registry = pd.read_csv(layout.registry) if layout.registry.is_file() else None
     primary_id = None
     if registry is not None and registry["is_primary"].any():
@@ -81,6 +92,21 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
         row = training.set_index("checkpoint_id").loc[primary_id]
         values["primary_test_auprc"] = row.get("test_auprc", np.nan)
         values["primary_test_accuracy"] = row.get("test_accuracy_at_0.5", np.nan)
+    sources = _csv(figures_dir, "table_source_category")
+    if sources is not None:
+        by_source = sources.set_index("source")
+        for source, key in (("dyed-lifted-polyps", "sensitivity_dyed_lifted"), ("polyps", "sensitivity_standard")):
+            if source in by_source.index:
+                values[key] = by_source.loc[source, "sensitivity"]
+        if "dyed-resection-margins" in by_source.index:
+            values["false_positives_dyed_resection_margins"] = int(by_source.loc["dyed-resection-margins", "false_positives"])
+            values["fpr_dyed_resection_margins"] = by_source.loc["dyed-resection-margins", "false_positive_rate"]
+    return values
+
+
+def _calibration_values(figures_dir: Path) -> dict[str, object]:
+    """Table 3's raw and scaled NLL, Brier and ECE, and the primary's temperature."""
+    values: dict[str, object] = {}
     table3 = _csv(figures_dir, "table3_calibration")
     if table3 is not None:
         for split, prefix in (("Validation", "val"), ("Test", "test")):
@@ -92,15 +118,12 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
         scaled = table3[table3["score"] == "Temperature-scaled"]
         if len(scaled):
             values["primary_temperature"] = float(scaled["temperature"].iloc[0])
-    sources = _csv(figures_dir, "table_source_category")
-    if sources is not None:
-        by_source = sources.set_index("source")
-        for source, key in (("dyed-lifted-polyps", "sensitivity_dyed_lifted"), ("polyps", "sensitivity_standard")):
-            if source in by_source.index:
-                values[key] = by_source.loc[source, "sensitivity"]
-        if "dyed-resection-margins" in by_source.index:
-            values["false_positives_dyed_resection_margins"] = int(by_source.loc["dyed-resection-margins", "false_positives"])
-            values["fpr_dyed_resection_margins"] = by_source.loc["dyed-resection-margins", "false_positive_rate"]
+    return values
+
+
+def _audit_values(figures_dir: Path) -> dict[str, object]:
+    """Table 4's failure rates, the threshold and lesion-size tables, and Table 5's odds ratios."""
+    values: dict[str, object] = {}
     table4 = _csv(figures_dir, "table4_spatial_audit")
     if table4 is not None:
         panel = table4.set_index(["panel", "method"])
@@ -127,6 +150,12 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
                 estimable = bool(by_term.loc[term].get("estimable", True))
                 values[key] = (by_term.loc[term, "odds_ratio"] if estimable
                                else by_term.loc[term].get("note", "not estimable"))
+    return values
+
+
+def _transfer_values(figures_dir: Path) -> dict[str, object]:
+    """Cases, eligible images and the centre baseline's IoU per external cohort."""
+    values: dict[str, object] = {}
     transfer = _csv(figures_dir, "table_transfer")
     if transfer is not None:
         for dataset, label in DATASET_LABELS.items():
@@ -135,7 +164,7 @@ def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object
                 values[f"transfer_{dataset}_cases"] = int(part["n_cases"].iloc[0])
                 values[f"transfer_{dataset}_eligible"] = int(part["n_eligible"].iloc[0])
                 values[f"transfer_{dataset}_centre_iou"] = float(part["centre_baseline_iou"].iloc[0])
-    return {k: v for k, v in values.items() if not (isinstance(v, float) and np.isnan(v))}
+    return values
 
 
 AGREES = "agrees"

@@ -416,9 +416,6 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
     separated, too_thin, estimable, ci_low, ci_high, ci90_low, ci90_high, p, hits, note, n_images,
     n_subgroup, n_reference, n_checkpoints (of the method's rows in the fit), n_clusters and
     n_parameters (the fit's design; NaN where no fit was made).
-
-    Long on purpose: one pass over the contrasts applies the thin-side, constant-checkpoint and
-    separation rules in the order they are documented.
     """
     methods = sorted(frame["method"].unique(), key=list(frame["method"].unique()).index)
     pooled = ((CHECKPOINT_TERM,) if "checkpoint_id" in frame and frame["checkpoint_id"].nunique() > 1
@@ -447,22 +444,7 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
             gaps, separated, note = fit_estimable(data, outcome, [*model_terms(model, contrast), *pooled],
                                                   varying_methods, method_specific_slopes=specific)
             note = "; ".join(filter(None, [dropped_note, note]))
-            gaps = gaps.assign(method_note="")
-            if separated:
-                gaps = pd.concat([gaps, pd.DataFrame({
-                    "method": list(separated), "gap": np.nan, "se": np.nan,
-                    "method_note": [SEPARATION_NOTE.format(hits=hit_counts(data, outcome, m))
-                                    + f" along {term}" for m, term in separated.items()]})],
-                    ignore_index=True)
-            if thin:
-                gaps = pd.concat([gaps, pd.DataFrame({"method": list(thin), "gap": np.nan, "se": np.nan,
-                                                      "method_note": list(thin.values())})],
-                                 ignore_index=True)
-            if constant:
-                gaps = pd.concat([gaps, pd.DataFrame({"method": constant, "gap": np.nan, "se": np.nan,
-                                                      "constant_outcome": True,
-                                                      "method_note": "not estimable (constant outcome)"})],
-                                 ignore_index=True)
+            gaps = _with_unfitted_methods(gaps, data, outcome, separated, thin, constant)
             gaps["constant_outcome"] = gaps.get("constant_outcome", pd.Series(False, index=gaps.index)).fillna(False).astype(bool)
             gaps["separated"] = gaps["method"].isin(list(separated))
             gaps["too_thin"] = gaps["method"].isin(list(thin))
@@ -475,22 +457,52 @@ def contrast_gaps(frame: pd.DataFrame, contrast: Contrast, *, outcomes=MAP_OUTCO
             gaps.insert(0, "unit", OUTCOME_UNITS[outcome])
             gaps.insert(0, "outcome", outcome)
             gaps.insert(0, "contrast", contrast.name)
-            if OUTCOMES[outcome] == "logistic":
-                gaps["hits"] = [hit_counts(data, outcome, m) if m in varying.index else ""
-                                for m in gaps["method"]]
-            else:
-                gaps["hits"] = ""
-            if OUTCOMES[outcome] == "logistic":   # a gap in pp cannot pass +-100
-                beyond = (gaps["ci_low"] < -100.0) | (gaps["ci_high"] > 100.0)
-                gaps.loc[beyond, "method_note"] = WALD_BEYOND_RANGE_NOTE
-            method_note = gaps.pop("method_note").fillna("")
-            gaps["note"] = ["; ".join(filter(None, [own, note])) for own in method_note]
+            gaps = _hits_and_notes(gaps, data, outcome, varying, note)
             gaps = gaps.assign(**counts, n_checkpoints=[int(checkpoints_used.get(m, 0))
                                                         for m in gaps["method"]])
             for column in ("n_clusters", "n_parameters"):
                 gaps[column] = gaps.get(column, pd.Series(np.nan, index=gaps.index)).astype(float)
             parts.append(gaps)
     return pd.concat(parts, ignore_index=True)
+
+
+def _with_unfitted_methods(gaps: pd.DataFrame, data: pd.DataFrame, outcome: str,
+                           separated: dict, thin: dict, constant: list) -> pd.DataFrame:
+    """``gaps`` (the fitted methods) plus a NaN row per method left out of the fit, each with
+    its reason in ``method_note``: separated, too thin, or a constant outcome."""
+    gaps = gaps.assign(method_note="")
+    if separated:
+        gaps = pd.concat([gaps, pd.DataFrame({
+            "method": list(separated), "gap": np.nan, "se": np.nan,
+            "method_note": [SEPARATION_NOTE.format(hits=hit_counts(data, outcome, m))
+                            + f" along {term}" for m, term in separated.items()]})],
+            ignore_index=True)
+    if thin:
+        gaps = pd.concat([gaps, pd.DataFrame({"method": list(thin), "gap": np.nan, "se": np.nan,
+                                              "method_note": list(thin.values())})],
+                         ignore_index=True)
+    if constant:
+        gaps = pd.concat([gaps, pd.DataFrame({"method": constant, "gap": np.nan, "se": np.nan,
+                                              "constant_outcome": True,
+                                              "method_note": "not estimable (constant outcome)"})],
+                         ignore_index=True)
+    return gaps
+
+
+def _hits_and_notes(gaps: pd.DataFrame, data: pd.DataFrame, outcome: str, varying: pd.Series,
+                    fit_note: str) -> pd.DataFrame:
+    """Add ``hits`` (logistic outcomes) and ``note`` (each method's own note, then the fit's),
+    consuming ``method_note``."""
+    if OUTCOMES[outcome] == "logistic":
+        gaps["hits"] = [hit_counts(data, outcome, m) if m in varying.index else ""
+                        for m in gaps["method"]]
+        beyond = (gaps["ci_low"] < -100.0) | (gaps["ci_high"] > 100.0)   # a gap in pp cannot pass +-100
+        gaps.loc[beyond, "method_note"] = WALD_BEYOND_RANGE_NOTE
+    else:
+        gaps["hits"] = ""
+    method_note = gaps.pop("method_note").fillna("")
+    gaps["note"] = ["; ".join(filter(None, [own, fit_note])) for own in method_note]
+    return gaps
 
 
 LESION_SIZE_CONTRAST = "Lesion size: small vs large"

@@ -405,115 +405,138 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
     (``gate_seed``, ``model``, ``accuracy_ok``). Rates pool the replicates whose models met
     their accuracy rules (``usable_replicates``; with none, all replicates, and every verdict is
-    "inconclusive"). Columns: method, label, verdict ("passes", "fails", "inconclusive"),
-    passes (verdict == "passes"), lesion_rate / _ci_low / _ci_high,
-    lesion_chance, lesion_bar, cue_rate / _ci_low / _ci_high, cue_chance, cue_bar, for each
-    control <control>_lesion_rate / _ci_low / _ci_high and <control>_cue_rate / ..., n (maps
-    per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
+    "inconclusive"). Columns: ``GATE_COLUMNS`` (method, label, verdict ("passes", "fails",
+    "inconclusive"), passes, lesion_rate / _ci_low / _ci_high, lesion_chance, lesion_bar,
+    cue_rate / ..., for each control <control>_lesion_rate / ... and <control>_cue_rate / ...,
+    n (maps per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
     replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
     replicates_agree (NaN with fewer than two usable replicates), reason, and
-    <prefix>_dispersion per rate. Intervals: ``stats.replicate_wilson_interval``; a constant
+    <prefix>_dispersion per rate). Intervals: ``stats.replicate_wilson_interval``; a constant
     map counts as a miss. Baseline maps (random, centre) get rows judged by the same rule, as
     references. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre baseline's rates on
     the same frames; ``lesion_ceiling`` / ``cue_ceiling``: the resolution ceiling (share of
     frames whose CAM-grid node nearest the region's centroid lies inside it, ``kernels.grid``;
     NaN for rows without it).
-
-    Long on purpose: the pass rule per method (chance levels, bars, each model's interval, the
-    verdict and its reasons) reads top to bottom in one place.
     """
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
     missing = sorted(set(GATE_MODELS) - set(case_rows["model"]))
     if missing:
         raise ValueError(f"gate case rows lack models {missing}")
-    seeds = sorted(int(s) for s in model_facts["gate_seed"].unique())
+    n_replicates = model_facts["gate_seed"].nunique()
     usable = usable_replicates(model_facts)
-    bad = model_facts[~model_facts["accuracy_ok"].astype(bool)]
+    unusable = model_facts[~model_facts["accuracy_ok"].astype(bool)]
     # Pooled over the usable replicates; with none, over all (shown, but never a verdict).
     pooled = case_rows[case_rows["gate_seed"].isin(usable)] if usable else case_rows
     rows = []
     for method in methods:
-        of_method = pooled[pooled["method"] == method]
         if case_rows[case_rows["method"] == method].empty:
             continue
+        of_method = pooled[pooled["method"] == method]
         per_model = {m: of_method[of_method["model"] == m] for m in GATE_MODELS}
-        images = per_model["lesion"].groupby(["gate_seed", "sample_id"])
-        lesion_chance = float(images["lesion_area_fraction"].first().mean())
-        cue_chance = float(images["cue_area_fraction"].first().mean())
-        centre = _centre_rates(pooled)
-        # A method must clear chance by the margin and beat the centre baseline on the same
-        # frames: a map that only prefers the middle of the frame is no evidence of either.
-        bars = {"lesion": max(lesion_chance + margin, centre["lesion"]),
-                "cue": max(cue_chance + margin, centre["cue"])}
-        row = {"method": method, "label": method_label(method),
-               "n": len(per_model["lesion"]), "n_replicates": len(seeds),
-               "replicates_used": len(usable), "margin": margin, "models_ok": bool(usable),
-               "lesion_chance": lesion_chance, "cue_chance": cue_chance,
-               "centre_lesion_rate": centre["lesion"], "centre_cue_rate": centre["cue"],
-               "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
-               "lesion_ceiling": _ceiling(per_model["lesion"], "lesion_node_inside"),
-               "cue_ceiling": _ceiling(per_model["lesion"], "cue_node_inside")}
-        failing, open_reasons = [], []
-        checks = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
-                  ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
-        checks += [(c, target, column, f"{c} control {text}") for c in CONTROL_MODELS
-                   for target, column, text in (("lesion", "peak_inside_lesion", "peak-inside"),
-                                                ("cue", "peak_on_cue", "peak-on-cue"))]
-        for model, target, column, text in checks:
-            hits, n, n_constant = _count(per_model[model], column)
-            rate, low, high, dispersion = _interval(*_replicate_counts(per_model[model], column), level)
-            prefix = target if model in ("lesion", "shortcut") else f"{model}_{target}"
-            row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high,
-                        f"{prefix}_dispersion": dispersion})
-            row.setdefault(f"n_constant_{model}", n_constant)
-            bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high, dispersion)}"
-            if model in CONTROL_MODELS:
-                if low >= bar:
-                    failing.append(f"{described}: lower bound clears the bar {bar:.3f}")
-                elif not high < bar:
-                    open_reasons.append(f"{described}: upper bound reaches the bar {bar:.3f}")
-            elif high < bar:
-                failing.append(f"{described}: upper bound below the bar {bar:.3f}")
-            elif not low >= bar:   # also NaN: no defined peak
-                open_reasons.append(f"{described}: interval straddles the bar {bar:.3f}")
+        row, bars = _method_rates(per_model, _centre_rates(pooled), margin)
+        row.update(method=method, label=method_label(method), n_replicates=n_replicates,
+                   replicates_used=len(usable), models_ok=bool(usable))
+        failing, open_reasons = _judge_models(row, per_model, bars, level)
         per_replicate = {seed: _point_verdict(pooled[(pooled["gate_seed"] == seed)
                                                      & (pooled["method"] == method)], bars)
                          for seed in usable}
-        disagree = [f"seed {seed}: {text}" for seed, (said, text) in per_replicate.items()
-                    if said != ("fails" if failing else "passes")]
-        if not usable:
-            verdict = "inconclusive"
-            reasons = ["no gate replicate met the accuracy rules: " + ", ".join(
-                f"{r['model']} (seed {r['gate_seed']}"
-                + (f", held-out accuracy {r['held_out_accuracy']:.2f}, required {r['accuracy_required']}"
-                   if "held_out_accuracy" in r else "") + ")" for _, r in bad.iterrows())]
-        elif open_reasons and not failing:
-            verdict, reasons = "inconclusive", open_reasons
-        elif disagree:   # the pooled decision does not hold in every replicate: not a finding
-            verdict = "inconclusive"
-            reasons = [f"pooled rates say {'fails' if failing else 'passes'} but the replicates "
-                       "disagree: " + "; ".join(disagree)]
-        elif failing:
-            verdict, reasons = "fails", failing
-        else:
-            verdict, reasons = "passes", ["passes"]
+        verdict, reasons = _verdict(failing, open_reasons, per_replicate, unusable)
         row.update(verdict=verdict, passes=verdict == "passes",
                    replicate_verdicts="; ".join(f"{seed}: {said}" for seed, (said, _) in per_replicate.items()),
                    replicates_agree=(len({said for said, _ in per_replicate.values()}) == 1
                                      if len(per_replicate) >= 2 else np.nan),
                    reason="; ".join(reasons))
         rows.append(row)
-    columns = ["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
-               "lesion_ci_high", "lesion_chance", "centre_lesion_rate", "lesion_bar",
-               "lesion_ceiling", "cue_rate", "cue_ci_low", "cue_ci_high", "cue_chance",
-               "centre_cue_rate", "cue_bar", "cue_ceiling"]
-    columns += [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
-                for k in ("rate", "ci_low", "ci_high")]
-    columns += ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
-    columns += ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
-    columns += [f"{prefix}_dispersion" for prefix in
-                ("lesion", "cue", *(f"{c}_{t}" for c in CONTROL_MODELS for t in ("lesion", "cue")))]
-    return pd.DataFrame(rows)[columns]
+    return pd.DataFrame(rows)[GATE_COLUMNS]
+
+
+def _method_rates(per_model: dict[str, pd.DataFrame], centre: dict[str, float],
+                  margin: float) -> tuple[dict, dict[str, float]]:
+    """One method's chance levels, centre rates, bars and ceilings (a partial gate row), and
+    the bar per target ("lesion", "cue")."""
+    images = per_model["lesion"].groupby(["gate_seed", "sample_id"])
+    lesion_chance = float(images["lesion_area_fraction"].first().mean())
+    cue_chance = float(images["cue_area_fraction"].first().mean())
+    # A method must clear chance by the margin and beat the centre baseline on the same
+    # frames: a map that only prefers the middle of the frame is no evidence of either.
+    bars = {"lesion": max(lesion_chance + margin, centre["lesion"]),
+            "cue": max(cue_chance + margin, centre["cue"])}
+    row = {"n": len(per_model["lesion"]), "margin": margin,
+           "lesion_chance": lesion_chance, "cue_chance": cue_chance,
+           "centre_lesion_rate": centre["lesion"], "centre_cue_rate": centre["cue"],
+           "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
+           "lesion_ceiling": _ceiling(per_model["lesion"], "lesion_node_inside"),
+           "cue_ceiling": _ceiling(per_model["lesion"], "cue_node_inside")}
+    return row, bars
+
+
+# (model, target, column, text) per rate the gate reads: the two planted models, then each
+# control on both targets.
+_GATE_CHECKS = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-inside"),
+                ("shortcut", "cue", "peak_on_cue", "shortcut model peak-on-cue")]
+_GATE_CHECKS += [(c, target, column, f"{c} control {text}") for c in CONTROL_MODELS
+                 for target, column, text in (("lesion", "peak_inside_lesion", "peak-inside"),
+                                              ("cue", "peak_on_cue", "peak-on-cue"))]
+
+
+def _judge_models(row: dict, per_model: dict[str, pd.DataFrame], bars: dict[str, float],
+                  level: float) -> tuple[list[str], list[str]]:
+    """Add each model's rate, interval and dispersion to ``row``; return the reasons it fails
+    (an interval wholly on the wrong side of its bar) and the reasons it stays open (an
+    interval straddling it)."""
+    failing, open_reasons = [], []
+    for model, target, column, text in _GATE_CHECKS:
+        hits, n, n_constant = _count(per_model[model], column)
+        rate, low, high, dispersion = _interval(*_replicate_counts(per_model[model], column), level)
+        prefix = target if model in ("lesion", "shortcut") else f"{model}_{target}"
+        row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high,
+                    f"{prefix}_dispersion": dispersion})
+        row.setdefault(f"n_constant_{model}", n_constant)
+        bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high, dispersion)}"
+        if model in CONTROL_MODELS:
+            if low >= bar:
+                failing.append(f"{described}: lower bound clears the bar {bar:.3f}")
+            elif not high < bar:
+                open_reasons.append(f"{described}: upper bound reaches the bar {bar:.3f}")
+        elif high < bar:
+            failing.append(f"{described}: upper bound below the bar {bar:.3f}")
+        elif not low >= bar:   # also NaN: no defined peak
+            open_reasons.append(f"{described}: interval straddles the bar {bar:.3f}")
+    return failing, open_reasons
+
+
+def _verdict(failing: list[str], open_reasons: list[str], per_replicate: dict,
+             unusable: pd.DataFrame) -> tuple[str, list[str]]:
+    """The verdict and its reasons from the pooled judgement and each usable replicate's point
+    verdict (``per_replicate``: seed -> (verdict, text)); none usable: inconclusive."""
+    if not per_replicate:
+        return "inconclusive", ["no gate replicate met the accuracy rules: " + ", ".join(
+            f"{r['model']} (seed {r['gate_seed']}"
+            + (f", held-out accuracy {r['held_out_accuracy']:.2f}, required {r['accuracy_required']}"
+               if "held_out_accuracy" in r else "") + ")" for _, r in unusable.iterrows())]
+    pooled_says = "fails" if failing else "passes"
+    disagree = [f"seed {seed}: {text}" for seed, (said, text) in per_replicate.items()
+                if said != pooled_says]
+    if open_reasons and not failing:
+        return "inconclusive", open_reasons
+    if disagree:   # the pooled decision does not hold in every replicate: not a finding
+        return "inconclusive", [f"pooled rates say {pooled_says} but the replicates disagree: "
+                                + "; ".join(disagree)]
+    if failing:
+        return "fails", failing
+    return "passes", ["passes"]
+
+
+_RATE_PREFIXES = ("lesion", "cue", *(f"{c}_{t}" for c in CONTROL_MODELS for t in ("lesion", "cue")))
+GATE_COLUMNS = (["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
+                 "lesion_ci_high", "lesion_chance", "centre_lesion_rate", "lesion_bar",
+                 "lesion_ceiling", "cue_rate", "cue_ci_low", "cue_ci_high", "cue_chance",
+                 "centre_cue_rate", "cue_bar", "cue_ceiling"]
+                + [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
+                   for k in ("rate", "ci_low", "ci_high")]
+                + ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
+                + ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
+                + [f"{prefix}_dispersion" for prefix in _RATE_PREFIXES])
 
 
 def _centre_rates(rows: pd.DataFrame) -> dict[str, float]:

@@ -242,8 +242,7 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
         shorter side: log-normal, clipped to ``LESION_AREA_RANGE`` (``lesion_geometry``).
     lesion_offset_sd : standard deviation of the polyp centre's offset from the frame centre,
         per axis, as a share of the shorter side (a 2-D Gaussian, pulled in so that the polyp
-        centre stays inside the field of view). Size and position are drawn independently,
-        so the frame centre lies inside large polyps far more often than inside small ones.
+        centre stays inside the field of view), drawn independently of the size.
     scar : pale, flat resection scar in the middle of the dye patch (resection margins).
     inflammation : 0..1, ulcerative-colitis severity (redness, lost vessels, granularity,
         fibrin-covered erosions, bleeding).
@@ -259,23 +258,59 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     image : uint8 (H, W, 3) RGB.
     mask : bool (H, W), True on the polyp; all False when ``lesion`` is False.
 
-    Long on purpose: one frame's drawing; its random draws must keep their order, since the
-    cohort's bytes depend on it.
+    The layers are drawn in a fixed order, each drawing from ``rng`` in turn: the cohort's
+    bytes depend on that order.
     """
-    height, width = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
-    if min(height, width) < 16:
-        raise ValueError(f"frame size must be at least 16 pixels, got {height}x{width}")
-    for name, value in (("conspicuity", conspicuity), ("dye_strength", dye_strength),
-                        ("inflammation", inflammation), ("stool", stool),
-                        ("fold_strength", fold_strength)):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {value}")
-    shape = (height, width)
+    shape = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    _check_frame_arguments(shape, conspicuity=conspicuity, dye_strength=dye_strength,
+                           inflammation=inflammation, stool=stool, fold_strength=fold_strength)
     y, x, pixels_per_unit = _frame_coordinates(shape)
-    radius_from_centre = np.sqrt(x * x + y * y)
 
     # Geometry first: the polyp (if any), then the lumen on the far side so it never hides it.
     lesion_r, lesion_cy, lesion_cx = lesion_geometry(rng, lesion_area, lesion_offset_sd)
+    lumen_r, lumen_cy, lumen_cx = _lumen_geometry(rng, lesion, lesion_r, lesion_cy, lesion_cx)
+    lumen_distance = np.sqrt((x - lumen_cx) ** 2 + (y - lumen_cy) ** 2)
+
+    image, texture = _draw_mucosa(rng, shape, y, x, inflammation=inflammation, villi=villi,
+                                  stool=stool)
+    # Dye, then scar, then the polyp on top (the lifted polyp sits on its blue cushion).
+    if dye:
+        _draw_dye(image, rng, shape, y, x, texture, lesion=lesion, lesion_r=lesion_r,
+                  lesion_cy=lesion_cy, lesion_cx=lesion_cx, dye_strength=dye_strength, scar=scar)
+    mask = np.zeros(shape, dtype=bool)
+    if lesion:
+        mask = _draw_polyp(image, rng, shape, y, x, pixels_per_unit, lesion_r, lesion_cy,
+                           lesion_cx, conspicuity)
+    _illuminate(image, rng, shape, lumen_distance, lumen_r, fold_strength)
+    if scope_shaft:
+        _draw_scope_shaft(image, rng, y, x, pixels_per_unit)
+
+    _draw_highlights(image, rng, y, x, lesion_r, lesion_cy, lesion_cx,
+                     polyp_conspicuity=conspicuity if lesion else 0.0)
+    image *= np.asarray(colour_shift, dtype=np.float32)
+    image += rng.normal(0.0, 0.012, image.shape).astype(np.float32)
+    # Black circular field of view (the corners and, on wide frames, the sides are black).
+    field = np.clip((rng.uniform(0.98, 1.10) - np.sqrt(x * x + y * y)) * pixels_per_unit, 0, 1)
+    image *= field[..., None]
+    mask &= field > 0.5
+    if position_box:
+        _draw_position_box(image)
+    return (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8), mask
+
+
+def _check_frame_arguments(shape: tuple[int, int], **shares: float) -> None:
+    """``ValueError`` for a frame under 16 pixels or a share outside [0, 1]."""
+    if min(shape) < 16:
+        raise ValueError(f"frame size must be at least 16 pixels, got {shape[0]}x{shape[1]}")
+    for name, value in shares.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _lumen_geometry(rng: np.random.Generator, lesion: bool, lesion_r: float, lesion_cy: float,
+                   lesion_cx: float) -> tuple[float, float, float]:
+    """The lumen's radius and centre (frame units), on the far side of the polyp so that it
+    never hides it."""
     centre_angle = np.arctan2(lesion_cy, lesion_cx)
     lumen_r = rng.uniform(0.16, 0.30)
     lumen_angle = centre_angle + np.pi + rng.uniform(-0.8, 0.8)
@@ -286,9 +321,13 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     else:
         lumen_offset = rng.uniform(0.1, 0.6)
         lumen_cy, lumen_cx = lumen_offset * np.sin(lumen_angle), lumen_offset * np.cos(lumen_angle)
-    lumen_distance = np.sqrt((x - lumen_cx) ** 2 + (y - lumen_cy) ** 2)
+    return lumen_r, lumen_cy, lumen_cx
 
-    # Mucosa: base colour, texture, vessels.
+
+def _draw_mucosa(rng: np.random.Generator, shape: tuple[int, int], y: np.ndarray, x: np.ndarray,
+                 *, inflammation: float, villi: bool, stool: float) -> tuple[np.ndarray, np.ndarray]:
+    """The mucosa: base colour, texture, vessels, villi, inflammation and stool. Returns the
+    float image (H, W, 3) and the texture field (H, W) later layers reuse."""
     texture = _fractal_noise(rng, shape, cells=4, octaves=4)
     mucosa = MUCOSA + rng.normal(0.0, 0.025, 3).astype(np.float32)
     mucosa = mucosa * np.array([1.0 + 0.06 * inflammation, 1.0 - 0.35 * inflammation,
@@ -314,49 +353,62 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
         stool_field = _fractal_noise(rng, shape, cells=3, octaves=3)
         cover = np.clip((stool_field - (1.0 - stool) * 0.75 - 0.2) * 6.0, 0.0, 1.0)
         _blend(image, cover * 0.95, STOOL * (0.75 + 0.5 * texture)[..., None])
+    return image, texture
 
-    # Dye, then scar, then the polyp on top (the lifted polyp sits on its blue cushion).
-    if dye:
-        if lesion:
-            dye_cy, dye_cx = lesion_cy, lesion_cx
-            # The cushion grows with the polyp but leaves some mucosa around large ones.
-            dye_r = min(lesion_r * rng.uniform(1.7, 2.5), lesion_r + 0.5)
-        else:
-            dye_cy, dye_cx = rng.uniform(-0.45, 0.45, 2)
-            dye_r = rng.uniform(0.25, 0.45)
-        dye_edge = _fractal_noise(rng, shape, cells=5, octaves=2)
-        dye_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
-            dye_r * (1.0 + 0.5 * (dye_edge - 0.5)))
-        dye_alpha = np.clip((1.0 - dye_relative) * 3.0, 0, 1) * (0.65 + 0.35 * dye_edge)
-        _blend(image, dye_alpha * dye_strength, DYE * (0.8 + 0.4 * texture)[..., None])
-        if scar:
-            scar_r = dye_r * rng.uniform(0.35, 0.5)
-            scar_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
-                scar_r * (1.0 + 0.6 * (texture - 0.5)))
-            scar_alpha = np.clip((1.0 - scar_relative) * 4.0, 0, 1)
-            _blend(image, scar_alpha * 0.9, SCAR * (0.9 + 0.2 * texture)[..., None])
-    mask = np.zeros(shape, dtype=bool)
+
+def _draw_dye(image: np.ndarray, rng: np.random.Generator, shape: tuple[int, int], y: np.ndarray,
+              x: np.ndarray, texture: np.ndarray, *, lesion: bool, lesion_r: float,
+              lesion_cy: float, lesion_cx: float, dye_strength: float, scar: bool) -> None:
+    """In place: blue dye (a cushion under the polyp, or a free patch) and the resection scar."""
     if lesion:
-        angle = np.arctan2(y - lesion_cy, x - lesion_cx)
-        harmonics = rng.uniform(0.0, 1.0, 3) * np.array([0.12, 0.07, 0.04])
-        phases = rng.uniform(0.0, 2 * np.pi, 3)
-        stretch = rng.uniform(0.8, 1.2)
-        boundary = lesion_r * (1.0 + sum(a * np.cos((k + 1) * angle + p)
-                                         for k, (a, p) in enumerate(zip(harmonics, phases))))
-        dx, dy = (x - lesion_cx) * stretch, (y - lesion_cy) / stretch
-        relative = np.sqrt(dx * dx + dy * dy) / boundary
-        mask = relative < 1.0
-        edge_alpha = np.clip((1.0 - relative) * boundary * pixels_per_unit / 1.5, 0, 1)
-        dome = np.sqrt(np.clip(1.0 - relative ** 2, 0, 1))
-        towards_light = (dx * LIGHT_DIRECTION[1] + dy * LIGHT_DIRECTION[0]) / boundary
-        shading = 0.78 + 0.30 * dome + 0.22 * towards_light
-        pits = _value_noise(rng, shape, cells=max(4, int(min(shape) / 4)))
-        surface = POLYP * (shading * (1.0 + 0.16 * conspicuity * (pits - 0.5)))[..., None]
-        rim = np.exp(-((relative - 1.1) / 0.08) ** 2) * np.clip(0.5 - towards_light, 0, 1)
-        image *= (1.0 - 0.45 * conspicuity * rim)[..., None]
-        _blend(image, edge_alpha * conspicuity, surface)
+        dye_cy, dye_cx = lesion_cy, lesion_cx
+        # The cushion grows with the polyp but leaves some mucosa around large ones.
+        dye_r = min(lesion_r * rng.uniform(1.7, 2.5), lesion_r + 0.5)
+    else:
+        dye_cy, dye_cx = rng.uniform(-0.45, 0.45, 2)
+        dye_r = rng.uniform(0.25, 0.45)
+    dye_edge = _fractal_noise(rng, shape, cells=5, octaves=2)
+    dye_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
+        dye_r * (1.0 + 0.5 * (dye_edge - 0.5)))
+    dye_alpha = np.clip((1.0 - dye_relative) * 3.0, 0, 1) * (0.65 + 0.35 * dye_edge)
+    _blend(image, dye_alpha * dye_strength, DYE * (0.8 + 0.4 * texture)[..., None])
+    if scar:
+        scar_r = dye_r * rng.uniform(0.35, 0.5)
+        scar_relative = np.sqrt((x - dye_cx) ** 2 + (y - dye_cy) ** 2) / (
+            scar_r * (1.0 + 0.6 * (texture - 0.5)))
+        scar_alpha = np.clip((1.0 - scar_relative) * 4.0, 0, 1)
+        _blend(image, scar_alpha * 0.9, SCAR * (0.9 + 0.2 * texture)[..., None])
 
-    # Illumination: folds around the lumen, brighter near the scope, dark lumen.
+
+def _draw_polyp(image: np.ndarray, rng: np.random.Generator, shape: tuple[int, int],
+                y: np.ndarray, x: np.ndarray, pixels_per_unit: float, lesion_r: float,
+                lesion_cy: float, lesion_cx: float, conspicuity: float) -> np.ndarray:
+    """In place: the polyp (dome shading, pits, rim shadow) blended by ``conspicuity``.
+    Returns its footprint, bool (H, W)."""
+    angle = np.arctan2(y - lesion_cy, x - lesion_cx)
+    harmonics = rng.uniform(0.0, 1.0, 3) * np.array([0.12, 0.07, 0.04])
+    phases = rng.uniform(0.0, 2 * np.pi, 3)
+    stretch = rng.uniform(0.8, 1.2)
+    boundary = lesion_r * (1.0 + sum(a * np.cos((k + 1) * angle + p)
+                                     for k, (a, p) in enumerate(zip(harmonics, phases))))
+    dx, dy = (x - lesion_cx) * stretch, (y - lesion_cy) / stretch
+    relative = np.sqrt(dx * dx + dy * dy) / boundary
+    mask = relative < 1.0
+    edge_alpha = np.clip((1.0 - relative) * boundary * pixels_per_unit / 1.5, 0, 1)
+    dome = np.sqrt(np.clip(1.0 - relative ** 2, 0, 1))
+    towards_light = (dx * LIGHT_DIRECTION[1] + dy * LIGHT_DIRECTION[0]) / boundary
+    shading = 0.78 + 0.30 * dome + 0.22 * towards_light
+    pits = _value_noise(rng, shape, cells=max(4, int(min(shape) / 4)))
+    surface = POLYP * (shading * (1.0 + 0.16 * conspicuity * (pits - 0.5)))[..., None]
+    rim = np.exp(-((relative - 1.1) / 0.08) ** 2) * np.clip(0.5 - towards_light, 0, 1)
+    image *= (1.0 - 0.45 * conspicuity * rim)[..., None]
+    _blend(image, edge_alpha * conspicuity, surface)
+    return mask
+
+
+def _illuminate(image: np.ndarray, rng: np.random.Generator, shape: tuple[int, int],
+                lumen_distance: np.ndarray, lumen_r: float, fold_strength: float) -> None:
+    """In place: haustral folds around the lumen, brighter near the scope, a dark lumen."""
     fold_phase = _fractal_noise(rng, shape, cells=3, octaves=2)
     fold_period = rng.uniform(0.22, 0.34)
     folds = np.sin(2 * np.pi * lumen_distance / fold_period + 5.0 * fold_phase)
@@ -365,37 +417,33 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     lumen_dark = np.exp(-(lumen_distance / lumen_r) ** 2)
     image *= (fold_shading * illumination * (1.0 - 0.93 * lumen_dark))[..., None]
 
-    if scope_shaft:
-        shaft_x = rng.uniform(-0.5, 0.5)
-        shaft_halfwidth = rng.uniform(0.18, 0.28)
-        shaft_top = rng.uniform(0.0, 0.45)
-        across = (x - shaft_x) / shaft_halfwidth
-        inside = np.clip((1.0 - np.abs(across)) * shaft_halfwidth * pixels_per_unit, 0, 1)
-        inside = inside * np.clip((y - shaft_top) * pixels_per_unit, 0, 1)
-        shaft_colour = np.float32(0.10) * (0.6 + 1.2 * np.clip(1.0 - across ** 2, 0, 1))
-        _blend(image, inside, np.repeat(shaft_colour[..., None], 3, axis=2))
 
-    # Specular highlights: a few on the wall, one on the polyp's lit side.
+def _draw_scope_shaft(image: np.ndarray, rng: np.random.Generator, y: np.ndarray, x: np.ndarray,
+                      pixels_per_unit: float) -> None:
+    """In place: the endoscope's own shaft entering from the bottom (retroflexion)."""
+    shaft_x = rng.uniform(-0.5, 0.5)
+    shaft_halfwidth = rng.uniform(0.18, 0.28)
+    shaft_top = rng.uniform(0.0, 0.45)
+    across = (x - shaft_x) / shaft_halfwidth
+    inside = np.clip((1.0 - np.abs(across)) * shaft_halfwidth * pixels_per_unit, 0, 1)
+    inside = inside * np.clip((y - shaft_top) * pixels_per_unit, 0, 1)
+    shaft_colour = np.float32(0.10) * (0.6 + 1.2 * np.clip(1.0 - across ** 2, 0, 1))
+    _blend(image, inside, np.repeat(shaft_colour[..., None], 3, axis=2))
+
+
+def _draw_highlights(image: np.ndarray, rng: np.random.Generator, y: np.ndarray, x: np.ndarray,
+                     lesion_r: float, lesion_cy: float, lesion_cx: float, *,
+                     polyp_conspicuity: float) -> None:
+    """In place: a few specular highlights on the wall, and one on the polyp's lit side
+    (none when ``polyp_conspicuity`` is 0: no polyp, or an invisible one)."""
     highlight_count = int(rng.integers(3, 9))
     _spots(image, y, x, rng.uniform(-0.85, 0.85, (highlight_count, 2)),
            rng.uniform(0.008, 0.025, highlight_count), np.ones(3, dtype=np.float32), 1.0)
-    if lesion and conspicuity > 0:
+    if polyp_conspicuity > 0:
         lit_spot = np.array([[lesion_cy + 0.4 * lesion_r * LIGHT_DIRECTION[0],
                               lesion_cx + 0.4 * lesion_r * LIGHT_DIRECTION[1]]])
         _spots(image, y, x, lit_spot, np.array([0.14 * lesion_r]),
-               np.ones(3, dtype=np.float32), conspicuity)
-
-    image *= np.asarray(colour_shift, dtype=np.float32)
-    image += rng.normal(0.0, 0.012, image.shape).astype(np.float32)
-
-    # Black circular field of view (the corners and, on wide frames, the sides are black).
-    field_radius = rng.uniform(0.98, 1.10)
-    field = np.clip((field_radius - radius_from_centre) * pixels_per_unit, 0, 1)
-    image *= field[..., None]
-    mask &= field > 0.5
-    if position_box:
-        _draw_position_box(image)
-    return (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8), mask
+               np.ones(3, dtype=np.float32), polyp_conspicuity)
 
 
 def _draw_position_box(image: np.ndarray) -> None:
@@ -564,67 +612,30 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
     generator's marker file (``synthetic_cohort.json``); otherwise ``FileExistsError``.
 
-    Long on purpose: parameter checks, then one call per dataset, collected into one summary.
     """
     root = Path(root)
-    frame_size, layout, counts = design.frame_size, design.synthetic_layout, dict(design.category_counts)
-    n_segmented, n_development_polyps = design.n_segmented, design.n_development_polyps
-    n_audit_near_duplicates = design.n_audit_near_duplicates
-    n_development_duplicates = design.n_development_duplicates
-    n_development_near_duplicates = design.n_development_near_duplicates
-    conspicuity, dye_strength = design.conspicuity, design.dye_strength
-    lesion_area, lesion_offset_sd = design.lesion_area, design.lesion_offset_sd
-    position_box_rate, etis_count, etis_duplicates = design.position_box_rate, design.etis_count, design.etis_duplicates
-    polypgen_counts, polypgen_empty_per_centre = design.polypgen_counts, design.polypgen_empty_per_centre
-    polypgen_duplicates, polypdb_per_cell = design.polypgen_duplicates, design.polypdb_per_cell
-    known = {category for _, category in CATEGORY_STYLES}
-    unknown = sorted(set(counts) - known | ({"polyps"} & set(counts)))
-    if unknown:
-        raise ValueError(f"category_counts has unknown or derived categories {unknown}; "
-                         f"known: {sorted(known - {'polyps'})}")
-    if len(polypgen_counts) != len(POLYPGEN_CENTRES):
-        raise ValueError(f"polypgen_counts needs {len(POLYPGEN_CENTRES)} values (C1..C6)")
-    if n_audit_near_duplicates > n_segmented:
-        raise ValueError("n_audit_near_duplicates cannot exceed n_segmented")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if root.exists() and not (root / config.SYNTHETIC_MARKER).is_file():
-        raise FileExistsError(f"{root} exists and is not a synthetic cohort written by this "
-                              f"generator (no {config.SYNTHETIC_MARKER}); refusing to overwrite it")
-    parameters = {
-        "generator_version": GENERATOR_VERSION, "seed": int(seed), "frame_size": int(frame_size),
-        "category_counts": {k: int(counts[k]) for k in sorted(counts)},
-        "n_segmented": n_segmented, "n_development_polyps": n_development_polyps,
-        "n_audit_near_duplicates": n_audit_near_duplicates,
-        "n_development_duplicates": n_development_duplicates,
-        "n_development_near_duplicates": n_development_near_duplicates,
-        "conspicuity": conspicuity, "dye_strength": dye_strength,
-        "lesion_area": list(lesion_area), "lesion_offset_sd": lesion_offset_sd,
-        "position_box_rate": position_box_rate,
-        "etis_count": etis_count, "etis_duplicates": etis_duplicates,
-        "polypgen_counts": list(polypgen_counts),
-        "polypgen_empty_per_centre": polypgen_empty_per_centre,
-        "polypgen_duplicates": polypgen_duplicates, "polypdb_per_cell": polypdb_per_cell,
-    }
-    if layout != "embedded":   # the embedded marker keeps its earlier bytes
-        parameters["layout"] = layout
+    _check_design(design, root)
+    layout = design.synthetic_layout
     partial = root.with_name(root.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
     writer = _TreeWriter(partial, seed, "mirror" if layout == "downloaded" else layout)
-    knobs = {"conspicuity": conspicuity, "dye_strength": dye_strength,
-             "lesion_area": tuple(lesion_area), "lesion_offset_sd": lesion_offset_sd}
-    summary: dict[str, Any] = {"parameters": parameters}
-    summary["hyper-kvasir"] = _write_hyperkvasir(writer, seed, frame_size, counts, n_segmented,
-                                                 n_development_polyps, n_audit_near_duplicates,
-                                                 n_development_duplicates,
-                                                 n_development_near_duplicates,
-                                                 position_box_rate, knobs)
-    summary["ETIS-LaribPolypDB"] = _write_etis(writer, seed, frame_size, etis_count,
-                                               etis_duplicates, knobs)
-    summary["PolypGen"] = _write_polypgen(writer, seed, frame_size, polypgen_counts,
-                                          polypgen_empty_per_centre, polypgen_duplicates, knobs)
-    summary["PolypDB"] = _write_polypdb(writer, seed, frame_size, polypdb_per_cell, knobs)
+    knobs = {"conspicuity": design.conspicuity, "dye_strength": design.dye_strength,
+             "lesion_area": tuple(design.lesion_area), "lesion_offset_sd": design.lesion_offset_sd}
+    frame_size = design.frame_size
+    summary: dict[str, Any] = {"parameters": _marker_parameters(design, seed)}
+    summary["hyper-kvasir"] = _write_hyperkvasir(writer, seed, frame_size, dict(design.category_counts),
+                                                 design.n_segmented, design.n_development_polyps,
+                                                 design.n_audit_near_duplicates,
+                                                 design.n_development_duplicates,
+                                                 design.n_development_near_duplicates,
+                                                 design.position_box_rate, knobs)
+    summary["ETIS-LaribPolypDB"] = _write_etis(writer, seed, frame_size, design.etis_count,
+                                               design.etis_duplicates, knobs)
+    summary["PolypGen"] = _write_polypgen(writer, seed, frame_size, design.polypgen_counts,
+                                          design.polypgen_empty_per_centre,
+                                          design.polypgen_duplicates, knobs)
+    summary["PolypDB"] = _write_polypdb(writer, seed, frame_size, design.polypdb_per_cell, knobs)
     if writer.mirror:
         summary["mirror_extras"] = _write_mirror_extras(writer, seed, frame_size)
     summary["files"] = len(writer.written)
@@ -633,6 +644,50 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     writer.write(config.SYNTHETIC_MARKER, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     _replace_directory(partial, root)
     return summary
+
+
+def _check_design(design: config.RolesSettings, root: Path) -> None:
+    """``ValueError`` for a design the generator cannot write; ``FileExistsError`` for a
+    ``root`` that is not an earlier synthetic cohort."""
+    counts = dict(design.category_counts)
+    known = {category for _, category in CATEGORY_STYLES}
+    unknown = sorted(set(counts) - known | ({"polyps"} & set(counts)))
+    if unknown:
+        raise ValueError(f"category_counts has unknown or derived categories {unknown}; "
+                         f"known: {sorted(known - {'polyps'})}")
+    if len(design.polypgen_counts) != len(POLYPGEN_CENTRES):
+        raise ValueError(f"polypgen_counts needs {len(POLYPGEN_CENTRES)} values (C1..C6)")
+    if design.n_audit_near_duplicates > design.n_segmented:
+        raise ValueError("n_audit_near_duplicates cannot exceed n_segmented")
+    if design.synthetic_layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {design.synthetic_layout!r}")
+    if root.exists() and not (root / config.SYNTHETIC_MARKER).is_file():
+        raise FileExistsError(f"{root} exists and is not a synthetic cohort written by this "
+                              f"generator (no {config.SYNTHETIC_MARKER}); refusing to overwrite it")
+
+
+def _marker_parameters(design: config.RolesSettings, seed: int) -> dict[str, Any]:
+    """The design as written into the cohort's marker file (its key order and types are part
+    of the marker's bytes, hence of the manifest digest)."""
+    counts = dict(design.category_counts)
+    parameters = {
+        "generator_version": GENERATOR_VERSION, "seed": int(seed), "frame_size": int(design.frame_size),
+        "category_counts": {k: int(counts[k]) for k in sorted(counts)},
+        "n_segmented": design.n_segmented, "n_development_polyps": design.n_development_polyps,
+        "n_audit_near_duplicates": design.n_audit_near_duplicates,
+        "n_development_duplicates": design.n_development_duplicates,
+        "n_development_near_duplicates": design.n_development_near_duplicates,
+        "conspicuity": design.conspicuity, "dye_strength": design.dye_strength,
+        "lesion_area": list(design.lesion_area), "lesion_offset_sd": design.lesion_offset_sd,
+        "position_box_rate": design.position_box_rate,
+        "etis_count": design.etis_count, "etis_duplicates": design.etis_duplicates,
+        "polypgen_counts": list(design.polypgen_counts),
+        "polypgen_empty_per_centre": design.polypgen_empty_per_centre,
+        "polypgen_duplicates": design.polypgen_duplicates, "polypdb_per_cell": design.polypdb_per_cell,
+    }
+    if design.synthetic_layout != "embedded":   # the embedded marker keeps its earlier bytes
+        parameters["layout"] = design.synthetic_layout
+    return parameters
 
 
 def _replace_directory(new: Path, target: Path) -> None:

@@ -149,8 +149,6 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
     heatmap, whose top area is scattered pixels), white peak marker
     (never clipped at the frame edge); the sample ids are listed in the footer. 183 mm wide.
     Methods in ``not_validated`` (the validity gate's failing methods) carry its mark.
-
-    Long on purpose: one figure whose panels share a grid, scales and legend.
     """
     by_role = {row["role"]: row for row in drawn}
     methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
@@ -182,28 +180,10 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
         axes[0].set_title("Frame", fontsize=7)
         for ax, method in zip(axes[1:], methods):
             ax.set_title(PANEL_TITLES.get(method, method_label(method, not_validated)), fontsize=7)
-            if method not in case["maps"]:
+            if method in case["maps"]:
+                _draw_map_panel(ax, method, case, grey, mask)
+            else:
                 ax.axis("off")
-                continue
-            rendered = np.asarray(case["maps"][method])
-            info = case["rows"][method]
-            ax.imshow(grey, cmap="gray", vmin=0, vmax=1)
-            ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
-            ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
-            top = (case.get("tops") or {}).get(method)
-            # The random map's top area is scattered pixels by design, and a constant map's is set
-            # by the tie-break order alone (stripes): no outline to draw for either.
-            if top is not None and method != "random" and not info["constant_map"] and top.any() and not top.all():
-                ax.contour(np.asarray(top, dtype=float), levels=[0.5], colors="white",
-                           linewidths=0.6, linestyles="--")
-            if not info["constant_map"]:
-                peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
-                # A peak on the frame edge is half outside the image: a dark outline keeps the
-                # white marker visible on the white page as well.
-                ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=5, mew=1.3,
-                        clip_on=False, zorder=5,
-                        path_effects=[patheffects.withStroke(linewidth=2.5, foreground="black")])
-            ax.set_xlabel(_panel_note(info), fontsize=6.5, labelpad=2)
         for ax in axes:
             ax.set_xticks([])
             ax.set_yticks([])
@@ -227,6 +207,30 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
     return fig
 
 
+def _draw_map_panel(ax, method: str, case: dict, grey: np.ndarray, mask: np.ndarray) -> None:
+    """One map of a Figure 3 row over the greyscale frame: lesion contour, top-area outline,
+    peak marker and the panel's note (in / out, IoU)."""
+    rendered = np.asarray(case["maps"][method])
+    info = case["rows"][method]
+    ax.imshow(grey, cmap="gray", vmin=0, vmax=1)
+    ax.imshow(rendered, cmap=HEATMAP_CMAP, vmin=0, vmax=1, alpha=HEATMAP_ALPHA)
+    ax.contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
+    top = (case.get("tops") or {}).get(method)
+    # The random map's top area is scattered pixels by design, and a constant map's is set
+    # by the tie-break order alone (stripes): no outline to draw for either.
+    if top is not None and method != "random" and not info["constant_map"] and top.any() and not top.all():
+        ax.contour(np.asarray(top, dtype=float), levels=[0.5], colors="white",
+                   linewidths=0.6, linestyles="--")
+    if not info["constant_map"]:
+        peak_row, peak_col = np.unravel_index(int(np.argmax(rendered)), rendered.shape)
+        # A peak on the frame edge is half outside the image: a dark outline keeps the
+        # white marker visible on the white page as well.
+        ax.plot(peak_col, peak_row, marker="x", color=PEAK_COLOUR, markersize=5, mew=1.3,
+                clip_on=False, zorder=5,
+                path_effects=[patheffects.withStroke(linewidth=2.5, foreground="black")])
+    ax.set_xlabel(_panel_note(info), fontsize=6.5, labelpad=2)
+
+
 
 
 def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=(), left_out=()):
@@ -243,8 +247,6 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
     ``n_images``: images of the audit pool (panel C's n; from the table if None).
     ``not_validated``: CAM methods whose labels carry the validity gate's mark; ``left_out``:
     checkpoint ids not drawn (they did not learn), named in the note. 183 mm wide.
-
-    Long on purpose: one figure whose panels share scales, markers and legend.
     """
     matrix = robustness[(robustness["control"] == "none") & robustness["method"].isin(CAM_METHODS)]
     archs = sorted(set(matrix["arch"]), key=lambda a: (list(ARCH_LABELS).index(a)
@@ -274,31 +276,8 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
             if of_arch[column].notna().sum() == 0:
                 absent.append(ARCH_LABELS.get(arch, arch))
                 continue
-            values = of_arch.groupby("method")[column].agg(["mean", "min", "max"]).reindex(list(CAM_METHODS))
-            identical = (of_arch.groupby("method")["identical_with"].first().reindex(list(CAM_METHODS))
-                         .fillna("") != "") if has_identical else pd.Series(False, index=list(CAM_METHODS))
-            seeds = of_arch.loc[of_arch[column].notna(), "checkpoint_id"].nunique()
-            x = np.arange(len(CAM_METHODS)) + offsets[k]
-            colour = ARCH_COLOURS.get(arch, "grey")
-            ax.errorbar(x, values["mean"], yerr=error_extents(values["mean"], values["min"], values["max"]),
-                        fmt="none", ecolor=colour, capsize=2, elinewidth=0.8, clip_on=False)
-            for filled in (True, False):
-                chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
-                if chosen.any():
-                    ax.plot(x[chosen], values["mean"].to_numpy()[chosen], linestyle="none",
-                            marker=ARCH_MARKERS.get(arch, "o"), ms=4, color=colour,
-                            markerfacecolor=colour if filled else "white", clip_on=False,
-                            label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seed{'' if seeds == 1 else 's'})" if filled else None)
-            if column == "logit_drop_all" and has_random:
-                # this architecture's checkpoints, each against its own random-deletion control
-                controls = of_arch.drop_duplicates("checkpoint_id")["random_deletion_mean"].dropna()
-                reference_x = len(CAM_METHODS) + 0.3 + offsets[k]
-                ax.errorbar([reference_x], [controls.mean()],
-                            yerr=error_extents([controls.mean()], [controls.min()], [controls.max()]),
-                            fmt="none", ecolor=RANDOM_REFERENCE["color"], capsize=2, elinewidth=0.8)
-                ax.plot([reference_x], [controls.mean()], linestyle="none", marker=ARCH_MARKERS.get(arch, "o"),
-                        ms=4, color=RANDOM_REFERENCE["color"],
-                        label="Random deletion (own control)" if k == 0 else None)
+            _draw_architecture(ax, of_arch, arch, column, offsets[k], first=k == 0,
+                               has_identical=has_identical, has_random=has_random)
         if archs and len(absent) == len(archs):
             n_text = "n = 0: no eligible image"
         elif absent:
@@ -321,6 +300,45 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
         ax.tick_params(axis="y", labelsize=7)
         ax.set_ylabel(ylabel, fontsize=7.5)
         panel_title(ax, letter, f"{title}\n{n_text}", fontsize=7.5)
+    _shared_legend(fig, axes, archs)
+    footnote(fig, " ".join(_figure4_notes(matrix, has_random=has_random,
+                                          has_identical=has_identical, left_out=left_out)))
+    return fig
+
+
+def _draw_architecture(ax, of_arch: pd.DataFrame, arch: str, column: str, offset: float, *,
+                       first: bool, has_identical: bool, has_random: bool) -> None:
+    """One architecture in one Figure 4 panel: seed mean (filled, or open when identical by
+    construction) with min-max whiskers per CAM; in panel C its random-deletion control."""
+    values = of_arch.groupby("method")[column].agg(["mean", "min", "max"]).reindex(list(CAM_METHODS))
+    identical = (of_arch.groupby("method")["identical_with"].first().reindex(list(CAM_METHODS))
+                 .fillna("") != "") if has_identical else pd.Series(False, index=list(CAM_METHODS))
+    seeds = of_arch.loc[of_arch[column].notna(), "checkpoint_id"].nunique()
+    x = np.arange(len(CAM_METHODS)) + offset
+    colour = ARCH_COLOURS.get(arch, "grey")
+    ax.errorbar(x, values["mean"], yerr=error_extents(values["mean"], values["min"], values["max"]),
+                fmt="none", ecolor=colour, capsize=2, elinewidth=0.8, clip_on=False)
+    for filled in (True, False):
+        chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
+        if chosen.any():
+            ax.plot(x[chosen], values["mean"].to_numpy()[chosen], linestyle="none",
+                    marker=ARCH_MARKERS.get(arch, "o"), ms=4, color=colour,
+                    markerfacecolor=colour if filled else "white", clip_on=False,
+                    label=f"{ARCH_LABELS.get(arch, arch)} ({seeds} seed{'' if seeds == 1 else 's'})" if filled else None)
+    if column == "logit_drop_all" and has_random:
+        # this architecture's checkpoints, each against its own random-deletion control
+        controls = of_arch.drop_duplicates("checkpoint_id")["random_deletion_mean"].dropna()
+        reference_x = len(CAM_METHODS) + 0.3 + offset
+        ax.errorbar([reference_x], [controls.mean()],
+                    yerr=error_extents([controls.mean()], [controls.min()], [controls.max()]),
+                    fmt="none", ecolor=RANDOM_REFERENCE["color"], capsize=2, elinewidth=0.8)
+        ax.plot([reference_x], [controls.mean()], linestyle="none", marker=ARCH_MARKERS.get(arch, "o"),
+                ms=4, color=RANDOM_REFERENCE["color"],
+                label="Random deletion (own control)" if first else None)
+
+
+def _shared_legend(fig, axes, archs: list[str]) -> None:
+    """One legend above the panels, architectures in their order, then the references."""
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -330,6 +348,12 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
     if labels:   # no learned checkpoint: the panels say so, there is nothing to key
         fig.legend([entries[l] for l in labels], labels, loc="outside upper center", ncol=len(labels),
                    frameon=False, fontsize=7)
+
+
+def _figure4_notes(matrix: pd.DataFrame, *, has_random: bool, has_identical: bool,
+                   left_out) -> list[str]:
+    """Figure 4's footnote sentences: what points and whiskers are, the random control, the
+    identical-by-construction groups, the left-out checkpoints and bound temperatures."""
     notes = ["Points: architecture mean over seeds; whiskers: seed minimum to maximum."]
     if has_random:
         notes.append("C, right: each checkpoint's random-deletion control (same area, random pixels), "
@@ -352,5 +376,4 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
         notes.append("Temperature at its search bound (own subset set by the bound): "
                      + ", ".join(checkpoint_label(c) for c in bound) + ".")
     notes.append(EIGEN_FOOTNOTE)
-    footnote(fig, " ".join(notes))
-    return fig
+    return notes

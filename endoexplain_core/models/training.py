@@ -399,20 +399,16 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     ``<checkpoint_dir>/epochs/<id>.epochNNN.safetensors`` (same format; ``epoch`` and
     ``val_auprc`` are that epoch's), e.g. for the per-epoch C-Score of notebook 07.
 
-    ``mixed_precision`` (float16 autocast with a gradient scaler) applies on CUDA only; on the
-    CPU training is float32. ``channels_last``: the optimiser steps run in channels_last
-    memory format (on the CPU about 30% faster for EfficientNet-B0; the weights differ from
-    a contiguous run in the last bits, so it is part of the profile). BatchNorm
-    recalibration and validation run contiguous, as every later stage runs the saved weights.
+    ``mixed_precision`` (float16 autocast with a gradient scaler) applies on CUDA only.
+    ``channels_last``: the optimiser steps run in channels_last memory format (part of the
+    checkpoint's identity: its weights differ in the last bits); BatchNorm recalibration and
+    validation run contiguous.
 
     ``model`` must be freshly built after ``seed_everything(spec.seed)``; it is ignored when
     a resume state exists (its weights are overwritten). ``train_set`` must have augmentation
     on and its targets set (shuffled for the control). Returns a dict: checkpoint_id, arch,
     seed, control, pretrained, epochs (best epoch, 1-based), epochs_run, val_auprc, path,
     history (list of per-epoch dicts: epoch, train_loss, val_auprc, learning_rate).
-
-    Long on purpose: resuming, the epoch loop, selection and saving share the RNG and optimiser
-    state, and their order defines the weights.
     """
     device = torch.device(device)
     checkpoint_dir = Path(checkpoint_dir)
@@ -420,36 +416,17 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     best_path = checkpoint_dir / f"{spec.checkpoint_id}{checkpoint_files.SUFFIX}"
     resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume{checkpoint_files.SUFFIX}"
 
-    steps_per_epoch = len(train_set) // settings.batch_size if len(train_set) > settings.batch_size else 1
-    if settings.max_steps_per_epoch is not None:
-        steps_per_epoch = min(steps_per_epoch, settings.max_steps_per_epoch)
+    steps_per_epoch = _steps_per_epoch(len(train_set), settings)
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
-                                  weight_decay=settings.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, cosine_with_warmup(settings.warmup_steps, settings.epochs * steps_per_epoch))
-    scaler = torch.amp.GradScaler(device.type, enabled=use_mixed_precision(device, mixed_precision))
+    optimizer, scheduler, scaler = _optimisation(model, settings, steps_per_epoch, device,
+                                                 mixed_precision)
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
     progress = {"epoch": 0, "best_epoch": 0, "best_auprc": -1.0, "epochs_since_best": 0,
                 "finished": False, "history": []}
 
     if resume_path.is_file():
-        state = checkpoint_files.load_tree(resume_path)  # safetensors + JSON, never unpickled
-        # The memory format is part of the identity: its kernels give other weights, so a
-        # state from the other format is never resumed or reused (a missing key: contiguous).
-        if (state.get("spec") != asdict(spec) or state.get("settings") != settings.model_dump()
-                or bool(state.get("channels_last", False)) != bool(channels_last)):
-            raise CheckpointMismatchError(
-                f"{resume_path} belongs to other settings, memory format or another manifest/image "
-                f"size (stored {state.get('spec')}, {state.get('settings')}, channels_last "
-                f"{bool(state.get('channels_last', False))}); delete it and {best_path.name} "
-                f"to retrain this checkpoint")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"])
-        progress = {key: state[key] for key in progress}
+        state = _matching_resume_state(resume_path, best_path, spec, settings, channels_last)
+        progress = _restore(state, model, optimizer, scheduler, scaler, keys=progress)
 
     bar = progress_bar(total=settings.epochs, initial=progress["epoch"], desc=spec.checkpoint_id,
                        unit="epoch", disable=not show_progress)
@@ -468,36 +445,17 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                                               scaler, loss_function, device, mixed_precision,
                                               channels_last)
             except NonFiniteLossError as error:
-                kept = (f"the last good checkpoint (epoch {progress['best_epoch']}) is kept at {best_path}"
-                        if best_path.is_file() else "no checkpoint had been written yet")
-                raise NonFiniteLossError(
-                    f"{spec.checkpoint_id}: {error} at epoch {epoch + 1}; {kept}. Lower the learning "
-                    f"rate or raise warmup_steps in the profile's 01_training section.") from None
+                raise _diverged(error, spec.checkpoint_id, epoch, progress["best_epoch"],
+                                best_path) from None
 
-            statistics_generator = torch.Generator().manual_seed(spec.seed * 1000 + epoch + 500)
-            recalibrate_batchnorm(model, DataLoader(train_set, batch_size=settings.batch_size, shuffle=True,
-                                                    generator=statistics_generator,
-                                                    worker_init_fn=_worker_init,
-                                                    **loader_options(device, settings.num_workers)),
-                                  settings.batchnorm_recalibration_images, device)
-            auprc = validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device,
-                                                    mixed_precision, num_workers=settings.num_workers),
-                                     val_set.targets)
+            auprc = _recalibrated_val_auprc(model, train_set, val_set, settings,
+                                            spec.seed * 1000 + epoch + 500, device, mixed_precision)
             progress["history"].append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
                                         "val_auprc": auprc,
                                         "learning_rate": float(scheduler.get_last_lr()[0])})
-            progress["epoch"] = epoch + 1
-            if keep_epoch_snapshots:
-                this_epoch = {"best_epoch": epoch + 1, "best_auprc": auprc}
-                _atomic_save(_checkpoint_record(spec, settings, this_epoch, model.state_dict()),
-                             epoch_snapshot_path(checkpoint_dir, spec.checkpoint_id, epoch + 1))
-            if auprc > progress["best_auprc"]:
-                progress.update(best_auprc=auprc, best_epoch=epoch + 1, epochs_since_best=0)
-                _atomic_save(_checkpoint_record(spec, settings, progress, model.state_dict()), best_path)
-            else:
-                progress["epochs_since_best"] += 1
-            progress["finished"] = (progress["epoch"] >= settings.epochs
-                                    or progress["epochs_since_best"] >= settings.patience)
+            snapshot = (epoch_snapshot_path(checkpoint_dir, spec.checkpoint_id, epoch + 1)
+                        if keep_epoch_snapshots else None)
+            _select_and_save(progress, auprc, model, spec, settings, best_path, snapshot)
             _atomic_save(_training_state(model, optimizer, scheduler, scaler, progress, spec,
                                          settings, channels_last), resume_path)
             bar.update(1)
@@ -508,6 +466,99 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
             "epochs": progress["best_epoch"], "epochs_run": progress["epoch"],
             "val_auprc": progress["best_auprc"], "path": best_path,
             "history": progress["history"]}
+
+
+def _select_and_save(progress: dict, auprc: float, model: nn.Module, spec: CheckpointSpec,
+                     settings: TrainingSettings, best_path: Path, snapshot_path: Path | None) -> None:
+    """After an epoch (in place on ``progress``): count it, save its snapshot (if asked), keep
+    it as the best checkpoint when its validation AUPRC beats the best so far, and decide
+    whether training is finished (last epoch, or ``patience`` epochs without a better one)."""
+    progress["epoch"] += 1
+    if snapshot_path is not None:
+        this_epoch = {"best_epoch": progress["epoch"], "best_auprc": auprc}
+        _atomic_save(_checkpoint_record(spec, settings, this_epoch, model.state_dict()), snapshot_path)
+    if auprc > progress["best_auprc"]:
+        progress.update(best_auprc=auprc, best_epoch=progress["epoch"], epochs_since_best=0)
+        _atomic_save(_checkpoint_record(spec, settings, progress, model.state_dict()), best_path)
+    else:
+        progress["epochs_since_best"] += 1
+    progress["finished"] = (progress["epoch"] >= settings.epochs
+                            or progress["epochs_since_best"] >= settings.patience)
+
+
+def _restore(state: dict, model: nn.Module, optimizer, scheduler, scaler, *, keys) -> dict:
+    """Load a resume state into the model, optimiser, schedule, scaler and the RNGs; return
+    its progress entries (``keys``)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    _set_rng_state(state["rng"])
+    return {key: state[key] for key in keys}
+
+
+def _diverged(error: Exception, checkpoint_id: str, epoch: int, best_epoch: int,
+              best_path: Path) -> NonFiniteLossError:
+    """The one-line error for a non-finite loss: where, what was kept, what to change."""
+    kept = (f"the last good checkpoint (epoch {best_epoch}) is kept at {best_path}"
+            if best_path.is_file() else "no checkpoint had been written yet")
+    return NonFiniteLossError(
+        f"{checkpoint_id}: {error} at epoch {epoch + 1}; {kept}. Lower the learning "
+        f"rate or raise warmup_steps in the profile's 01_training section.")
+
+
+def _steps_per_epoch(n_train: int, settings: TrainingSettings) -> int:
+    """Optimiser steps per epoch: full batches (one step for a set no larger than a batch),
+    capped by ``max_steps_per_epoch``."""
+    steps = n_train // settings.batch_size if n_train > settings.batch_size else 1
+    if settings.max_steps_per_epoch is not None:
+        steps = min(steps, settings.max_steps_per_epoch)
+    return steps
+
+
+def _optimisation(model: nn.Module, settings: TrainingSettings, steps_per_epoch: int,
+                  device: torch.device, mixed_precision: bool):
+    """AdamW, its cosine schedule with warm-up over every step of the run, and the gradient
+    scaler (enabled for CUDA mixed precision only)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate,
+                                  weight_decay=settings.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine_with_warmup(settings.warmup_steps, settings.epochs * steps_per_epoch))
+    scaler = torch.amp.GradScaler(device.type, enabled=use_mixed_precision(device, mixed_precision))
+    return optimizer, scheduler, scaler
+
+
+def _matching_resume_state(resume_path: Path, best_path: Path, spec: CheckpointSpec,
+                           settings: TrainingSettings, channels_last: bool) -> dict:
+    """The resume state at ``resume_path``; ``CheckpointMismatchError`` when it was written for
+    another spec, other settings or the other memory format."""
+    state = checkpoint_files.load_tree(resume_path)  # safetensors + JSON, never unpickled
+    # The memory format is part of the identity: its kernels give other weights, so a
+    # state from the other format is never resumed or reused (a missing key: contiguous).
+    if (state.get("spec") != asdict(spec) or state.get("settings") != settings.model_dump()
+            or bool(state.get("channels_last", False)) != bool(channels_last)):
+        raise CheckpointMismatchError(
+            f"{resume_path} belongs to other settings, memory format or another manifest/image "
+            f"size (stored {state.get('spec')}, {state.get('settings')}, channels_last "
+            f"{bool(state.get('channels_last', False))}); delete it and {best_path.name} "
+            f"to retrain this checkpoint")
+    return state
+
+
+def _recalibrated_val_auprc(model: nn.Module, train_set, val_set, settings: TrainingSettings,
+                            statistics_seed: int, device: torch.device,
+                            mixed_precision: bool) -> float:
+    """Recalibrate BatchNorm on training images drawn with ``statistics_seed``, then return
+    the validation AUPRC."""
+    statistics_generator = torch.Generator().manual_seed(statistics_seed)
+    recalibrate_batchnorm(model, DataLoader(train_set, batch_size=settings.batch_size, shuffle=True,
+                                            generator=statistics_generator,
+                                            worker_init_fn=_worker_init,
+                                            **loader_options(device, settings.num_workers)),
+                          settings.batchnorm_recalibration_images, device)
+    return validation_auprc(predict_logits(model, val_set, settings.eval_batch_size, device,
+                                           mixed_precision, num_workers=settings.num_workers),
+                            val_set.targets)
 
 
 # ----------------------------------------------------------------------------- the matrix

@@ -520,26 +520,14 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                  overrides: list[str] | tuple[str, ...] = (),
                  manifest_reference: str | Path | None = None) -> dict[str, Any]:
     """Execute the profile's stages; return the provenance record (also written to disk).
-
-    ``manifest_reference`` (``--manifest-reference``): the folder of the reference manifest
-    stage 00 compares with (and ``--adopt-manifest`` writes); default the committed
-    ``data_manifest/<profile>``. A generated data root (the synthetic mirror) with the paper
-    profile must name another folder: ``data_manifest/paper`` is the real datasets' reference.
-
-    ``overrides``: ``--set SECTION.KEY=VALUE`` texts, validated with the profile before any
-    work (``config.load_profile``); they enter the parameters of the stages that read the key,
-    hence those stages' digests (so they rerun, and the stages after them, whose inputs they
-    write; earlier stages are reused), and are listed in ``provenance.json`` (run and stage)
-    and the record.
-
-    ``scheduler`` / ``allow_insecure_scheduler`` (``--scheduler`` / ``--allow-insecure-scheduler``)
-    replace the profile's ``shared.scheduler`` and, when true, its
-    ``shared.allow_insecure_scheduler``; the resulting pair is checked before any work
-    (``tasks.parse_scheduler``: a ``tcp://`` address without the opt-in is refused).
     Raises ``StageFailed`` after writing the provenance of the failed run.
 
-    Long on purpose: the run's sequence under one lock: stamps, stage execution and provenance
-    share that lock and the run's state.
+    ``manifest_reference``: the reference manifest folder of stage 00 (default the committed
+    ``data_manifest/<profile>``; a generated data root with the paper profile must name
+    another). ``overrides``: ``--set SECTION.KEY=VALUE`` texts, validated with the profile
+    before any work; they enter the parameters, hence the digests, of the stages that read
+    the key. ``scheduler`` / ``allow_insecure_scheduler`` replace the profile's
+    ``shared.scheduler`` / ``shared.allow_insecure_scheduler`` and are checked before any work.
     """
     started = time.perf_counter()
     stages, config = checked_run(profile, data_root=data_root, output_root=output_root,
@@ -569,78 +557,23 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     try:
         _mark_running(RunLayout(paths.run_dir).provenance)
         upstream = data_fingerprint(data_root, reference_dir)
-        # Later stages read the data through the manifest, not the reference it was checked
-        # against: adopting a reference (the first paper run) must not rerun them next time. The
-        # paper's reported values (the paper-vs-run table of 09) are an input of the whole chain.
-        data_only = data_fingerprint(data_root, None) + (
-            files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
+        data_only = _data_only_fingerprint(data_root)
         for notebook in stages:
             stage = notebook.stem
-            parameters = {**profiles.stage_parameters(config, stage), "profile": profile_name,
-                          "run_dir": str(paths.run_dir), "figures_dir": str(paths.figures_dir),
-                          "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
-            if stage == names[0] and adopt_manifest:
-                parameters["adopt_manifest"] = True
-            if scheduler is not None and "scheduler" in parameters:  # --scheduler beats the profile
-                parameters["scheduler"] = scheduler
-            if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
-                parameters["allow_insecure_scheduler"] = True
-            # Where tasks run does not change what they compute, nor does where the reference
-            # manifest lives or whether a new one is adopted (its content is in the first
-            # stage's fingerprint): not part of the digest.
-            digested = {k: v for k, v in parameters.items()
-                        if k not in (*profiles.EXECUTION_KEYS, *REFERENCE_KEYS)}
-            core = core_code_digest(core_modules_used(notebook))
-            digest = stage_digest(notebook, digested, core, upstream)
-            upstream = stage_digest(notebook, digested, core, data_only) if stage == names[0] else digest
-            executed = paths.notebooks_out / notebook.name
-            stamp_path = paths.stamps / f"{stage}.json"
-            stamp = _read_stamp(stamp_path)
-            record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
-                      "parameters": parameters, "overrides": stage_overrides(config, stage),
-                      "executed_notebook": str(executed),
-                      "html": str(executed.with_suffix(".html")), "digest": digest,
-                      "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
+            parameters = _notebook_parameters(
+                config, stage, paths, data_root=data_root, reference_dir=reference_dir,
+                adopt_manifest=adopt_manifest and stage == names[0], scheduler=scheduler,
+                allow_insecure_scheduler=allow_insecure_scheduler)
+            digest, upstream = _stage_digests(notebook, parameters, upstream,
+                                              data_only if stage == names[0] else None)
+            stamp = _read_stamp(paths.stamps / f"{stage}.json")
+            record = _planned_record(notebook, notebook_dir, paths, parameters, config, digest,
+                                     stamp, selected=failure is None and (not only or stage in only),
+                                     force=force)
             records.append(record)
-
-            if failure is not None or (only and stage not in only):
-                record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
-                              up_to_date=stamp.get("digest") == digest)
-                continue
-            if not force and stamp.get("digest") == digest and executed.is_file():
-                record.update(status="skipped", seconds=0.0,
-                              last_run_seconds=stamp.get("seconds"))
-                log.info("[%s] unchanged since its last run: skipped", stage)
-                continue
-
-            stamp_path.unlink(missing_ok=True)  # a killed run must not look finished
-            log.info("[%s] running %s", stage, notebook.name)
-            stage_started = time.perf_counter()
-            record["started_at"] = stage_started
-            before = _figure_snapshot(paths.figures_dir)
-            kernel_log = files.write_text_atomic(paths.run_dir / "logs" / f"{stage}.kernel.log", "")
-            try:
-                with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
-                    execute_stage(notebook, executed, parameters, kernel_name, kernel_log)
-                record["status"] = "ran"
-            except StageFailed as error:
-                record["status"] = "failed"
-                record["error"] = str(error)
-                failure = error
-            record["seconds"] = round(time.perf_counter() - record.pop("started_at"), 2)
-            after = _figure_snapshot(paths.figures_dir)
-            record["figure_files"] = sorted(name for name, mtime in after.items()
-                                            if before.get(name) != mtime)
-            if failure is not None:   # what its last finished run wrote is its too (out of date now)
-                record["figure_files"] = sorted(set(record["figure_files"]) | set(stamp.get("figure_files", [])))
-            if executed.is_file():
-                export_html(executed)
-                _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
-            if failure is None:
-                files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
-                                                "figure_files": record["figure_files"],
-                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-                log.info("[%s] done in %.1f s", stage, record["seconds"])
+            if "status" not in record:   # neither skipped nor left out: run it
+                failure = _execute_stage_recorded(record, notebook, parameters, paths,
+                                                  kernel_name, stamp)
     except KeyboardInterrupt:
         # Ctrl-C at any moment of the loop (in a notebook, between cells, while hashing or
         # exporting): the record says so, never "running" or the previous run's "complete".
@@ -654,6 +587,107 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     if failure is not None:
         raise failure
     return provenance
+
+
+def _data_only_fingerprint(data_root: str) -> str:
+    """What the stages after the first chain on: the data and the paper's reported values."""
+    # Later stages read the data through the manifest, not the reference it was checked
+    # against: adopting a reference (the first paper run) must not rerun them next time. The
+    # paper's reported values (the paper-vs-run table of 09) are an input of the whole chain.
+    return data_fingerprint(data_root, None) + (
+        files.sha256_file(PAPER_VALUES) if PAPER_VALUES.is_file() else "")
+
+
+def _stage_digests(notebook: Path, parameters: dict[str, Any], upstream: str,
+                   data_only: str | None) -> tuple[str, str]:
+    """The stage's digest and the upstream digest the next stage chains on: the stage's own,
+    or for the first stage its digest over ``data_only`` (the data without the reference)."""
+    # Where tasks run does not change what they compute, nor does where the reference
+    # manifest lives or whether a new one is adopted (its content is in the first
+    # stage's fingerprint): not part of the digest.
+    digested = {k: v for k, v in parameters.items()
+                if k not in (*profiles.EXECUTION_KEYS, *REFERENCE_KEYS)}
+    core = core_code_digest(core_modules_used(notebook))
+    digest = stage_digest(notebook, digested, core, upstream)
+    return digest, (stage_digest(notebook, digested, core, data_only) if data_only is not None
+                    else digest)
+
+
+def _notebook_parameters(config, stage: str, paths: RunPaths, *, data_root: str,
+                         reference_dir: Path, adopt_manifest: bool, scheduler: str | None,
+                         allow_insecure_scheduler: bool) -> dict[str, Any]:
+    """The Papermill parameters of one stage: its profile keys, the run's paths, and the
+    command line's choices (``--adopt-manifest``, ``--scheduler`` beats the profile)."""
+    parameters = {**profiles.stage_parameters(config, stage), "profile": config.profile,
+                  "run_dir": str(paths.run_dir), "figures_dir": str(paths.figures_dir),
+                  "data_root": data_root, "manifest_reference_dir": str(reference_dir)}
+    if adopt_manifest:
+        parameters["adopt_manifest"] = True
+    if scheduler is not None and "scheduler" in parameters:
+        parameters["scheduler"] = scheduler
+    if allow_insecure_scheduler and "allow_insecure_scheduler" in parameters:
+        parameters["allow_insecure_scheduler"] = True
+    return parameters
+
+
+def _planned_record(notebook: Path, notebook_dir: Path, paths: RunPaths,
+                    parameters: dict[str, Any], config, digest: str, stamp: dict, *,
+                    selected: bool, force: bool) -> dict[str, Any]:
+    """A stage's provenance record before it runs; with its status already set when it will
+    not run: "not_run" (not selected by ``--only``, or after a failure) or "skipped" (its
+    stamp matches the digest and its executed notebook exists, unless ``force``)."""
+    stage = notebook.stem
+    executed = paths.notebooks_out / notebook.name
+    record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
+              "parameters": parameters, "overrides": stage_overrides(config, stage),
+              "executed_notebook": str(executed),
+              "html": str(executed.with_suffix(".html")), "digest": digest,
+              "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
+    if not selected:
+        record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
+                      up_to_date=stamp.get("digest") == digest)
+    elif not force and stamp.get("digest") == digest and executed.is_file():
+        record.update(status="skipped", seconds=0.0, last_run_seconds=stamp.get("seconds"))
+        log.info("[%s] unchanged since its last run: skipped", stage)
+    return record
+
+
+def _execute_stage_recorded(record: dict[str, Any], notebook: Path, parameters: dict[str, Any],
+                            paths: RunPaths, kernel_name: str, stamp: dict) -> StageFailed | None:
+    """Execute one stage's notebook, filling ``record`` (status, seconds, figure files); on
+    success write its stamp. Returns the stage's failure, or None."""
+    stage, digest = record["stage"], record["digest"]
+    executed, stamp_path = Path(record["executed_notebook"]), paths.stamps / f"{stage}.json"
+    failure = None
+    stamp_path.unlink(missing_ok=True)  # a killed run must not look finished
+    log.info("[%s] running %s", stage, notebook.name)
+    stage_started = time.perf_counter()
+    record["started_at"] = stage_started
+    before = _figure_snapshot(paths.figures_dir)
+    kernel_log = files.write_text_atomic(paths.run_dir / "logs" / f"{stage}.kernel.log", "")
+    try:
+        with _stage_environment(stage, paths.run_dir / "logs" / f"{stage}.log"):
+            execute_stage(notebook, executed, parameters, kernel_name, kernel_log)
+        record["status"] = "ran"
+    except StageFailed as error:
+        record["status"] = "failed"
+        record["error"] = str(error)
+        failure = error
+    record["seconds"] = round(time.perf_counter() - record.pop("started_at"), 2)
+    after = _figure_snapshot(paths.figures_dir)
+    record["figure_files"] = sorted(name for name, mtime in after.items()
+                                    if before.get(name) != mtime)
+    if failure is not None:   # what its last finished run wrote is its too (out of date now)
+        record["figure_files"] = sorted(set(record["figure_files"]) | set(stamp.get("figure_files", [])))
+    if executed.is_file():
+        export_html(executed)
+        _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
+    if failure is None:
+        files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
+                                             "figure_files": record["figure_files"],
+                                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        log.info("[%s] done in %.1f s", stage, record["seconds"])
+    return failure
 
 
 def _record_interrupt(records: list[dict[str, Any]], stages: list[Path], notebook_dir: Path) -> None:
@@ -826,54 +860,8 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
     """``run_all.sh``: parse the command line, refuse a bad one in one line, run the pipeline;
     returns the exit code. ``notebook_dir``, ``stage_settings`` and ``shared_settings`` as in
     ``run_pipeline`` (the interrupt tests run throwaway stages through this entry point).
-
-    Long on purpose: argument parsing and the one-line refusals of a bad command line.
     """
-    parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="default",
-                        help="smoke | default | paper, or a path to a profile YAML")
-    parser.add_argument("--data-root", default="",
-                        help="folder with the real datasets (default: embedded synthetic cohort)")
-    parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
-    parser.add_argument("--only", nargs="+", metavar="STAGE", default=None,
-                        help="run only these stages, e.g. 00_roles 01_training")
-    parser.add_argument("--adopt-manifest", action="store_true",
-                        help="accept a manifest that differs from data_manifest/<profile>/ and "
-                             "make it the new reference")
-    parser.add_argument("--manifest-reference", default=None, metavar="DIR",
-                        help="folder of the reference manifest that stage 00 compares with and "
-                             "--adopt-manifest writes (default: data_manifest/<profile>/; a "
-                             "rehearsal of the paper profile on generated data needs its own)")
-    parser.add_argument("--output-root", default=str(profiles.REPO_ROOT),
-                        help="where runs/ and figures/ are written (default: the repository)")
-    parser.add_argument("--scheduler", default=None, metavar="WHERE",
-                        help='where training/audit tasks run: "sequential" (in this process), '
-                             '"local:N" (a private local Dask cluster of N worker processes: '
-                             'TLS on 127.0.0.1, one per GPU when GPUs are present) or '
-                             '"tls://HOST:PORT" (a running Dask scheduler; certificates from '
-                             'the Dask config distributed.comm.tls.*); default: the profile\'s '
-                             'shared.scheduler')
-    parser.add_argument("--allow-insecure-scheduler", action="store_true",
-                        help="accept a plain tcp://HOST:PORT scheduler (unencrypted and "
-                             "unauthenticated: anyone reaching the port can run code on its "
-                             "workers); profile key shared.allow_insecure_scheduler")
-    parser.add_argument("--set", action="append", default=[], dest="overrides",
-                        metavar="SECTION.KEY=VALUE",
-                        help="override one profile setting for this run, validated like the file, "
-                             "e.g. --set 01_training.training_settings.epochs=1 or --set "
-                             "shared.image_size=128 (repeatable; recorded in provenance.json)")
-    parser.add_argument("--set-file", action="append", default=[], metavar="FILE",
-                        help="--set texts from a file, one SECTION.KEY=VALUE per line (# comments), "
-                             "applied before the command line's --set; e.g. "
-                             "configs/paper_rehearsal.sets")
-    parser.add_argument("--check", action="store_true",
-                        help="preflight only: check the data root, every dataset and weight file the "
-                             "profile needs, the device and the free disk, print every finding and "
-                             "exit 0 (ready) or 2 (not ready); trains and writes nothing")
-    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
-                        help="if another run holds this run folder, wait up to SECONDS for it "
-                             "(-1: wait indefinitely; default 0: stop at once with a message)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         args.overrides = [text for path in args.set_file for text in profiles.read_set_file(path)
                           ] + args.overrides
@@ -921,6 +909,55 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
           f"record: {run_dir / 'index.html'}")
     return 0
 
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``run_all.sh`` command line (README, "Run everything")."""
+    parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="default",
+                        help="smoke | default | paper, or a path to a profile YAML")
+    parser.add_argument("--data-root", default="",
+                        help="folder with the real datasets (default: embedded synthetic cohort)")
+    parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
+    parser.add_argument("--only", nargs="+", metavar="STAGE", default=None,
+                        help="run only these stages, e.g. 00_roles 01_training")
+    parser.add_argument("--adopt-manifest", action="store_true",
+                        help="accept a manifest that differs from data_manifest/<profile>/ and "
+                             "make it the new reference")
+    parser.add_argument("--manifest-reference", default=None, metavar="DIR",
+                        help="folder of the reference manifest that stage 00 compares with and "
+                             "--adopt-manifest writes (default: data_manifest/<profile>/; a "
+                             "rehearsal of the paper profile on generated data needs its own)")
+    parser.add_argument("--output-root", default=str(profiles.REPO_ROOT),
+                        help="where runs/ and figures/ are written (default: the repository)")
+    parser.add_argument("--scheduler", default=None, metavar="WHERE",
+                        help='where training/audit tasks run: "sequential" (in this process), '
+                             '"local:N" (a private local Dask cluster of N worker processes: '
+                             'TLS on 127.0.0.1, one per GPU when GPUs are present) or '
+                             '"tls://HOST:PORT" (a running Dask scheduler; certificates from '
+                             'the Dask config distributed.comm.tls.*); default: the profile\'s '
+                             'shared.scheduler')
+    parser.add_argument("--allow-insecure-scheduler", action="store_true",
+                        help="accept a plain tcp://HOST:PORT scheduler (unencrypted and "
+                             "unauthenticated: anyone reaching the port can run code on its "
+                             "workers); profile key shared.allow_insecure_scheduler")
+    parser.add_argument("--set", action="append", default=[], dest="overrides",
+                        metavar="SECTION.KEY=VALUE",
+                        help="override one profile setting for this run, validated like the file, "
+                             "e.g. --set 01_training.training_settings.epochs=1 or --set "
+                             "shared.image_size=128 (repeatable; recorded in provenance.json)")
+    parser.add_argument("--set-file", action="append", default=[], metavar="FILE",
+                        help="--set texts from a file, one SECTION.KEY=VALUE per line (# comments), "
+                             "applied before the command line's --set; e.g. "
+                             "configs/paper_rehearsal.sets")
+    parser.add_argument("--check", action="store_true",
+                        help="preflight only: check the data root, every dataset and weight file the "
+                             "profile needs, the device and the free disk, print every finding and "
+                             "exit 0 (ready) or 2 (not ready); trains and writes nothing")
+    parser.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                        help="if another run holds this run folder, wait up to SECONDS for it "
+                             "(-1: wait indefinitely; default 0: stop at once with a message)")
+    return parser
 
 INTERRUPTED_BEFORE_THE_RUN = "\nrun_all: interrupted before the run started; nothing was written"
 

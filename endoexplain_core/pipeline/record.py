@@ -483,18 +483,34 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     banners, the summary's "In brief" sentences, captioned figures, the headline tables (all
     rows), every table file; then the executed notebooks (HTML, parameters, status, the seconds
     of the run that made their files), checkpoint hashes and provenance. Returns its path.
-
-    Long on purpose: one HTML page assembled in reading order.
     """
     run_dir, figures_dir = Path(run_dir).resolve(), Path(figures_dir).resolve()
     escape = html.escape
+    stage_records = provenance.get("stages") or []
+    stale = stale_files(figures_dir, provenance)
+    names = figure_files(figures_dir)
+    headline = headline_tables_html(figures_dir, run_dir, stage_records, stale=stale)
+    page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+                      f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
+                      "</title>", f"<style>{_STYLE}</style></head><body>",
+                      *_record_head(run_dir, figures_dir, provenance),
+                      *brief_html(figures_dir, run_dir, provenance, stale),
+                      *figure_gallery(figures_dir, run_dir, names, stale), *headline,
+                      *_table_list(run_dir, figures_dir, names), *_stage_table(run_dir, stage_records),
+                      *_checkpoint_list(provenance), "</body></html>", ""])
+    path = RunLayout(run_dir).index_html
+    files.write_text_atomic(path, page)
+    return path
+
+
+def _record_head(run_dir: Path, figures_dir: Path, provenance: dict) -> list[str]:
+    """The title, banners (failure, synthetic data, validity gate) and the run's facts."""
+    escape = html.escape
     git = provenance.get("git") or {}
     stage_records = provenance.get("stages") or []
-    synthetic = is_synthetic(provenance)
     head = [f"<h1>endoExplain run record: profile <code>{escape(str(provenance.get('profile')))}"
             "</code></h1>", failure_banner(provenance)]
-    stale = stale_files(figures_dir, provenance)
-    if synthetic:
+    if is_synthetic(provenance):
         head.append('<p class="banner banner-synthetic">Synthetic cohort: every number and image '
                     "in this record comes from the synthetic cohort the package generates (HyperKvasir-, ETIS-, "
                     "PolypGen- and PolypDB-like frames), not from patients.</p>")
@@ -517,9 +533,14 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
              f"{_link(figures_dir / INDEX_NAME, run_dir, 'figure index')} | "
              '<a href="#notebooks">notebooks</a> | <a href="#tables">all tables</a></li>',
              "</ul>"]
+    return head
 
+
+def _stage_table(run_dir: Path, stage_records: list[dict]) -> list[str]:
+    """The executed notebooks: status, seconds, HTML and notebook links, parameters."""
+    escape = html.escape
     stage_rows = []
-    for record in provenance.get("stages") or []:
+    for record in stage_records:
         status = str(record.get("status", "unknown"))
         status_text, seconds = stage_timing(record)
         html_path = Path(record["html"]) if record.get("html") else None
@@ -534,37 +555,32 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
             f"<td>{seconds:.1f}</td>"
             f"<td>{html_cell}<br>{notebook_cell}</td>"
             f"<td>{_parameter_table(record.get('parameters') or {})}</td></tr>")
-    stages = ['<h2 id="notebooks">Notebooks</h2>', "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
-              "<th>executed notebook</th><th>parameters</th></tr>", *stage_rows, "</table>"]
+    return ['<h2 id="notebooks">Notebooks</h2>', "<table><tr><th>stage</th><th>status</th><th>seconds</th>"
+            "<th>executed notebook</th><th>parameters</th></tr>", *stage_rows, "</table>"]
 
+
+def _checkpoint_list(provenance: dict) -> list[str]:
+    """The checkpoints' SHA-256 (resume states left out)."""
+    escape = html.escape
     # Resume states (``<id>.resume.*``) are training state, not checkpoints of the study.
     checkpoints = {k: v for k, v in (provenance.get("checkpoints") or {}).items()
                    if ".resume" not in k}
     checkpoint_rows = "".join(f"<tr><td>{escape(k)}</td><td><code>{escape(str(v))}</code></td></tr>"
                               for k, v in sorted(checkpoints.items()))
-    checkpoint_part = ["<h2>Checkpoints (SHA-256)</h2>",
-                       f"<table>{checkpoint_rows}</table>" if checkpoints else "<p>none</p>"]
+    return ["<h2>Checkpoints (SHA-256)</h2>",
+            f"<table>{checkpoint_rows}</table>" if checkpoints else "<p>none</p>"]
 
-    names = figure_files(figures_dir)
+
+def _table_list(run_dir: Path, figures_dir: Path, names: list[str]) -> list[str]:
+    """Every table file (CSV, with its Markdown and LaTeX copies and its cell link)."""
     tables = [n for n in names if Path(n).suffix.lower() == ".csv"]
     table_items = "".join(
         f"<li>{_link(figures_dir / n, run_dir, n)}"
         + "".join(f" | {_link((figures_dir / n).with_suffix(s), run_dir, s[1:])}"
                   for s in (".md", ".tex") if (figures_dir / n).with_suffix(s).is_file())
         + cell_link(figures_dir, n, run_dir) + "</li>" for n in tables)
-    table_list = ['<h2 id="tables">All tables</h2>',
-                  f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
-
-    headline = headline_tables_html(figures_dir, run_dir, stage_records, stale=stale)
-    page = "\n".join(["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
-                      f"<title>endoExplain run record ({escape(str(provenance.get('profile')))})"
-                      "</title>", f"<style>{_STYLE}</style></head><body>",
-                      *head, *brief_html(figures_dir, run_dir, provenance, stale),
-                      *figure_gallery(figures_dir, run_dir, names, stale), *headline, *table_list,
-                      *stages, *checkpoint_part, "</body></html>", ""])
-    path = RunLayout(run_dir).index_html
-    files.write_text_atomic(path, page)
-    return path
+    return ['<h2 id="tables">All tables</h2>',
+            f"<ul>{table_items}</ul>" if tables else "<p>no tables</p>"]
 
 
 # --------------------------------------------------------------------------- final tables
