@@ -576,42 +576,12 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     ``PolypDB/PolypDB_center_wise/<centre>/<modality>/{images,masks}/<stem>.jpg|png``.
 
     ``seed``: master seed; every stream is derived from it and a stream name. ``design``: the
-    cohort's design, 00's profile section (``config.RolesSettings``; its defaults, bounds and
-    descriptions live there). What the design's keys mean here (counts are numbers of files;
-    sizes are pixels):
-
-    frame_size : HyperKvasir frames are ``frame_size`` x ``frame_size``; external cohorts use
-        centre-specific multiples of it.
-    category_counts : labelled count per category other than ``polyps`` (keys: category
-        folder names). Missing categories get 0 files.
-    n_segmented : polyps with a mask; each is written once under ``polyps`` and once, byte for
-        byte, under ``segmented-images/images`` with another name.
-    n_development_polyps : standard polyps that are not in the segmented set.
-    n_audit_near_duplicates : extra ``polyps`` files re-encoded from segmented frames
-        (different bytes, identical average hash), so they join a segmented image's group.
-    n_development_duplicates, n_development_near_duplicates : extra byte copies and re-encoded
-        copies of negative frames (same category, other names): groups the split must keep whole.
-    conspicuity, dye_strength, lesion_area, lesion_offset_sd : ``render_frame`` knobs; each
-        polyp's conspicuity
-        is ``conspicuity`` times a factor drawn in [0.75, 1], for standard and dyed-lifted
-        polyps alike.
-    position_box_rate : share of HyperKvasir frames (every category) with the green box.
-    etis_count, etis_duplicates : ETIS frames, and extra byte-identical copies of some of them
-        (their masks are dilated, so the collapse by mask union matters).
-    polypgen_counts : frames per centre C1..C6, of which ``polypgen_empty_per_centre`` show no
-        polyp (empty mask); plus ``polypgen_duplicates`` byte copies in C1.
-    polypdb_per_cell : frames per (centre, modality) of ``POLYPDB_CENTRE_MODALITIES``.
-    synthetic_layout : "embedded" (frames as rendered, ``frame_size`` squares) or "mirror" (the
-        same content dressed as the real downloads look: published frame sizes, black surround,
-        screen text, 3-channel PolypGen masks, stray files, ``sequenceData`` and PolypDB's
-        modality-wise tree; see ``data.mirror``) or "downloaded" (the mirror rearranged as the
-        unpacked downloads sit on disk: nested folders, PraNet's ETIS layout, known quirks;
-        ``mirror.rearrange_as_downloaded``). The embedded bytes do not depend on it.
+    cohort's design, 00's profile section (``config.RolesSettings``; what each key does here:
+    docs/data_models_runs.md, "The synthetic cohort's design").
 
     The tree is built in ``<root>.partial`` and renamed into place, so an interrupted run
     leaves any previous cohort intact. An existing ``root`` is replaced only if it holds this
     generator's marker file (``synthetic_cohort.json``); otherwise ``FileExistsError``.
-
     """
     root = Path(root)
     _check_design(design, root)
