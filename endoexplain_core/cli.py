@@ -18,10 +18,6 @@ arguments, unpaired or mixed-up folders, a refused image or mask, an unreadable 
 weights file, an unknown architecture, a locked or unwritable output folder, a full disk or
 another OS error while writing: the previous audit in ``--out`` is then unchanged); 1 an
 unexpected error (traceback).
-
-Size: over 400 lines on purpose: argument parsing, input checks, weight loading, the output
-folder's lock and commit, and the HTML report of one command; the audit itself is
-analysis.audit (no second implementation).
 """
 
 from __future__ import annotations

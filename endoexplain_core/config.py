@@ -5,9 +5,6 @@ A profile has a ``shared`` section, a ``stages`` section keyed by notebook name 
 and raises ``ProfileError`` naming the file and the key (with the closest valid key for a
 typo). Defaults live only here. A notebook receives the shared keys its stage declares
 (``uses_shared``), its own section (stage keys win) and the run paths (``stage_parameters``).
-
-Size: over 400 lines on purpose: the schema is one model per stage; its validation messages,
-stage-key routing and digests must see the whole schema at once.
 Design: docs/data_models_runs.md, "Profiles and the schema".
 """
 

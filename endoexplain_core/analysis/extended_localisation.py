@@ -9,9 +9,6 @@ energy lift and pointing are taken inside the field of view joined with the mask
 frame; spatial scales are fractions of the input size (``LocalisationSettings``); constant maps
 are counted in every table (``CONSTANT_NOTE``).
 Method: docs/maps_and_scores.md, "Extended localisation tables".
-
-Size: over 400 lines on purpose: the case scores, their tables and the C-Score all read one per-
-image score frame; it is notebook 07's analysis, kept in one place.
 """
 
 from __future__ import annotations

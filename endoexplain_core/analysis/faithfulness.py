@@ -7,9 +7,6 @@ case-level outcomes and covariates of the subgroup models (``localisation_outcom
 seed derives from the sample id, so results do not depend on batch size or order.
 Conventions: docs/architecture.md, "Faithfulness and subgroup conventions"; method:
 docs/maps_and_scores.md, "Faithfulness tables".
-
-Size: over 400 lines on purpose: ROAD, LSR, shape-preserving deletion, randomisation and the
-subgroup outcomes run on the same prepared cases and maps of one checkpoint, batch by batch.
 """
 
 from __future__ import annotations

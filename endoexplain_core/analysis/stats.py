@@ -4,10 +4,6 @@ The image is the unit of resampling: one index matrix (``bootstrap_indices``) se
 outcome of a population, so outcomes of the same images are resampled together. Empty
 populations (n = 0) give NaN, not an error. Rules: docs/protocol.md, "Statistics"; method:
 docs/statistics_and_gate.md, "Resampling and intervals".
-
-Size: over 400 lines on purpose: one resampling convention (image index matrices, seed) serves
-every interval and test; the separation check and the ridge/Newton fit belong to the same Table
-5 model.
 """
 
 from __future__ import annotations

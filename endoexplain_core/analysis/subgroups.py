@@ -6,9 +6,6 @@ A gap is subgroup (``subgroup = 1``) minus reference (``0``) per CAM method, in
 negative = worse maps in the subgroup. Input frames are long: one row per (image[, checkpoint],
 method) with ``cluster`` = the image. Method: docs/statistics_and_gate.md, "Subgroup contrasts
 (GEE)"; table conventions: docs/architecture.md, "Faithfulness and subgroup conventions".
-
-Size: over 400 lines on purpose: the GEE fits, crude gaps, Holm families and equivalence tests
-share one contrast table and its thin-side rules.
 """
 
 from __future__ import annotations

@@ -6,9 +6,6 @@ constant map counts as a peak failure (``failure_matrix``), with the rate over m
 (``peak_failure_defined``, ``n_constant``) beside it. A high-score population is the images
 with ``scaled_score >= score_threshold``. Method: docs/statistics_and_gate.md, "Table 4 and its
 sensitivity tables".
-
-Size: over 400 lines on purpose: every Table 4/5 summary uses the same panel selection,
-constant-map rule and interval choice; split, those rules would be repeated.
 """
 
 from __future__ import annotations

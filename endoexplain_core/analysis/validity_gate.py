@@ -5,9 +5,6 @@ untrained, shuffled), audited per replicate seed on one pool of frames with a po
 separate cue (the polyp is the audit mask); per map method, pooled rates against chance, the
 centre baseline and the controls give "passes", "fails" or "inconclusive" (``gate_table``).
 Method: docs/statistics_and_gate.md, "Validity gate".
-
-Size: over 400 lines on purpose: planted frames, the four gate models and the verdict are one
-experiment whose parts must use the same pool and masks.
 """
 
 from __future__ import annotations

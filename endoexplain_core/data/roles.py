@@ -7,9 +7,6 @@ path, "\\n" line endings (``manifest_bytes``); ``record_manifest``: compared wit
 reference in ``data_manifest/<profile>/`` (``ManifestMismatchError``) and written with its
 SHA-256 to ``<run_dir>/manifest/`` only when accepted; ``verify_manifest``: a later stage's
 check of the files (``ManifestVerificationError``); ``table2``: counts per role and kind.
-
-Size: over 400 lines on purpose: one protocol step (content -> groups -> roles -> manifest)
-whose parts share the group invariants; split, they would each re-derive them.
 Design: docs/data_models_runs.md, "Roles and the manifest".
 """
 
@@ -52,9 +49,7 @@ class ManifestVerificationError(RuntimeError):
     """The files on disk no longer match the manifest, or the manifest its digest."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Hashing
-# ---------------------------------------------------------------------------------------------
+# --- Hashing ----------------------------------------------------------------------------
 
 def sha256_file(path: str | Path) -> str:
     """Lowercase hex SHA-256 of a file's bytes; ``ImageReadError`` naming a missing file."""
@@ -98,9 +93,7 @@ def hash_files(paths: Sequence[str | Path], *, progress: bool = True,
     return pd.DataFrame(rows, columns=["sha256", "ahash", "width", "height"])
 
 
-# ---------------------------------------------------------------------------------------------
-# Hash groups
-# ---------------------------------------------------------------------------------------------
+# --- Hash groups ------------------------------------------------------------------------
 
 def hash_groups(sha256: Sequence[str], ahash: Sequence[str]) -> list[str]:
     """Group id of each file: connected components of "same SHA-256 or same average hash".
@@ -133,9 +126,7 @@ def hash_groups(sha256: Sequence[str], ahash: Sequence[str]) -> list[str]:
     return ["g" + smallest[find(i)][:16] for i in range(len(sha256))]
 
 
-# ---------------------------------------------------------------------------------------------
-# Roles
-# ---------------------------------------------------------------------------------------------
+# --- Roles ------------------------------------------------------------------------------
 
 def _stratum_rng(seed: int, stratum: str) -> np.random.Generator:
     """Independent stream per stratum, so one category's size never reshuffles another."""
@@ -208,9 +199,7 @@ def check_roles(table: pd.DataFrame) -> None:
                                  f"e.g. {leaked['path'].iloc[0]} ({leaked['role'].iloc[0]})")
 
 
-# ---------------------------------------------------------------------------------------------
-# Manifest
-# ---------------------------------------------------------------------------------------------
+# --- Manifest ---------------------------------------------------------------------------
 
 def build_manifest(table: pd.DataFrame) -> pd.DataFrame:
     """The manifest: ``MANIFEST_COLUMNS`` in order, rows sorted by ``path``, checked roles."""
@@ -419,9 +408,7 @@ def verify_manifest(run_dir: str | Path, data_root: str | Path | None, *,
     return manifest
 
 
-# ---------------------------------------------------------------------------------------------
-# Table 2
-# ---------------------------------------------------------------------------------------------
+# --- Table 2 ----------------------------------------------------------------------------
 
 def image_kind(source: str, target: int) -> str:
     """Table 2 column of an image: ``negative``, ``dyed-lifted polyp`` or ``standard polyp``."""

@@ -27,10 +27,6 @@ Determinism: every random draw comes from ``numpy.random.Generator`` streams der
 and named from the streams, so the same seed and parameters give byte-identical trees in the
 pinned environment. Geometry below uses "frame units": the half-length of the frame's shorter
 side is 1, the frame centre is (0, 0), x grows rightwards and y downwards.
-
-Size: over 400 lines on purpose: one seeded generator writes every cohort's layout; the drawing
-primitives and the layouts share the random stream, so moving them apart risks changing the
-bytes.
 """
 
 from __future__ import annotations
@@ -110,9 +106,7 @@ POLYPDB_CENTRE_MODALITIES: dict[str, tuple[str, ...]] = {
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# Random streams and procedural fields
-# ---------------------------------------------------------------------------------------------
+# --- Random streams and procedural fields -----------------------------------------------
 
 def stream(seed: int, name: str) -> np.random.Generator:
     """An independent random generator for (``seed``, ``name``).
@@ -176,9 +170,7 @@ def _spots(image: np.ndarray, y: np.ndarray, x: np.ndarray, centres: np.ndarray,
     _blend(image, np.clip(alpha * strength, 0.0, 1.0), colour)
 
 
-# ---------------------------------------------------------------------------------------------
-# One frame
-# ---------------------------------------------------------------------------------------------
+# --- One frame --------------------------------------------------------------------------
 
 # Polyp geometry, chosen to match the masked images of the paper's spatial audit (docs/protocol.md,
 # "Synthetic lesion geometry"): mean area share about 0.15 (a random heatmap's peak misses in
@@ -461,9 +453,7 @@ def _draw_position_box(image: np.ndarray) -> None:
     image[top + np.clip(rows, 1, box_h - 2), left + columns] = POSITION_BOX_GREEN
 
 
-# ---------------------------------------------------------------------------------------------
-# Encoding with fixed options (byte-determinism)
-# ---------------------------------------------------------------------------------------------
+# --- Encoding with fixed options (byte-determinism) -------------------------------------
 
 def encode_image(array: np.ndarray, file_format: str, quality: int = JPEG_QUALITY) -> bytes:
     """Encode uint8 (H, W, 3) RGB or bool/uint8 (H, W) with fixed Pillow options.
@@ -527,9 +517,7 @@ def _kvasir_name(rng: np.random.Generator) -> str:
     return "cj" + rng.bytes(12).hex()[:23]
 
 
-# ---------------------------------------------------------------------------------------------
-# The cohort
-# ---------------------------------------------------------------------------------------------
+# --- The cohort -------------------------------------------------------------------------
 
 class _TreeWriter:
     """Writes files under a root and remembers what it wrote (relative POSIX paths).
@@ -892,9 +880,7 @@ def _write_mirror_extras(writer: _TreeWriter, seed: int, frame_size: int) -> dic
             "upper_gi_frames": 2, "sequence_frames": 2}
 
 
-# ---------------------------------------------------------------------------------------------
-# Contact sheet
-# ---------------------------------------------------------------------------------------------
+# --- Contact sheet ----------------------------------------------------------------------
 
 def _contact_rows(root: Path, per_row: int) -> list[tuple[str, list[Path], list[Path | None]]]:
     """(label, image paths, mask paths or None) for each row of the contact sheet."""

@@ -12,9 +12,6 @@ Scores: ``iou_curve`` / ``auc_iou`` (raw integral, maximum 0.9), ``top_k_sweep``
 ``energy_lift_bits`` (bits; 0 = a uniform map), ``pointing_hits`` (hits and chance
 |D_r| / |B|), ``dog_conspicuity``, ``soft_iou`` / ``c_score``.
 Method: docs/maps_and_scores.md, "Threshold-free and chance-normalised scores".
-
-Size: over 400 lines on purpose: the extended scores share one ranking and one field-of-view
-convention per batch (curve_and_sweep, peak_in_zone); splitting them would re-sort the maps.
 """
 
 from __future__ import annotations

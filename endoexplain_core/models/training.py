@@ -16,9 +16,6 @@ Files, under ``<run_dir>/checkpoints/`` (docs/architecture.md):
 last epoch's full training state; ``registry.csv``; ``training_curves.csv``. Both checkpoint
 files are written and read by ``models.checkpoint`` (tensors in safetensors, the rest JSON):
 no code path unpickles them.
-
-Size: over 400 lines on purpose: the training loop, BatchNorm recalibration, selection and the
-registry share the run's settings object; the checkpoint format lives in models/checkpoint.py.
 """
 
 from __future__ import annotations

@@ -10,9 +10,6 @@ Every run ends with ``provenance.json``, the figure index and ``index.html``.
 
 Usage: ``python -m endoexplain_core.pipeline --profile smoke [--data-root DIR] [--force]
 [--only 00_roles 01_training] [--adopt-manifest] [--output-root DIR]``.
-
-Size: over 400 lines on purpose: stage order, digests, stamps, locking and resume are one state
-machine over the run folder.
 """
 
 from __future__ import annotations

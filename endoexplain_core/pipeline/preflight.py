@@ -7,9 +7,6 @@ each external cohort, read by the run's own readers: cases kept, exclusions by r
 and formats), ``weights`` (each ImageNet file the profile asks for, SHA-256 against its
 torchvision name), ``device``, ``disk`` (free space); with ``estimate``, minutes and disk per
 stage from per-image costs measured here (``measure_costs``, ``decode_cost``; model passes only).
-
-Size: over 400 lines on purpose: the data, weights, device, disk and time checks report into
-one list of findings with one exit rule.
 Design: docs/data_models_runs.md, "Preflight".
 """
 

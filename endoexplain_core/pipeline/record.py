@@ -12,9 +12,6 @@ Conventions: a file written by several stages is attributed to the last of them 
 version is on disk); a file that no stage claims is still listed, as "unknown stage", so that
 the index is complete. Every link is relative, so the record opens from disk, and a link is
 only written for a file that exists.
-
-Size: over 400 lines on purpose: the figure index, index.html and the final tables read the same
-provenance record and must agree on every name.
 """
 
 from __future__ import annotations
