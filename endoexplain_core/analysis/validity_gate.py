@@ -419,7 +419,7 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     missing = sorted(set(GATE_MODELS) - set(case_rows["model"]))
     if missing:
         raise ValueError(f"gate case rows lack models {missing}")
-    n_replicates = model_facts["gate_seed"].nunique()
+    n_replicates = len({int(seed) for seed in model_facts["gate_seed"].unique()})
     usable = usable_replicates(model_facts)
     unusable = model_facts[~model_facts["accuracy_ok"].astype(bool)]
     # Pooled over the usable replicates; with none, over all (shown, but never a verdict).

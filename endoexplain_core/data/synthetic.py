@@ -234,7 +234,8 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
         shorter side: log-normal, clipped to ``LESION_AREA_RANGE`` (``lesion_geometry``).
     lesion_offset_sd : standard deviation of the polyp centre's offset from the frame centre,
         per axis, as a share of the shorter side (a 2-D Gaussian, pulled in so that the polyp
-        centre stays inside the field of view), drawn independently of the size.
+        centre stays inside the field of view), drawn independently of the size (why:
+        docs/protocol.md, "Synthetic lesion geometry").
     scar : pale, flat resection scar in the middle of the dye patch (resection margins).
     inflammation : 0..1, ulcerative-colitis severity (redness, lost vessels, granularity,
         fibrin-covered erosions, bleeding).
@@ -253,16 +254,15 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     The layers are drawn in a fixed order, each drawing from ``rng`` in turn: the cohort's
     bytes depend on that order.
     """
-    shape = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    height, width = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    shape = (height, width)
     _check_frame_arguments(shape, conspicuity=conspicuity, dye_strength=dye_strength,
                            inflammation=inflammation, stool=stool, fold_strength=fold_strength)
     y, x, pixels_per_unit = _frame_coordinates(shape)
-
     # Geometry first: the polyp (if any), then the lumen on the far side so it never hides it.
     lesion_r, lesion_cy, lesion_cx = lesion_geometry(rng, lesion_area, lesion_offset_sd)
     lumen_r, lumen_cy, lumen_cx = _lumen_geometry(rng, lesion, lesion_r, lesion_cy, lesion_cx)
     lumen_distance = np.sqrt((x - lumen_cx) ** 2 + (y - lumen_cy) ** 2)
-
     image, texture = _draw_mucosa(rng, shape, y, x, inflammation=inflammation, villi=villi,
                                   stool=stool)
     # Dye, then scar, then the polyp on top (the lifted polyp sits on its blue cushion).
@@ -276,7 +276,6 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
     _illuminate(image, rng, shape, lumen_distance, lumen_r, fold_strength)
     if scope_shaft:
         _draw_scope_shaft(image, rng, y, x, pixels_per_unit)
-
     _draw_highlights(image, rng, y, x, lesion_r, lesion_cy, lesion_cx,
                      polyp_conspicuity=conspicuity if lesion else 0.0)
     image *= np.asarray(colour_shift, dtype=np.float32)
@@ -573,7 +572,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     """
     root = Path(root)
     _check_design(design, root)
-    layout = design.synthetic_layout
+    layout, parameters = design.synthetic_layout, _marker_parameters(design, seed)
     partial = root.with_name(root.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -581,7 +580,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     knobs = {"conspicuity": design.conspicuity, "dye_strength": design.dye_strength,
              "lesion_area": tuple(design.lesion_area), "lesion_offset_sd": design.lesion_offset_sd}
     frame_size = design.frame_size
-    summary: dict[str, Any] = {"parameters": _marker_parameters(design, seed)}
+    summary: dict[str, Any] = {"parameters": parameters}
     summary["hyper-kvasir"] = _write_hyperkvasir(writer, seed, frame_size, dict(design.category_counts),
                                                  design.n_segmented, design.n_development_polyps,
                                                  design.n_audit_near_duplicates,

@@ -231,8 +231,6 @@ def _draw_map_panel(ax, method: str, case: dict, grey: np.ndarray, mask: np.ndar
     ax.set_xlabel(_panel_note(info), fontsize=6.5, labelpad=2)
 
 
-
-
 def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=(), left_out=()):
     """Figure 4: failure on own (A) and fixed (B) subsets, logit drop over all images (C).
 

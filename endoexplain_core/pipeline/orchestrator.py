@@ -524,7 +524,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     another). ``overrides``: ``--set SECTION.KEY=VALUE`` texts, validated with the profile
     before any work; they enter the parameters, hence the digests, of the stages that read
     the key. ``scheduler`` / ``allow_insecure_scheduler`` replace the profile's
-    ``shared.scheduler`` / ``shared.allow_insecure_scheduler`` and are checked before any work.
+    ``shared.scheduler`` / ``shared.allow_insecure_scheduler`` and are checked before any work
+    (a ``tcp://`` address without the opt-in is refused). Overrides and the scheduler are
+    listed in ``provenance.json`` and the record.
     """
     started = time.perf_counter()
     stages, config = checked_run(profile, data_root=data_root, output_root=output_root,
@@ -564,10 +566,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
             digest, upstream = _stage_digests(notebook, parameters, upstream,
                                               data_only if stage == names[0] else None)
             stamp = _read_stamp(paths.stamps / f"{stage}.json")
-            record = _planned_record(notebook, notebook_dir, paths, parameters, config, digest,
-                                     stamp, selected=failure is None and (not only or stage in only),
-                                     force=force)
-            records.append(record)
+            record = _planned_record(records, notebook, notebook_dir, paths, parameters, config,
+                                     digest, stamp, force=force,
+                                     selected=failure is None and (not only or stage in only))
             if "status" not in record:   # neither skipped nor left out: run it
                 failure = _execute_stage_recorded(record, notebook, parameters, paths,
                                                   kernel_name, stamp)
@@ -627,12 +628,13 @@ def _notebook_parameters(config, stage: str, paths: RunPaths, *, data_root: str,
     return parameters
 
 
-def _planned_record(notebook: Path, notebook_dir: Path, paths: RunPaths,
-                    parameters: dict[str, Any], config, digest: str, stamp: dict, *,
-                    selected: bool, force: bool) -> dict[str, Any]:
-    """A stage's provenance record before it runs; with its status already set when it will
-    not run: "not_run" (not selected by ``--only``, or after a failure) or "skipped" (its
-    stamp matches the digest and its executed notebook exists, unless ``force``)."""
+def _planned_record(records: list[dict[str, Any]], notebook: Path, notebook_dir: Path,
+                    paths: RunPaths, parameters: dict[str, Any], config, digest: str, stamp: dict,
+                    *, selected: bool, force: bool) -> dict[str, Any]:
+    """Append a stage's provenance record to ``records`` (before any status, so that a Ctrl-C
+    from here on finds it) and return it; its status is set when it will not run: "not_run"
+    (not selected by ``--only``, or after a failure) or "skipped" (its stamp matches the digest
+    and its executed notebook exists, unless ``force``)."""
     stage = notebook.stem
     executed = paths.notebooks_out / notebook.name
     record = {"stage": stage, "notebook": str(notebook.relative_to(notebook_dir.parent)),
@@ -640,6 +642,7 @@ def _planned_record(notebook: Path, notebook_dir: Path, paths: RunPaths,
               "executed_notebook": str(executed),
               "html": str(executed.with_suffix(".html")), "digest": digest,
               "figure_files": stamp.get("figure_files", []), "seconds": 0.0}
+    records.append(record)
     if not selected:
         record.update(status="not_run", last_run_seconds=stamp.get("seconds"),
                       up_to_date=stamp.get("digest") == digest)
@@ -907,9 +910,8 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
     return 0
 
 
-
 def build_parser() -> argparse.ArgumentParser:
-    """The ``run_all.sh`` command line (README, "Run everything")."""
+    """The ``run_all.sh`` command line (README, "`run_all.sh`")."""
     parser = argparse.ArgumentParser(prog="run_all.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="default",
                         help="smoke | default | paper, or a path to a profile YAML")
@@ -955,6 +957,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="if another run holds this run folder, wait up to SECONDS for it "
                              "(-1: wait indefinitely; default 0: stop at once with a message)")
     return parser
+
 
 INTERRUPTED_BEFORE_THE_RUN = "\nrun_all: interrupted before the run started; nothing was written"
 

@@ -242,7 +242,7 @@ class TaskRunner:
             self.client.close()
             self.client = None
         if self._cluster is not None:
-            # Every result is in: a slow worker's exit WARNING is muted (docs/data_models_runs.md).
+            # Every result is in: a slow worker's exit WARNING is muted (docs/data_models_runs.md, "Tasks and schedulers").
             nanny_log = logging.getLogger("distributed.nanny")
             level = nanny_log.level
             nanny_log.setLevel(logging.ERROR)
