@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from endoexplain_core import config
+from endoexplain_core import config, numerics
 from endoexplain_core.pipeline import orchestrator
 from tests import table_scan
 
@@ -151,22 +151,37 @@ def test_rerun_skips_everything_and_forced_roles_reproduce_the_digest(smoke_run)
 
 
 # Regression values: the smoke run's key tables, committed when they last changed on purpose.
-# A refactor that moves a number fails here. Tolerance: exact strings, numbers to 1e-9 relative
-# (the smoke profile is deterministic on CPU for a fixed torch thread count; 2 on the build and
-# CI machines). Update after an intended change with:
-#   cp <output_root>/figures/smoke/{table2_roles,...}.csv tests/expected/smoke/
+# A refactor that moves a number fails here. Training is deterministic on one kind of CPU (same
+# torch build and thread count, the CPU pin on) but not across CPU vendors: an AMD EPYC and an
+# Intel Xeon (AMX) give the same roles and Table 5, and Table 3/4 values that differ from the
+# seventh digit (calibration) to the third (Table 4's IoU, energy, logit drop). So the values
+# are recorded per kind of CPU, tests/expected/smoke/<vendor>-<best instruction set>/, and
+# compared exactly (numbers to 1e-9 relative) with this machine's kind. On a kind with no
+# recorded set the comparison is with every recorded set at the cross-machine tolerance
+# (CROSS_MACHINE_ATOL; strings and counts exact). After an intended change, on each kind:
+#   cp <output_root>/figures/smoke/{table2_roles,...}.csv tests/expected/smoke/<kind>/
 REGRESSION_TABLES = ("table2_roles.csv", "table3_calibration.csv", "table4_spatial_audit.csv",
                      "table5_adjusted_model.csv")
-EXPECTED_DIR = Path(__file__).resolve().parent / "expected" / "smoke"
+EXPECTED_ROOT = Path(__file__).resolve().parent / "expected" / "smoke"
+CROSS_MACHINE_ATOL = 0.01   # 10x the largest difference seen between the two recorded kinds
 
 
-def assert_same_table(actual: pd.DataFrame, expected: pd.DataFrame, name: str) -> None:
+def cpu_kind() -> str:
+    """``<vendor>-<best instruction set>`` of this machine, e.g. ``AuthenticAMD-AVX2``."""
+    cpu = numerics.detected_cpu()
+    return f"{cpu['vendor']}-{cpu['best_isa']}".replace(" ", "_")
+
+
+def assert_same_table(actual: pd.DataFrame, expected: pd.DataFrame, name: str, *,
+                      atol: float = 1e-12, rtol: float = 1e-9) -> None:
     assert list(actual.columns) == list(expected.columns), f"{name}: columns changed"
     assert len(actual) == len(expected), f"{name}: {len(actual)} rows, expected {len(expected)}"
     for column in expected.columns:
-        if pd.api.types.is_numeric_dtype(expected[column]):
+        if pd.api.types.is_integer_dtype(expected[column]):
+            assert actual[column].tolist() == expected[column].tolist(), f"{name}: column {column} changed"
+        elif pd.api.types.is_numeric_dtype(expected[column]):
             pd.testing.assert_series_equal(actual[column], expected[column], check_dtype=False,
-                                           rtol=1e-9, atol=1e-12, obj=f"{name}:{column}")
+                                           rtol=rtol, atol=atol, obj=f"{name}:{column}")
         else:
             assert actual[column].fillna("").astype(str).tolist() == \
                 expected[column].fillna("").astype(str).tolist(), f"{name}: column {column} changed"
@@ -175,8 +190,24 @@ def assert_same_table(actual: pd.DataFrame, expected: pd.DataFrame, name: str) -
 @pytest.mark.parametrize("name", REGRESSION_TABLES)
 def test_key_tables_match_the_committed_regression_values(smoke_run, name):
     actual = pd.read_csv(smoke_run / "figures" / "smoke" / name)
-    expected = pd.read_csv(EXPECTED_DIR / name)
-    assert_same_table(actual, expected, name)
+    own = EXPECTED_ROOT / cpu_kind()
+    if own.is_dir():
+        assert_same_table(actual, pd.read_csv(own / name), f"{own.name}/{name}")
+        return
+    kinds = sorted(p for p in EXPECTED_ROOT.iterdir() if p.is_dir())
+    assert kinds, f"no recorded regression values under {EXPECTED_ROOT}"
+    for kind in kinds:
+        assert_same_table(actual, pd.read_csv(kind / name), f"{kind.name}/{name} (no set for "
+                          f"{cpu_kind()}: cross-machine tolerance)", atol=CROSS_MACHINE_ATOL, rtol=0.0)
+
+
+def test_the_recorded_kinds_agree_within_the_cross_machine_tolerance():
+    """The tolerance used on an unrecorded kind of CPU holds between the kinds recorded."""
+    kinds = sorted(p for p in EXPECTED_ROOT.iterdir() if p.is_dir())
+    for name in REGRESSION_TABLES:
+        for other in kinds[1:]:
+            assert_same_table(pd.read_csv(other / name), pd.read_csv(kinds[0] / name),
+                              f"{other.name} vs {kinds[0].name}: {name}", atol=CROSS_MACHINE_ATOL, rtol=0.0)
 
 
 # Wall-clock columns: the only cells allowed to differ between two runs of the same profile.
