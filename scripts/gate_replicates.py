@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from endoexplain_core import config
@@ -30,14 +31,12 @@ from endoexplain_core.analysis import audit_schema, validity_gate
 from endoexplain_core.kernels import grid
 from endoexplain_core.models import networks
 
-import numpy as np
 
-
-def replicate_cases(run_dir: Path, seed: int, *, arch: str, layer_name: str, image_size: int,
+def replicate_cases(run_dir: Path, seed: int, *, grid_shape: tuple[int, int], image_size: int,
                     pool_images: int) -> pd.DataFrame:
-    """The case rows of one replicate with the cue columns, as ``audit_gate_models`` returns."""
+    """The case rows of one replicate with the cue columns, as ``audit_gate_models`` returns;
+    ``grid_shape``: the CAM grid of the gate's architecture and layer at ``image_size``."""
     pool = validity_gate.gate_pool(pool_images, image_size, seed + 2)
-    grid_shape = networks.cam_grid_shape(networks.build_model(arch), layer_name, image_size)
     on_lesion = grid.nearest_node_inside(np.stack([c["lesion_mask"] for c in pool]), grid_shape)
     on_cue = grid.nearest_node_inside(np.stack([c["cue_mask"] for c in pool]), grid_shape)
     ceilings = {c["sample_id"]: (bool(a), bool(b)) for c, a, b in zip(pool, on_lesion, on_cue)}
@@ -58,15 +57,17 @@ def main() -> None:
     section = profile.stage_settings("03_validity_gate")
     image_size = profile.shared.image_size
     arch = profile.shared.architectures[0]
+    model = networks.build_model(arch)   # untrained: only its layer's grid is read
+    layer_name = networks.resolve_target_layer(model, arch, None)[0]
+    grid_shape = networks.cam_grid_shape(model, layer_name, image_size)
     cases, facts = [], []
     for root in args.roots:
         run_dir, figures_dir = root / "runs" / profile.profile, root / "figures" / profile.profile
         gate = pd.read_csv(figures_dir / "table_validity_gate_models.csv")
-        layer_name = networks.resolve_target_layer(networks.build_model(arch), arch, None)[0]
         for seed in sorted(gate["gate_seed"].unique()):
             if seed in {int(s) for f in facts for s in f["gate_seed"]}:
                 raise SystemExit(f"replicate seed {seed} appears in two roots")
-            cases.append(replicate_cases(run_dir, int(seed), arch=arch, layer_name=layer_name,
+            cases.append(replicate_cases(run_dir, int(seed), grid_shape=grid_shape,
                                          image_size=image_size, pool_images=section.pool_images))
             facts.append(gate[gate["gate_seed"] == seed])
     seeds = [int(f["gate_seed"].iloc[0]) for f in facts]
