@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
+from pathlib import Path
 
 import dask
 import pytest
@@ -122,11 +124,18 @@ def test_a_stage_code_digest_covers_the_modules_it_imports():
     assert {"kernels/cams.py", "kernels/threshold.py", "analysis/audit.py"} <= audit
 
 
+def declared_parameters(notebook: Path) -> dict:
+    """Names and literal values assigned in a notebook's parameters cell."""
+    source = "".join(parameters.parameters_cell(notebook)["source"])
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
+
+
 @pytest.mark.parametrize("notebook", orchestrator.discover_stages(), ids=lambda p: p.stem)
 def test_notebook_parameters_cell_matches_the_schema(notebook):
     """Same names and the smoke profile's values (regenerate: scripts/sync_parameters.py)."""
     assert notebook.stem in config.STAGE_SETTINGS, f"{notebook.name} has no settings model"
-    assert parameters.declared_parameters(notebook) == parameters.expected_parameters(notebook.stem)
+    assert declared_parameters(notebook) == parameters.expected_parameters(notebook.stem)
 
 
 @pytest.mark.parametrize("notebook", orchestrator.discover_stages(), ids=lambda p: p.stem)

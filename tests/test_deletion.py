@@ -44,15 +44,15 @@ def test_toy_model_gives_hand_computed_drops():
     keep = torch.zeros(2, 4, 4, dtype=torch.bool)
     keep[0, 0, 0] = True  # one pixel of the region: positive drop 1
     keep[1, 0:2, 0:2] = True  # whole region at value 2: positive drop 8
-    drops = deletion.deletion_response(RegionSumModel(), images, keep, target_class=1)
-    assert drops.tolist() == [1.0, 8.0]
-    # z = pos - neg; deleting also removes channel 1 (0.5 per pixel): z drop = pos drop - 0.5 * k
     reference = RegionSumModel()(images)
     deleted = deletion.deletion_logits(RegionSumModel(), images, keep[None])
+    assert deletion.logit_drops(reference, deleted[0], 1).tolist() == [1.0, 8.0]
+    # z = pos - neg; deleting also removes channel 1 (0.5 per pixel): z drop = pos drop - 0.5 * k
     assert deletion.logit_difference_drops(reference, deleted)[0].tolist() == [0.5, 6.0]
     outside = torch.zeros(2, 4, 4, dtype=torch.bool)
     outside[:, 3, 3] = True  # outside the region: no positive drop
-    assert deletion.deletion_response(RegionSumModel(), images, outside).tolist() == [0.0, 0.0]
+    deleted_outside = deletion.deletion_logits(RegionSumModel(), images, outside[None])[0]
+    assert deletion.logit_drops(reference, deleted_outside, 1).tolist() == [0.0, 0.0]
 
 
 def test_deletion_logits_chunks_agree_with_single_forwards():

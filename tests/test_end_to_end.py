@@ -8,8 +8,10 @@ rerun skips every stage and that a forced rerun of stage 00 reproduces the manif
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,7 @@ import pytest
 
 from endoexplain_core import config, numerics
 from endoexplain_core.pipeline import orchestrator
-from tests import table_scan
+from tests import no_network, table_scan
 
 pytestmark = pytest.mark.slow
 
@@ -29,19 +31,38 @@ EXPECTED_FIGURE_FILES = [
 ]
 
 
+# Every run of this module has the network blocked (tests/no_network.py): the README promises
+# no downloads, and a blocked attempt anywhere (notebook kernels and Dask workers included) is
+# appended to NETWORK_LOG, which test_no_process_of_the_runs_reached_the_network reads.
+NETWORK_LOG = Path(tempfile.gettempdir()) / f"endoexplain_e2e_network_{os.getpid()}.log"
+
+
 def run_all(output_root: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "endoexplain_core.pipeline", "--profile", "smoke",
                "--output-root", str(output_root), *extra]
     # generous: a local:2 smoke run took over 25 min on 2 cores shared with other test runs
-    return subprocess.run(command, capture_output=True, text=True, timeout=2700)
+    return subprocess.run(command, capture_output=True, text=True, timeout=2700,
+                          env=no_network.network_guard_env(NETWORK_LOG))
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
+    NETWORK_LOG.unlink(missing_ok=True)
     output_root = tmp_path_factory.mktemp("smoke")
     result = run_all(output_root)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return output_root
+
+
+def test_the_network_guard_is_live_in_the_runs_processes():
+    """What makes the no-network check below able to fail: in a process started with the runs'
+    environment, a connection attempt fails and lands in the log."""
+    log = NETWORK_LOG.with_suffix(".probe.log")
+    probe = subprocess.run([sys.executable, "-c", "import socket; socket.create_connection(('198.51.100.1', 80), 1)"],
+                           env=no_network.network_guard_env(log), capture_output=True, text=True)
+    assert probe.returncode != 0 and "network access blocked" in probe.stderr
+    assert "198.51.100.1" in log.read_text()
+    log.unlink()
 
 
 def test_every_stage_ran_and_left_its_record(smoke_run):
@@ -226,16 +247,33 @@ def same_results(first: Path, second: Path) -> bool:
     return pd.read_csv(first).drop(columns=timing).equals(pd.read_csv(second).drop(columns=timing))
 
 
-def test_a_local_dask_cluster_gives_the_sequential_tables(smoke_run, tmp_path):
-    """`--scheduler local:2` (two worker processes; training, audits and transfer as tasks)
-    writes every table identical to the sequential run's: byte for byte, except the seconds
-    columns of the two tables that report wall-clock cost."""
-    result = run_all(tmp_path, "--scheduler", "local:2")
+# The stages that hand work to the scheduler: 01 trains each checkpoint as a task, 05 audits
+# each checkpoint as one, 06 transfers each cohort as one.
+SCHEDULED_STAGES = ("01_training", "05_robustness", "06_transfer")
+
+
+def test_a_local_dask_cluster_gives_the_sequential_checkpoints_and_tables(smoke_run, tmp_path):
+    """`--scheduler local:2` (two worker processes) trains every checkpoint byte-identical to
+    the sequential run's and writes every table identical: byte for byte, except the seconds
+    columns of the two tables that report wall-clock cost. Run on a copy of the smoke run without
+    its checkpoints, forcing the stages that use the scheduler (the others read only checkpoints
+    and tables, which are compared here)."""
+    import shutil
+
+    shutil.copytree(smoke_run, tmp_path, dirs_exist_ok=True, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.safetensors"))
+    result = run_all(tmp_path, "--scheduler", "local:2", "--force", "--only", *SCHEDULED_STAGES)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    provenance = json.loads((tmp_path / "runs" / "smoke" / "provenance.json").read_text())
+    assert [s["stage"] for s in provenance["stages"] if s["status"] == "ran"] == list(SCHEDULED_STAGES)
+    sequential_weights = sorted((smoke_run / "runs" / "smoke" / "checkpoints").glob("*.safetensors"))
+    assert len(sequential_weights) >= 10
+    for path in sequential_weights:
+        trained = tmp_path / "runs" / "smoke" / "checkpoints" / path.name
+        assert trained.read_bytes() == path.read_bytes(), f"{path.name} differs under local:2"
     sequential_dir, cluster_dir = smoke_run / "figures" / "smoke", tmp_path / "figures" / "smoke"
     names = sorted(p.name for p in sequential_dir.glob("*.csv"))
     assert len(names) > 20 and sorted(p.name for p in cluster_dir.glob("*.csv")) == names
-    assert set(TIMING_COLUMNS) <= set(names)
     different = [n for n in names if not same_results(sequential_dir / n, cluster_dir / n)]
     assert not different, f"tables differ between local:2 and sequential: {different}"
 
@@ -357,3 +395,14 @@ def test_thin_data_runs_complete_and_print_no_p_their_fits_cannot_carry(smoke_ru
         etis = transfer[transfer["cohort"].astype(str).str.startswith("ETIS")]
         # a mean of one image has no interval (issue 35, item 4); a rate keeps its Wilson interval
         assert (etis["n_cases"] == 1).all() and etis[["ci_low", "ci_high"]].isna().all().all(), etis
+
+
+# --------------------------------------------------------------------------- no network
+# Last in this module, so that it covers every run above (smoke, reruns, Dask, thin data).
+
+def test_no_process_of_the_runs_reached_the_network(smoke_run):
+    """The whole smoke pipeline and its reruns, in subprocesses (notebook kernels and Dask
+    workers included), with every non-loopback connection blocked: none was attempted. The
+    CLI is covered by test_cli's socket-blocked fixture."""
+    attempts = NETWORK_LOG.read_text() if NETWORK_LOG.exists() else ""
+    assert attempts == "", f"blocked network attempts during the runs:\n{attempts[:3000]}"

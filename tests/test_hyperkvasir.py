@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from endoexplain_core.data import hyperkvasir
 from endoexplain_core.data.hyperkvasir import HyperKvasirError, canonical_category, index_hyperkvasir
 from endoexplain_core.data.imageio import ImageReadError, MaskSizeError
 
@@ -172,7 +171,3 @@ def test_repeated_stem_is_an_error(tree):
     _save(tree / LOWER / "anatomical-landmarks/ileum/p2.jpg", 12)
     with pytest.raises(HyperKvasirError, match="repeated.*p2.jpg"):
         index_hyperkvasir(tree, progress=False)
-
-
-def test_segmented_sha256_lists_segmented_images(tree):
-    assert len(hyperkvasir.segmented_sha256(tree)) == 1

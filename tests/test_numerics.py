@@ -89,6 +89,30 @@ def test_importing_the_package_pins_this_process():
     assert set(record) >= {"pin", "pinned", "aten_capability", "detected", "torch_threads"}
 
 
+# Torch does tensor work on another capability (here the portable DEFAULT kernels, which any
+# x86 CPU runs) before endoexplain_core is imported; training must then refuse to start.
+LATE_IMPORT_TRAINING = """
+import os
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+import torch
+torch.ones(8).sum()
+from endoexplain_core import numerics
+from endoexplain_core.models import training
+try:
+    training.train_checkpoint(None, None, None, None, None, "unused")
+except numerics.CpuPinError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.skipif("AVX2" not in numerics.detected_cpu()["isa_levels"], reason="needs an x86 CPU with AVX2")
+def test_training_refuses_a_process_where_torch_ran_before_the_pin():
+    result = subprocess.run([sys.executable, "-c", LATE_IMPORT_TRAINING], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, numerics.PIN_SWITCH: "on"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("refused: ATen runs DEFAULT kernels, not the pinned AVX2"), result.stdout
+
+
 @pytest.mark.parametrize("arch", ["efficientnet_b0", "convnext_tiny"])
 def test_random_masks_never_use_vendor_dependent_bernoulli(arch, monkeypatch):
     """Train-mode forward passes draw dropout / stochastic-depth masks without the scalar

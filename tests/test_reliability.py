@@ -4,8 +4,8 @@ Each test injects one fault and checks the promised behaviour (README, "What the
 promises"): safe loading (a checkpoint that would run code is refused), atomic writes (a kill
 or a full disk leaves the previous artefact intact), resume (a SIGKILL at a seeded random
 moment, then a rerun, gives byte-identical tables), one run per run folder (lock), corrupted
-inputs named in the error, no network, and bad profiles rejected before any work.
-The kill-and-resume cases and the socket-blocked smoke run are ``slow``.
+inputs named in the error, and bad profiles rejected before any work (no network: the smoke
+runs of test_end_to_end have it blocked). The kill-and-resume cases are ``slow``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from endoexplain_core.analysis import audit_schema
 from endoexplain_core.data import imageio
 from endoexplain_core.models import checkpoint, training
 from endoexplain_core.pipeline import orchestrator
-from tests import no_network
 from tests.cli_fixtures import audit_arguments, write_masked_frames, write_resnet18_state_dict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -398,21 +397,3 @@ def test_kill_during_audit_or_figure_export_then_rerun_gives_identical_tables(au
         assert sha(out / name) == sha(reference / name), name
     assert not list(out.rglob(".*.partial")) and not list(out.rglob(".*.tmp"))  # the dead run's are gone
     assert not list(out.glob(".staging-*")) and cli.main(["verify", str(out)]) == 0
-
-
-@pytest.mark.slow
-def test_smoke_run_and_cli_need_no_network(tmp_path):
-    """The whole smoke pipeline in subprocesses (notebook kernels included) with every
-    non-loopback connection blocked; the CLI is covered by test_cli's socket-blocked fixture."""
-    log = tmp_path / "network.log"
-    result = subprocess.run([sys.executable, "-m", "endoexplain_core.pipeline",
-                             "--profile", "smoke", "--output-root", str(tmp_path / "out")],
-                            cwd=REPO, env=no_network.network_guard_env(log), capture_output=True,
-                            text=True, timeout=3600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not log.exists() or log.read_text() == ""
-    # The guard is live in those processes: a connection attempt there fails and is logged.
-    probe = subprocess.run([sys.executable, "-c", "import socket; socket.create_connection(('198.51.100.1', 80), 1)"],
-                           cwd=REPO, env=no_network.network_guard_env(log), capture_output=True, text=True)
-    assert probe.returncode != 0 and "network access blocked" in probe.stderr
-    assert "198.51.100.1" in log.read_text()

@@ -145,27 +145,27 @@ def test_manifest_bytes_digest_and_order(tmp_path):
 
 def test_reference_missing_mismatch_adopt_and_match(tmp_path):
     run, reference = tmp_path / "run", tmp_path / "reference"
+    run.mkdir()
     manifest = _manifest(_image_table({"polyps": 6, "cecum": 20}, segmented=2))
-    roles.write_manifest(manifest, run)
     with pytest.raises(roles.ManifestMismatchError, match="no reference manifest"):
-        roles.compare_with_reference(run, reference)
-    assert roles.compare_with_reference(run, reference, adopt=True)["status"] == "adopted"
+        roles.record_manifest(manifest, run, reference)
+    assert roles.record_manifest(manifest, run, reference, adopt=True)["status"] == "adopted"
     assert (reference / "manifest.csv").read_bytes() == (run / "manifest.csv").read_bytes()
-    assert roles.compare_with_reference(run, reference)["status"] == "match"
+    assert roles.record_manifest(manifest, run, reference)["status"] == "match"
 
     changed = manifest.copy()
     changed = changed[changed["path"] != "cecum/0000.jpg"]  # one row removed
     development = changed.index[changed["role"] == "train"][0]
     changed.loc[development, "role"] = "val"  # one role changed
-    roles.write_manifest(changed, run)
     with pytest.raises(roles.ManifestMismatchError) as error:
-        roles.compare_with_reference(run, reference)
+        roles.record_manifest(changed, run, reference)
     message = str(error.value)
     assert "25 rows now vs 26" in message and "1 removed (e.g. cecum/0000.jpg)" in message
     assert "role changed for 1 rows (train -> val: 1)" in message and "adopt_manifest" in message
-    assert (reference / "manifest.csv").read_bytes() != (run / "manifest.csv").read_bytes()
-    assert roles.compare_with_reference(run, reference, adopt=True)["status"] == "adopted"
-    assert roles.compare_with_reference(run, reference)["status"] == "match"
+    assert (reference / "manifest.csv").read_bytes() != roles.manifest_bytes(changed)
+    assert roles.record_manifest(changed, run, reference, adopt=True)["status"] == "adopted"
+    assert (reference / "manifest.csv").read_bytes() == roles.manifest_bytes(changed)
+    assert roles.record_manifest(changed, run, reference)["status"] == "match"
 
 
 def test_a_manifest_stage_00_rejects_is_never_left_with_a_valid_digest(tmp_path, crafted):

@@ -18,7 +18,9 @@ REFERENCE = ROOT / "tests" / "expected" / "default" / "summary.md"
 def test_readme_results_block_is_the_reference_default_summary():
     readme = (ROOT / "README.md").read_text()
     expected = summary.readme_block(REFERENCE.read_text())
-    assert summary.readme_results_block(readme) == expected, (
+    start, end = readme.find(summary.README_BEGIN), readme.find(summary.README_END)
+    assert 0 <= start < end, "README has no results block"
+    assert readme[start:end + len(summary.README_END)] == expected, (
         "README results block differs from tests/expected/default/summary.md: run "
         ".venv/bin/python scripts/readme_results.py")
 
@@ -118,3 +120,22 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert [line.split("**")[1] for line in missing[1:]] == [
         "RQ1, high score, where does the map look?", "RQ2, does it persist?",
         "RQ3, do the maps cover what the model uses?", "RQ4, transfer:"]
+
+
+def test_the_brief_says_when_the_primary_fails_the_learning_rule_on_its_audited_images():
+    import pandas as pd
+
+    training = pd.DataFrame({"checkpoint_id": ["p", "q"], "primary": [True, False], "test_auprc": [0.97, 0.9],
+                             "test_auprc_ci_low": [0.94, 0.8], "test_auprc_ci_high": [0.99, 0.95],
+                             "n_test": [100, 100]})
+    learning = pd.DataFrame({"checkpoint_id": ["p", "q", "p_shuffled"], "arch": ["efficientnet_b0"] * 3,
+                             "seed": [1, 2, 1], "control": ["none", "none", "shuffled"],
+                             "learned": [True, True, False], "not_learned_because": [None, None, "chance"]})
+    learned = summary._classifier_sentence(training, learning)
+    assert "2 of 2 checkpoints learned" in learned and "fails this rule" not in learned
+    learning.loc[0, ["learned", "not_learned_because"]] = [False, "Grad-CAM or Eigen-CAM maps constant on 10% of 110 images"]
+    failed = summary._classifier_sentence(training, learning)
+    assert "1 of 2 checkpoints learned" in failed
+    assert ("**The primary itself fails this rule** (Grad-CAM or Eigen-CAM maps constant on 10% of "
+            "110 images): the audit tables below") in failed
+    assert summary._classifier_sentence(training, None).endswith("(n = 100 held-out test images, 95% CI).")

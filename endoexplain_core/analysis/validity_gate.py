@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from endoexplain_core.analysis import audit, audit_schema, stats
-from endoexplain_core import config, marks
+from endoexplain_core import config
 from endoexplain_core.data import synthetic
 from endoexplain_core.data.datasets import to_normalised_tensor
 from endoexplain_core.kernels import grid

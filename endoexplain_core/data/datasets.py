@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 # albumentations asks pypi.org for a newer version on import unless this is set; the package
-# never uses the network at runtime (tests/test_reliability.py::test_smoke_run_and_cli_need_no_network).
+# never uses the network at runtime (tests/test_end_to_end.py::test_no_process_of_the_runs_reached_the_network).
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 import albumentations as A  # noqa: E402
 import cv2

@@ -25,7 +25,7 @@ import pandas as pd
 from endoexplain_core import config
 from endoexplain_core.data import imageio
 from endoexplain_core.data.imageio import check_mask_size, is_image_file, read_mask
-from endoexplain_core.data.roles import hash_files, sha256_file
+from endoexplain_core.data.roles import hash_files
 
 HYPERKVASIR_FOLDER = "hyper-kvasir"
 LOWER_GI = "lower-gi-tract"
@@ -270,10 +270,3 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
             "nor the same average hash) but a near-copy among the labelled images, which the "
             f"roles would not keep out of development: {'; '.join(leaking[:3])}")
     return twins
-
-
-def segmented_sha256(data_root: str | Path) -> list[str]:
-    """SHA-256 of every image in ``segmented-images/images`` (for cross-dataset hash audits)."""
-    folder = _require_folder(Path(data_root) / HYPERKVASIR_FOLDER / "segmented-images" / "images",
-                             "segmented-images/images")
-    return [sha256_file(p) for p in _visible_children(folder) if is_image_file(p)]

@@ -320,28 +320,6 @@ def _adopt(new_bytes: bytes, reference_dir: Path) -> None:
     files.write_bytes_atomic(reference_dir / DIGEST_FILE, (files.sha256_bytes(new_bytes) + "\n").encode())
 
 
-def compare_with_reference(manifest_dir: str | Path, reference_dir: str | Path, *,
-                           adopt: bool = False) -> dict[str, str]:
-    """Compare ``<manifest_dir>/manifest.csv`` (already written) with the committed reference:
-    ``{"status": "match" | "adopted", "digest", "summary"}``. A different or missing reference
-    raises ``ManifestMismatchError`` summarising the difference, unless ``adopt`` (then the new
-    manifest and digest replace the reference atomically). Stage 00 uses ``record_manifest``.
-    """
-    manifest_dir, reference_dir = Path(manifest_dir), Path(reference_dir)
-    new_digest = read_digest(manifest_dir / DIGEST_FILE)
-    new_bytes = (manifest_dir / MANIFEST_FILE).read_bytes()
-    if files.sha256_bytes(new_bytes) != new_digest:
-        raise ManifestVerificationError(f"{manifest_dir / MANIFEST_FILE} does not match its "
-                                        f"digest file {manifest_dir / DIGEST_FILE}")
-    summary = _reference_difference(new_bytes, reference_dir)
-    if summary is None:
-        return {"status": "match", "digest": new_digest, "summary": "identical"}
-    if not adopt:
-        raise _mismatch(manifest_dir / MANIFEST_FILE, reference_dir, summary)
-    _adopt(new_bytes, reference_dir)
-    return {"status": "adopted", "digest": new_digest, "summary": summary}
-
-
 def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_dir: str | Path,
                     *, adopt: bool = False) -> dict[str, str]:
     """Stage 00's manifest step: compare ``manifest`` with the committed reference, then write

@@ -90,24 +90,6 @@ def logit_difference_drops(reference_logits: torch.Tensor, deleted_logits: torch
     return logit_difference(reference_logits) - logit_difference(deleted_logits)
 
 
-def deletion_response(model: nn.Module, images: torch.Tensor, keep: torch.Tensor,
-                      target_class: int = 1, reference_logits: torch.Tensor | None = None) -> torch.Tensor:
-    """(B,) drop of the ``target_class`` logit when the ``keep`` pixels (bool (B, H, W)) are deleted.
-
-    ``reference_logits`` (B, K) of the intact images may be passed (e.g. from
-    ``cams.compute_cams(..., return_logits=True)``) to save one forward pass.
-    """
-    _check_keep(images, keep)
-    if keep.dim() != 3:
-        raise ValueError(f"keep must be (B, H, W); got {tuple(keep.shape)}")
-    model.eval()
-    if reference_logits is None:
-        with torch.no_grad():
-            reference_logits = model(images)
-    deleted = deletion_logits(model, images, keep[None])[0]
-    return logit_drops(reference_logits, deleted, target_class)
-
-
 _MASK32 = 0xFFFFFFFF
 
 

@@ -38,7 +38,7 @@ from endoexplain_core.config import TrainingSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.progress import progress_bar
 from endoexplain_core import files
-from endoexplain_core.numerics import resolve_device
+from endoexplain_core.numerics import check_cpu_pin, resolve_device
 from endoexplain_core.data import datasets
 from endoexplain_core.kernels import cams
 from endoexplain_core.models import checkpoint as checkpoint_files
@@ -407,6 +407,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     seed, control, pretrained, epochs (best epoch, 1-based), epochs_run, val_auprc, path,
     history (list of per-epoch dicts: epoch, train_loss, val_auprc, learning_rate).
     """
+    check_cpu_pin()  # training turns another kernel's last bits into another model: refuse
     device = torch.device(device)
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ Design: docs/data_models_runs.md, "Notebook parameters cells".
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -88,17 +87,6 @@ def parameters_cell(notebook: Path) -> dict:
     if len(tagged) != 1:
         raise ValueError(f"{notebook}: expected one cell tagged 'parameters', found {len(tagged)}")
     return tagged[0]
-
-
-def declared_parameters(notebook: Path) -> dict[str, Any]:
-    """Names and literal values assigned in a notebook's parameters cell."""
-    source = "".join(parameters_cell(notebook)["source"])
-    declared = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
-            declared[node.targets[0].id] = ast.literal_eval(node.value)
-    return declared
 
 
 def sync_notebook(notebook: Path, profile: str = REFERENCE_PROFILE) -> bool:

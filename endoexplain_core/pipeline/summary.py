@@ -310,6 +310,30 @@ RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
              4: "**RQ4, transfer:**"}
 
 
+def _classifier_sentence(training: pd.DataFrame, learning: pd.DataFrame | None) -> str:
+    """The primary's test AUPRC, how many checkpoints of the matrix learned, and, when the
+    primary itself fails the learning rule on its audited images, that its maps are no evidence."""
+    primary = _primary_row(training)
+    text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
+            f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
+            f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
+    if learning is None:
+        return text
+    matrix = learning[learning["control"] == "none"]
+    architectures = ", ".join(ARCH_LABELS.get(a, a) for a in dict.fromkeys(matrix["arch"]))
+    learned = matrix["learned"].map(lambda v: str(v).lower() == "true")
+    text += (f" The matrix ({architectures}; {matrix['seed'].nunique()} seeds each): "
+             f"{int(learned.sum())} of {len(matrix)} checkpoints learned (validation AUPRC "
+             f">= 0.95 and non-constant Grad-CAM and Eigen-CAM maps).")
+    own = matrix[matrix["checkpoint_id"] == primary["checkpoint_id"]]
+    if len(own) and not learned[own.index].iloc[0]:
+        # Selected on validation, judged again on the audit pool: say so where it is read.
+        text += (f" **The primary itself fails this rule** ({own['not_learned_because'].iloc[0]}): "
+                 "the audit tables below read maps of a model that did not learn by the "
+                 "package's own standard, so they are no evidence about lesion localisation.")
+    return text
+
+
 def verdict_lines(figures_dir: str | Path, synthetic: bool,
                   unavailable: dict[str, str] | None = None) -> list[str]:
     """The run in sentences (Markdown), each read from its table (``BRIEF_TABLES``): the gate,
@@ -348,18 +372,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     training = read("table_s1_training")
     learning = read("table_checkpoint_learning")
     if training is not None:
-        primary = _primary_row(training)
-        text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
-                f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
-                f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
-        if learning is not None:
-            matrix = learning[learning["control"] == "none"]
-            architectures = ", ".join(ARCH_LABELS.get(a, a) for a in dict.fromkeys(matrix["arch"]))
-            learned = matrix["learned"].map(lambda v: str(v).lower() == "true")
-            text += (f" The matrix ({architectures}; {matrix['seed'].nunique()} seeds each): "
-                     f"{int(learned.sum())} of {len(matrix)} checkpoints learned (validation AUPRC "
-                     f">= 0.95 and non-constant Grad-CAM and Eigen-CAM maps).")
-        lines.append(text)
+        lines.append(_classifier_sentence(training, learning))
     elif unavailable:
         lines.append(f"**Classifier**: could not be computed ({why('table_s1_training')}).")
     table4 = read("table4_spatial_audit")
@@ -456,12 +469,3 @@ def replace_readme_block(readme: str, summary: str) -> str:
         raise ValueError("README has no results block (markers "
                          f"{README_BEGIN!r} ... {README_END!r})")
     return readme[:start] + readme_block(summary) + readme[end + len(README_END):]
-
-
-def readme_results_block(readme: str) -> str:
-    """The results block currently in ``readme`` (markers included)."""
-    start, end = readme.find(README_BEGIN), readme.find(README_END)
-    if start < 0 or end < start:
-        raise ValueError("README has no results block")
-    return readme[start:end + len(README_END)]
-
