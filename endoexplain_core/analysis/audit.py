@@ -51,14 +51,19 @@ def batch_maps(model: torch.nn.Module, target_layer: torch.nn.Module, images: to
     (target class 1), the random heatmap seeded by each sample id and the centre baseline.
     Figure 3 and the case browser redraw maps with this, so they draw what the audit scored.
     """
-    batch, _, height, width = images.shape
     maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
                                      methods=CAM_METHODS, return_logits=True)
+    return {**maps, **baseline_maps(images, sample_ids)}, logits
+
+
+def baseline_maps(images: torch.Tensor, sample_ids: list[str]) -> dict[str, torch.Tensor]:
+    """The model-free controls of a batch (B, 3, S, S): ``random`` (a heatmap seeded by each
+    sample id) and ``centre`` (the centre Gaussian), each (B, S, S) in [0, 1]."""
+    batch, _, height, width = images.shape
     keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
-    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
-    maps["centre"] = baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
-                                               images.device)
-    return maps, logits
+    return {"random": baselines.random_heatmaps(keys, height, width, images.device),
+            "centre": baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
+                                                images.device)}
 
 
 def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,

@@ -32,7 +32,7 @@ from endoexplain_core.analysis import audit, audit_inputs, map_diagnostics, stat
 from endoexplain_core.data import cohorts
 from endoexplain_core.data.datasets import load_manifest
 from endoexplain_core.files import write_parquet_atomic
-from endoexplain_core.kernels import baselines, cams, deletion, localisation
+from endoexplain_core.kernels import cams, localisation
 from endoexplain_core.methods import (
     BASELINE_METHODS, CAM_METHODS, EXTENDED_BASELINE_METHODS, EXTENDED_CAM_METHODS, method_label,
 )
@@ -287,16 +287,11 @@ def reference_maps(images: torch.Tensor, sample_ids: list[str], settings: Locali
     """(method -> (B, S, S) map, field of view (B, S, S) bool before joining the masks) of the
     model-free maps of a batch of normalised images (B, 3, S, S): the random heatmap and centre
     baseline (``kernels.baselines``, the audit's seeds and width) and the image-only DoG map."""
-    batch, _, height, width = images.shape
-    keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
     fov = localisation.field_of_view(images)
-    scales = settings.pixels(height)
-    maps = {"random": baselines.random_heatmaps(keys, height, width, images.device),
-            "centre": baselines.centre_gaussian(batch, height, width, audit.CENTRE_SIGMA_FRACTION,
-                                                images.device),
-            "dog": localisation.dog_conspicuity(images, scales["dog_sigma_small_px"],
-                                                scales["dog_sigma_large_px"], fov=fov)}
-    return maps, fov
+    scales = settings.pixels(images.shape[-2])
+    dog = localisation.dog_conspicuity(images, scales["dog_sigma_small_px"],
+                                       scales["dog_sigma_large_px"], fov=fov)
+    return {**audit.baseline_maps(images, sample_ids), "dog": dog}, fov
 
 
 def score_registered(run_dir: str | Path, data_root: str | Path, checkpoint_id: str, *,

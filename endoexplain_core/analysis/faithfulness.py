@@ -25,7 +25,7 @@ from endoexplain_core import config, files
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.config import LocalisationSettings
 from endoexplain_core.analysis import audit, audit_inputs, audit_schema, stats
-from endoexplain_core.kernels import (baselines, cams, deletion, localisation, metrics,
+from endoexplain_core.kernels import (cams, deletion, localisation, metrics,
                                       randomisation, reliance, road, threshold)
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models import networks
@@ -87,17 +87,6 @@ def prepare_cases(cases: Iterable, image_size: int) -> PreparedCases:
     return PreparedCases(list(ids), images, masks, excluded)
 
 
-def _maps(model, layer, images: torch.Tensor, keys, methods) -> tuple[dict, torch.Tensor]:
-    """CAMs (and the random / centre baselines) of a batch, plus its logits."""
-    maps, logits = cams.compute_cams(model, layer, images, target_class=1, methods=CAM_METHODS,
-                                     return_logits=True)
-    height, width = images.shape[-2:]
-    maps["random"] = baselines.random_heatmaps(keys, height, width, images.device)
-    maps["centre"] = baselines.centre_gaussian(images.shape[0], height, width,
-                                               audit.CENTRE_SIGMA_FRACTION, images.device)
-    return {m: maps[m] for m in methods}, logits.detach()
-
-
 def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, sample_ids,
                        *, temperature: float, settings: FaithfulnessControls,
                        timings: dict | None = None, include_shape: bool = True
@@ -113,8 +102,7 @@ def faithfulness_batch(model, layer, images: torch.Tensor, masks: torch.Tensor, 
     ``timings`` (optional) accumulates imputation and forward seconds under ``"road"`` and ``"lsr"``.
     """
     keys = [deletion.sample_key(s) for s in sample_ids]
-    methods = tuple(dict.fromkeys([*settings.road_methods, *CAM_METHODS]))
-    maps, logits = _maps(model, layer, images, keys, methods)
+    maps, logits = audit.batch_maps(model, layer, images, list(sample_ids))
     reference_z = road.scaled_logit_difference(logits, temperature)
     fov = localisation.field_of_view(images, masks)
     road_maps = {m: maps[m] for m in settings.road_methods}
@@ -385,7 +373,7 @@ def localisation_outcomes(model, metadata: dict, temperature: float, prepared: P
         ids = prepared.sample_ids[start:start + batch_size]
         images = prepared.images[start:start + batch_size].to(torch_device)
         masks = prepared.masks[start:start + batch_size].to(torch_device)
-        maps, logits = _maps(model, layer, images, [deletion.sample_key(s) for s in ids], methods)
+        maps, logits = audit.batch_maps(model, layer, images, list(ids))
         z = deletion.logit_difference(logits.double()).cpu().numpy()
         fov = localisation.field_of_view(images, masks)
         lesion_share = ((masks & fov).flatten(1).sum(1) / fov.flatten(1).sum(1)).double().cpu().numpy()
