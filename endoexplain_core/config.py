@@ -69,11 +69,6 @@ MAX_BATCH = 4_096               # images per batch
 MAX_IMAGES = 1_000_000          # synthetic files per key, gate frames, steps
 MAX_EPOCHS = 1_000
 
-Fraction = Field(gt=0.0, lt=1.0)
-Probability = Field(ge=0.0, le=1.0)
-Count = Field(ge=0)
-Positive = Field(gt=0)
-
 
 def _distinct_items(values: list) -> list:
     """``values`` unchanged; ValueError naming the repeats (a repeated seed or architecture
