@@ -328,7 +328,8 @@ def _classifier_sentence(training: pd.DataFrame, learning: pd.DataFrame | None) 
     own = matrix[matrix["checkpoint_id"] == primary["checkpoint_id"]]
     if len(own) and not learned[own.index].iloc[0]:
         # Selected on validation, judged again on the audit pool: say so where it is read.
-        text += (f" **The primary itself fails this rule** ({own['not_learned_because'].iloc[0]}): "
+        because = own["not_learned_because"].fillna("").iloc[0] or "see table_checkpoint_learning"
+        text += (f" **The primary itself fails this rule** ({because}): "
                  "the audit tables below read maps of a model that did not learn by the "
                  "package's own standard, so they are no evidence about lesion localisation.")
     return text
