@@ -153,6 +153,26 @@ def test_ridge_logistic_is_finite_when_every_outcome_is_one():
     assert np.all(np.isfinite(beta)) and beta[0] > 5
 
 
+def test_ridge_logistic_converges_when_every_outcome_of_a_replicate_is_one():
+    # A bootstrap replicate that draws only failures (HiResCAM fails on 108 of 109 panel-A
+    # images) leaves the intercept with curvature of about its penalty, 1e-8: the default
+    # run's stability check stopped there ("did not converge", gradient norm 3e-13).
+    rng = np.random.default_rng(21)
+    design = np.column_stack([np.ones(300), rng.integers(0, 2, (300, 2))]).astype(float)
+    every_one, every_zero = (stats.fit_ridge_logistic(design, np.full(300, value)) for value in (1.0, 0.0))
+    np.testing.assert_allclose(every_one, -every_zero, rtol=1e-6)
+    probability = 1.0 / (1.0 + np.exp(-design @ every_one))
+    ridge = np.r_[stats.INTERCEPT_PENALTY, np.full(2, stats.RIDGE_PENALTY)]
+    assert np.abs((1.0 - probability) @ design - ridge * every_one).max() < 1e-9
+    # In a batch of replicates, the one that drew only outcome-1 rows is that subset's fit.
+    outcome = (rng.uniform(size=300) < 0.9).astype(float)
+    weights = np.stack([np.ones(300), outcome])
+    batch = stats.fit_ridge_logistic(design, outcome, weights=weights)
+    ones = outcome == 1.0
+    np.testing.assert_allclose(batch[1], stats.fit_ridge_logistic(design[ones], outcome[ones]), rtol=1e-6)
+    np.testing.assert_allclose(batch[0], stats.fit_ridge_logistic(design, outcome), rtol=1e-6)
+
+
 # --------------------------------------------------------------------------- issue 10: what the data support
 
 def test_wilson_rate_intervals_match_statsmodels_over_many_counts():

@@ -380,9 +380,11 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
     weighted problems at once (a cluster bootstrap is a frequency weighting of the rows).
     Maximises sum_i w_i log-lik_i - penalty/2 * ||beta[1:]||^2 - intercept_penalty/2 * beta[0]^2.
     Each Newton step is halved (up to ``max_halvings`` times) until the penalised
-    log-likelihood does not decrease; the fit has converged when the largest applied step is
-    below ``tolerance``. Returns beta, (p,) or (R, p). Raises ``ConvergenceError`` naming the
-    largest gradient norm when ``max_iterations`` pass without convergence.
+    log-likelihood does not decrease; a problem has converged when its largest applied step is
+    below ``tolerance`` or, with every coefficient penalised, when its Newton decrement (the
+    gain the full step predicts, gradient . step) is at rounding level of the objective.
+    Returns beta, (p,) or (R, p). Raises ``ConvergenceError`` naming the largest gradient norm
+    when ``max_iterations`` pass without convergence.
 
     The penalty keeps estimates finite under separation, but a separated term's value is
     then set by the penalty, not the data: detect separation first
@@ -401,6 +403,7 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
     p = x.shape[1]
     ridge = np.full(p, penalty)
     ridge[0] = intercept_penalty
+    strictly_concave = bool(np.all(ridge > 0))
 
     def objective(beta):                                                       # (R,)
         eta = beta @ x.T
@@ -414,6 +417,14 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
         curvature = w * probability * (1.0 - probability)                      # (R, n)
         hessian = np.einsum("rn,ni,nj->rij", curvature, x, x) + np.diag(ridge)  # (R, p, p)
         step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
+        # Why the decrement: along a direction whose curvature is only the penalty (the
+        # intercept's 1e-8 when every outcome of a bootstrap replicate is 1), rounding in the
+        # gradient moves beta by more than ``tolerance`` forever although the maximum is
+        # reached. Without a penalty on every term there may be no maximum (separation), so
+        # there only the step decides.
+        at_maximum = (strictly_concave
+                      & (np.einsum("rp,rp->r", gradient, step)
+                         <= 1e-12 * np.maximum(1.0, np.abs(current))))
         scale = np.ones(w.shape[0])
         for _ in range(max_halvings):
             candidate = beta + scale[:, None] * step
@@ -425,7 +436,7 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
         applied = scale[:, None] * step
         beta = beta + applied
         current = objective(beta)
-        if np.max(np.abs(applied)) < tolerance:
+        if np.all(at_maximum | (np.abs(applied).max(axis=1) < tolerance)):
             return beta[0] if single else beta
     probability = 1.0 / (1.0 + np.exp(-(beta @ x.T)))
     gradient = (w * (y - probability)) @ x - ridge * beta
