@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from endoexplain_core.analysis import calibration, paper_comparison, stats
+from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.models import networks, training
 
 SEED = 20260721  # the profiles' shared seed: bootstrap draws as in a run
@@ -160,3 +161,36 @@ def test_run_record_keeps_producing_run_timings_shows_headline_tables_and_hides_
     assert 'href="../notebooks/05_robustness.html"' in page or "05_robustness.html" in page
     final = record.collect_final_tables(figures_dir, names={"table5_adjusted_model_formatted": "05_robustness"})
     assert list(final["table5_adjusted_model_formatted"].columns) == ["Term", "Odds ratio (95% CI)"]
+
+
+def test_a_cam_with_grad_cams_outcome_on_every_image_gets_odds_ratio_one_and_says_so():
+    # Default run, 2026-12-05: Grad-CAM++ hit or missed exactly where Grad-CAM did on all 109
+    # panel-A images; the ridge fit gave OR 0.99983 (0.99940 to 0.99990), and the stability
+    # check read its sign as "lower odds".
+    from endoexplain_core.analysis import adjusted_model, stats
+    rng = np.random.default_rng(5)
+    n = 60
+    images = [f"img{i:03d}" for i in range(n)]
+    covariates = {"lesion_area_per_0_10": rng.uniform(0.5, 3.0, n),
+                  "centre_distance_per_0_10": rng.uniform(0.0, 4.0, n),
+                  "score_per_0_10": rng.uniform(9.0, 10.0, n)}
+    reference = (rng.uniform(size=n) < 0.3).astype(float)
+    outcomes = {"gradcam": reference, "gradcampp": reference.copy(),
+                **{m: (rng.uniform(size=n) < 0.5).astype(float) for m in ("xgradcam", "hirescam", "eigencam")}}
+    frame = pd.concat([pd.DataFrame({"sample_id": images, "method": method, "failure": failure,
+                                     "intercept": 1.0, **covariates})
+                       for method, failure in outcomes.items()], ignore_index=True)
+    for method in CAM_METHODS[1:]:
+        frame[method] = (frame["method"] == method).astype(float)
+    frame = frame.sort_values(["sample_id", "method"]).reset_index(drop=True)
+    table = adjusted_model.odds_ratios(frame, replicates=40, seed=3).set_index("term")
+    same = table.loc[adjusted_model.TERMS["gradcampp"]]
+    assert (same["odds_ratio"], same["ci_low"], same["ci_high"]) == (1.0, 1.0, 1.0)
+    assert same["note"] == "the same outcome as Grad-CAM on all 60 images: odds ratio 1 by construction"
+    assert all(table.loc[adjusted_model.TERMS[m], "note"] == "" for m in ("xgradcam", "hirescam", "eigencam"))
+    # What the rule replaces is the penalty's pull only: the ridge estimate sits next to 1.
+    terms = ["intercept", *adjusted_model.TERMS]
+    ridge = stats.fit_ridge_logistic(frame[terms].to_numpy(), frame["failure"].to_numpy())
+    assert abs(ridge[terms.index("gradcampp")]) < 1e-2
+    printed = adjusted_model.format_table(table.reset_index()).set_index("Term")["Odds ratio (95% CI)"]
+    assert printed[adjusted_model.TERMS["gradcampp"]].startswith("the same outcome as Grad-CAM")

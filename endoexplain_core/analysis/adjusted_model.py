@@ -86,6 +86,20 @@ def detect_separation(frame: pd.DataFrame) -> dict:
             terms.remove(term)
 
 
+IDENTICAL_NOTE = "the same outcome as Grad-CAM on all {n} images: odds ratio 1 by construction"
+
+
+def _same_outcomes_as_reference(frame: pd.DataFrame) -> dict[str, int]:
+    """CAM term -> number of images, for the CAMs whose failure equals Grad-CAM's (the
+    reference) on every image of ``frame`` (``model_frame`` rows)."""
+    outcomes = frame.pivot(index="sample_id", columns="method", values="failure")
+    reference = CAM_METHODS[0]
+    if reference not in outcomes:
+        return {}
+    return {method: len(outcomes) for method in _method_terms()
+            if method in outcomes and outcomes[method].equals(outcomes[reference])}
+
+
 def odds_ratios(frame: pd.DataFrame, replicates: int,
            seed: int, penalty: float = stats.RIDGE_PENALTY) -> pd.DataFrame:
     """Odds ratios of the adjusted model with image-cluster bootstrap CIs (Table 5).
@@ -115,9 +129,17 @@ def odds_ratios(frame: pd.DataFrame, replicates: int,
     fitted = {t: (o, lo, hi, int(k)) for t, o, lo, hi, k in zip(
         result["term"], result["odds_ratio"], result["ci_low"], result["ci_high"],
         result["separated_replicates"])}
+    identical = _same_outcomes_as_reference(kept)
     rows = []
     for term, label in TERMS.items():
-        if term in fitted:
+        if term in identical:
+            # Every image (so every bootstrap replicate) gives both maps the same outcome: the
+            # maximum-likelihood OR is exactly 1. The ridge fit lands a few 1e-4 off it (the
+            # penalty's pull), which a sign would read as a verdict.
+            rows.append({"term": label, "odds_ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0,
+                         "estimable": True, "note": IDENTICAL_NOTE.format(n=identical[term]),
+                         "separated_replicates": 0})
+        elif term in fitted:
             odds_ratio, low, high, k = fitted[term]
             rows.append({"term": label, "odds_ratio": odds_ratio, "ci_low": low, "ci_high": high,
                          "estimable": True, "note": "", "separated_replicates": k})
@@ -199,6 +221,8 @@ def format_table(table: pd.DataFrame, digits: int = 3, firth: pd.DataFrame | Non
     cells = []
     for row in table.itertuples():
         if not row.estimable:
+            cells.append(row.note)
+        elif isinstance(row.note, str) and row.note:   # the same outcomes as Grad-CAM
             cells.append(row.note)
         elif interval_unbounded(row.ci_low, row.ci_high):
             cells.append(UNBOUNDED_NOTE.format(k=int(row.separated_replicates)))
