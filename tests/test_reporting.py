@@ -194,3 +194,17 @@ def test_a_cam_with_grad_cams_outcome_on_every_image_gets_odds_ratio_one_and_say
     assert abs(ridge[terms.index("gradcampp")]) < 1e-2
     printed = adjusted_model.format_table(table.reset_index()).set_index("Term")["Odds ratio (95% CI)"]
     assert printed[adjusted_model.TERMS["gradcampp"]].startswith("the same outcome as Grad-CAM")
+
+
+def test_table5_heading_gives_the_observed_ranges_and_flags_a_per_0_10_extrapolation():
+    # Default run, 2026-12-05: panel A's scaled scores spanned 0.917 to 0.974, and "Scaled score
+    # per 0.10" printed an odds ratio above 1,000 with nothing saying why.
+    from endoexplain_core.analysis import adjusted_model
+    frame = pd.DataFrame({"sample_id": ["a", "b", "c"], "lesion_area_per_0_10": [0.2, 1.5, 3.0],
+                          "centre_distance_per_0_10": [0.0, 2.0, 4.0],
+                          "score_per_0_10": [9.17, 9.5, 9.74]})
+    text = adjusted_model.heading(frame)
+    assert "scaled score 0.917 to 0.974" in text and "lesion area 0.020 to 0.300" in text
+    assert "Scaled score spans less than 0.10 here, so an odds ratio per 0.10 extrapolates" in text
+    wide = frame.assign(score_per_0_10=[8.5, 9.5, 10.0])
+    assert "extrapolates" not in adjusted_model.heading(wide)

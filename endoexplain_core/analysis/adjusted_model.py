@@ -250,10 +250,21 @@ def heading(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "No high-score image: Table 5 is empty."
     n_images, n_rows = frame["sample_id"].nunique(), len(frame)
-    return (f"Outcome: the CAM's peak lies outside the lesion (a constant map counts as a "
+    text = (f"Outcome: the CAM's peak lies outside the lesion (a constant map counts as a "
             f"failure); n = {n_images} high-score images x {len(CAM_METHODS)} CAMs = {n_rows} "
             "rows, clustered by image; reference: Grad-CAM; slopes per 0.10 of lesion area "
             "(frame fraction), lesion-centre distance and scaled score.")
+    # A slope per 0.10 of a variable that spans less than 0.10 (high scores crowd near 1) is
+    # an extrapolation: an odds ratio in the thousands then says so, not that the effect is huge.
+    ranges = {name: (frame[column].min() * 0.10, frame[column].max() * 0.10) for name, column in
+              (("lesion area", "lesion_area_per_0_10"), ("lesion-centre distance", "centre_distance_per_0_10"),
+               ("scaled score", "score_per_0_10"))}
+    text += " Observed: " + ", ".join(f"{name} {low:.3f} to {high:.3f}" for name, (low, high) in ranges.items()) + "."
+    narrow = [name for name, (low, high) in ranges.items() if high - low < 0.10]
+    if narrow:
+        text += (f" {', '.join(narrow).capitalize()} span{'s' if len(narrow) == 1 else ''} less than 0.10 "
+                 "here, so an odds ratio per 0.10 extrapolates beyond the data.")
+    return text
 
 
 def footnote(table: pd.DataFrame, replicates: int, temperature_note: str = "") -> str:
