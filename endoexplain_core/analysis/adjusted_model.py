@@ -258,7 +258,9 @@ def heading(frame: pd.DataFrame) -> str:
     # an extrapolation: an odds ratio in the thousands then says so, not that the effect is huge.
     ranges = {name: (frame[column].min() * 0.10, frame[column].max() * 0.10) for name, column in
               (("lesion area", "lesion_area_per_0_10"), ("lesion-centre distance", "centre_distance_per_0_10"),
-               ("scaled score", "score_per_0_10"))}
+               ("scaled score", "score_per_0_10")) if column in frame}
+    if not ranges:
+        return text
     text += " Observed: " + ", ".join(f"{name} {low:.3f} to {high:.3f}" for name, (low, high) in ranges.items()) + "."
     narrow = [name for name, (low, high) in ranges.items() if high - low < 0.10]
     if narrow:
