@@ -220,9 +220,7 @@ def format_table(table: pd.DataFrame, digits: int = 3, firth: pd.DataFrame | Non
     column (its intervals treat rows as independent, so they are narrower)."""
     cells = []
     for row in table.itertuples():
-        if not row.estimable:
-            cells.append(row.note)
-        elif isinstance(row.note, str) and row.note:   # the same outcomes as Grad-CAM
+        if not row.estimable or (isinstance(row.note, str) and row.note):   # why, or Grad-CAM's twin
             cells.append(row.note)
         elif interval_unbounded(row.ci_low, row.ci_high):
             cells.append(UNBOUNDED_NOTE.format(k=int(row.separated_replicates)))
