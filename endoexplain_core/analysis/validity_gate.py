@@ -20,7 +20,7 @@ from torch import nn
 
 from endoexplain_core.analysis import audit, audit_schema, stats
 from endoexplain_core import config
-from endoexplain_core.data import synthetic
+from endoexplain_core.data import roles, synthetic
 from endoexplain_core.data.datasets import to_normalised_tensor
 from endoexplain_core.kernels import grid
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
@@ -124,7 +124,7 @@ def task_frames(task: str, n_images: int, size: int, seed: int
     """
     if task not in ("lesion", "shortcut"):
         raise ValueError(f"unknown planted task {task!r}; choose 'lesion' or 'shortcut'")
-    rng = synthetic.stream(seed, f"validity_gate/{task}/{size}")
+    rng = roles.stream(seed, f"validity_gate/{task}/{size}")
     images, labels = [], []
     for i in range(n_images):
         label, other = i % 2, (i // 2) % 2 == 1
@@ -140,7 +140,7 @@ def gate_pool(n_images: int, size: int, seed: int) -> list[dict]:
 
     Returns dicts with sample_id, image (uint8 RGB), lesion_mask and cue_mask (bool (S, S)).
     """
-    rng = synthetic.stream(seed, f"validity_gate/pool/{size}")
+    rng = roles.stream(seed, f"validity_gate/pool/{size}")
     pool = []
     for i in range(n_images):
         image, lesion_mask, cue_mask = planted_frame(rng, size, lesion=True, cue=True)

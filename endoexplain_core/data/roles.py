@@ -128,10 +128,11 @@ def hash_groups(sha256: Sequence[str], ahash: Sequence[str]) -> list[str]:
 
 # --- Roles ------------------------------------------------------------------------------
 
-def _stratum_rng(seed: int, stratum: str) -> np.random.Generator:
-    """Independent stream per stratum, so one category's size never reshuffles another."""
-    key = int.from_bytes(hashlib.sha256(stratum.encode()).digest()[:8], "little")
-    return np.random.default_rng([int(seed), key])
+def stream(seed: int, name: str) -> np.random.Generator:
+    """An independent random generator for (``seed``, ``name``): one stream per stratum (or
+    synthetic category), so one's size never reshuffles another."""
+    name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), name_key])
 
 
 def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
@@ -145,7 +146,7 @@ def split_groups(group_sizes: pd.Series, seed: int, stratum: str,
         raise ValueError(f"split fractions must be three non-negative numbers summing to 1, "
                          f"got {fractions}")
     ids = sorted(group_sizes.index)
-    order = _stratum_rng(seed, stratum).permutation(len(ids))
+    order = stream(seed, stratum).permutation(len(ids))
     sizes = np.array([group_sizes[ids[i]] for i in order], dtype=float)
     midpoints = (np.cumsum(sizes) - sizes / 2) / sizes.sum()
     boundaries = np.cumsum(fractions)[:2]
@@ -222,8 +223,11 @@ def manifest_bytes(manifest: pd.DataFrame) -> bytes:
 
 def write_manifest(manifest: pd.DataFrame, manifest_dir: str | Path) -> str:
     """Write ``manifest.csv`` and ``manifest.sha256`` (hex digest + newline); return the digest."""
-    manifest_dir = Path(manifest_dir)
-    data = manifest_bytes(manifest)
+    return _write_with_digest(manifest_bytes(manifest), Path(manifest_dir))
+
+
+def _write_with_digest(data: bytes, manifest_dir: Path) -> str:
+    """Write a manifest's bytes and then its digest file (each temporary + rename); the digest."""
     digest = files.sha256_bytes(data)
     files.write_bytes_atomic(manifest_dir / MANIFEST_FILE, data)
     files.write_bytes_atomic(manifest_dir / DIGEST_FILE, (digest + "\n").encode())
@@ -314,12 +318,6 @@ def _mismatch(manifest_path: Path, reference_dir: Path, summary: str) -> Manifes
         f"commit {reference_dir}.")
 
 
-def _adopt(new_bytes: bytes, reference_dir: Path) -> None:
-    """Copy a manifest's bytes and digest over the committed reference (temporary + rename)."""
-    files.write_bytes_atomic(reference_dir / MANIFEST_FILE, new_bytes)
-    files.write_bytes_atomic(reference_dir / DIGEST_FILE, (files.sha256_bytes(new_bytes) + "\n").encode())
-
-
 def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_dir: str | Path,
                     *, adopt: bool = False) -> dict[str, str]:
     """Stage 00's manifest step: compare ``manifest`` with the committed reference, then write
@@ -341,7 +339,7 @@ def record_manifest(manifest: pd.DataFrame, manifest_dir: str | Path, reference_
     (manifest_dir / REJECTED_FILE).unlink(missing_ok=True)
     if summary is None:
         return {"status": "match", "digest": digest, "summary": "identical"}
-    _adopt(data, reference_dir)
+    _write_with_digest(data, reference_dir)   # adopted: the new bytes replace the reference
     return {"status": "adopted", "digest": digest, "summary": summary}
 
 

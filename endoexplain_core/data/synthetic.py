@@ -31,7 +31,6 @@ side is 1, the frame centre is (0, 0), x grows rightwards and y downwards.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -39,12 +38,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-import imagehash
 import numpy as np
 from PIL import Image, ImageDraw
 
 from endoexplain_core import config, files
-from endoexplain_core.data import mirror
+from endoexplain_core.data import mirror, roles
 from endoexplain_core.data.imageio import is_image_file, read_mask, read_rgb
 
 GENERATOR_VERSION = 2
@@ -106,16 +104,7 @@ POLYPDB_CENTRE_MODALITIES: dict[str, tuple[str, ...]] = {
 }
 
 
-# --- Random streams and procedural fields -----------------------------------------------
-
-def stream(seed: int, name: str) -> np.random.Generator:
-    """An independent random generator for (``seed``, ``name``).
-
-    Named streams make each category's frames independent of the counts of the others.
-    """
-    name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
-    return np.random.default_rng([int(seed), name_key])
-
+# --- Procedural fields (random draws: ``roles.stream``) ---------------------------------
 
 def _value_noise(rng: np.random.Generator, shape: tuple[int, int], cells: int) -> np.ndarray:
     """Smooth random field, float32 (H, W) in [0, 1]: a ``cells`` x ``cells`` random lattice
@@ -476,11 +465,6 @@ def encode_image(array: np.ndarray, file_format: str, quality: int = JPEG_QUALIT
     return buffer.getvalue()
 
 
-def _average_hash(data: bytes) -> str:
-    with Image.open(io.BytesIO(data)) as image:
-        return str(imagehash.average_hash(image, hash_size=16))
-
-
 class NearDuplicateError(RuntimeError):
     """No re-encoding of a frame kept its average hash (happens on very small frames)."""
 
@@ -493,14 +477,14 @@ def near_duplicate(array: np.ndarray, original: bytes) -> bytes:
     array at other qualities, then the decoded original re-saved (smaller change, needed for
     tiny frames whose 16x16 hash is sensitive).
     """
-    target = _average_hash(original)
+    target = roles.hash_image_bytes(original)["ahash"]
     with Image.open(io.BytesIO(original)) as decoded:
         resaved = np.asarray(decoded.convert("RGB"))
     candidates = [(array, q) for q in (88, 95, 85, 97, 90, 80, 75)]
     candidates += [(resaved, q) for q in (JPEG_QUALITY, 93, 91, 94, 90, 95, 89, 96)]
     for pixels, quality in candidates:
         candidate = encode_image(pixels, "JPEG", quality)
-        if candidate != original and _average_hash(candidate) == target:
+        if candidate != original and roles.hash_image_bytes(candidate)["ahash"] == target:
             return candidate
     raise NearDuplicateError("no re-encoding kept the average hash; pick another frame")
 
@@ -539,7 +523,7 @@ class _TreeWriter:
         if not self.mirror:
             return image, mask
         if name not in self._streams:
-            self._streams[name] = stream(self._seed, f"mirror/{name}")
+            self._streams[name] = roles.stream(self._seed, f"mirror/{name}")
         return mirror.dress_frame(self._streams[name], image, mask, sizes, text=text)
 
     def write(self, relative: str, data: bytes) -> None:
@@ -674,7 +658,7 @@ def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: 
     negative_frames: list[tuple[str, np.ndarray, bytes]] = []  # (folder, array, bytes)
     for (group, category), style in CATEGORY_STYLES.items():
         folder = f"{labelled}/{group}/{category}"
-        rng = stream(seed, f"hyper-kvasir/{category}")
+        rng = roles.stream(seed, f"hyper-kvasir/{category}")
         count = n_segmented + n_development_polyps if category == "polyps" else counts.get(category, 0)
         frames = []
         for _ in range(count):
@@ -716,7 +700,7 @@ def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: 
     written["polyps"] += n_audit_near_duplicates
 
     # Development duplicates among negatives: byte copies and re-encoded copies.
-    duplicate_rng = stream(seed, "hyper-kvasir/duplicates")
+    duplicate_rng = roles.stream(seed, "hyper-kvasir/duplicates")
     n_copies = n_development_duplicates + n_development_near_duplicates
     if n_copies > len(negative_frames):
         raise ValueError("more development duplicates requested than negative frames")
@@ -757,7 +741,7 @@ def _scaled(frame_size: int, factors: tuple[float, float]) -> tuple[int, int]:
 def _write_etis(writer: _TreeWriter, seed: int, frame_size: int, count: int, duplicates: int,
                 knobs: dict[str, Any]) -> dict[str, Any]:
     """ETIS: TIFF frames 1..N, masks ``Ground Truth/p<n>.tif``; small polyps, wide frames."""
-    rng = stream(seed, "ETIS-LaribPolypDB")
+    rng = roles.stream(seed, "ETIS-LaribPolypDB")
     size = _scaled(frame_size, (1.0, 1.27))
     etis_knobs = {**knobs, "lesion_area": ETIS_LESION_AREA}
     frames = []
@@ -788,7 +772,7 @@ def _write_polypgen(writer: _TreeWriter, seed: int, frame_size: int, counts: Seq
     empty = 0
     for centre, count in zip(sorted(POLYPGEN_CENTRES), counts):
         style = POLYPGEN_CENTRES[centre]
-        rng = stream(seed, f"PolypGen/C{centre}")
+        rng = roles.stream(seed, f"PolypGen/C{centre}")
         size = _scaled(frame_size, style["size"])
         folder = f"PolypGen/data_C{centre}"
         written = count
@@ -820,7 +804,7 @@ def _write_polypdb(writer: _TreeWriter, seed: int, frame_size: int, per_cell: in
     cells: dict[str, int] = {}
     for centre, modalities in POLYPDB_CENTRE_MODALITIES.items():
         for modality in modalities:
-            rng = stream(seed, f"PolypDB/{centre}/{modality}")
+            rng = roles.stream(seed, f"PolypDB/{centre}/{modality}")
             folder = f"PolypDB/PolypDB_center_wise/{centre}/{modality}"
             for index in range(per_cell):
                 image, mask = render_frame(rng, frame_size, **_polyp_knobs(rng, knobs),
@@ -853,7 +837,7 @@ def _write_mirror_extras(writer: _TreeWriter, seed: int, frame_size: int) -> dic
     """What real downloads hold besides the frames the readers index: stray system files,
     HyperKvasir's label CSV and two upper-GI frames (counted and excluded), an AppleDouble
     ``._`` copy beside a PolypGen frame and PolypGen's ``sequenceData`` video frames."""
-    rng = stream(seed, "mirror/extras")
+    rng = roles.stream(seed, "mirror/extras")
     for relative, data in mirror.STRAY_FILES.items():
         writer.write(relative, data)
     labelled = "hyper-kvasir/labeled-images/lower-gi-tract/"
