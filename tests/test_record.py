@@ -261,10 +261,10 @@ def test_final_tables_carry_their_footnotes_into_markdown_and_latex(tmp_path):
 
     table = pd.DataFrame({"label": ["Grad-CAM\u2020", "HiResCAM\u2021", "Eigen-CAM*"],
                           "odds ratio": ["1.2 (0.5 to 3.1)", "not estimable (bootstrap interval unbounded: 18 replicates separated)", ""]})
-    notes = record.final_table_notes(table, synthetic=True)
+    notes = marks.notes_for(table, synthetic=True)
     assert notes == [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, "* Eigen-CAM is class-agnostic (no target class).",
                      marks.NOT_ESTIMABLE_NOTE, marks.SYNTHETIC_FOOTER]
-    assert record.final_table_notes(pd.DataFrame({"label": ["Grad-CAM"]}), synthetic=False) == []
+    assert marks.notes_for(pd.DataFrame({"label": ["Grad-CAM"]}), synthetic=False) == []
     artefacts.save_table(table, "final_t", tmp_path, notes=notes)
     markdown = (tmp_path / "final_t.md").read_text()
     assert markdown.rstrip().endswith(marks.SYNTHETIC_FOOTER) and marks.GATE_FOOTNOTE[:40] in markdown

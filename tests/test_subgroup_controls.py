@@ -8,6 +8,7 @@ from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 
 from endoexplain_core.analysis import subgroup_audit, subgroup_controls, subgroups
+from tests.test_subgroups import add_holm_and_tost
 
 
 def case_frame(n: int = 40, checkpoints=("a",), seed: int = 0, effect: float = -0.6) -> pd.DataFrame:
@@ -166,7 +167,7 @@ def test_a_side_with_one_or_two_hit_images_is_too_thin_and_never_enters_holm_or_
     frame.loc[sub, "pointing_hit"] = 0.0
     hit_images = frame.loc[sub, "sample_id"].unique()[:hits]
     frame.loc[sub & frame["sample_id"].isin(hit_images), "pointing_hit"] = 1.0   # every checkpoint hits them
-    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+    gaps = add_holm_and_tost(subgroups.contrast_gaps(
         frame, subgroups.Contrast("C1", "C1", "other"), outcomes=("pointing_hit",), models=("M0",),
         sensitivity_model=""))
     assert (gaps["too_thin"] == expected_thin).all()

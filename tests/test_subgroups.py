@@ -9,6 +9,15 @@ from scipy import stats as scipy_stats
 from endoexplain_core.analysis import subgroups
 
 
+def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
+    """``holm_family`` (``subgroups.holm_family``), ``p_holm`` within each family over every
+    contrast and method with a finite p, and the TOST columns (``subgroups.add_tost``)."""
+    contrasts = gaps["contrast"] if "contrast" in gaps else pd.Series("", index=gaps.index)
+    gaps = gaps.assign(holm_family=[subgroups.holm_family(o, m, s, c) for o, m, s, c in
+                                    zip(gaps["outcome"], gaps["model"], gaps["slopes"], contrasts)])
+    return subgroups.add_tost(subgroups.add_holm(gaps)[0])
+
+
 def simulated(n: int = 300, effect: float = 0.4, seed: int = 1) -> pd.DataFrame:
     """Two methods per image; the subgroup is more common among large lesions, and lesion
     size raises the outcome, so the crude gap overstates the true subgroup effect."""
@@ -84,7 +93,7 @@ def test_tost_on_known_cases():
 
 def test_holm_and_tost_columns_and_constant_terms_are_left_out():
     frame = simulated(n=150, seed=7)
-    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(frame, subgroups.Contrast("sim", "a", "b")))
+    gaps = add_holm_and_tost(subgroups.contrast_gaps(frame, subgroups.Contrast("sim", "a", "b")))
     assert {"tost_equivalent", "tost_p", "p_holm"} <= set(gaps.columns)
     assert (gaps["p_holm"] >= gaps["p"] - 1e-12).all()
     assert gaps.loc[gaps["model"] == "M2", "note"].str.contains("correct").all()
@@ -104,7 +113,7 @@ def test_model_terms_nest_and_exclude_the_defining_covariate():
 def test_a_method_with_a_constant_outcome_is_not_estimable_not_equivalent():
     frame = simulated(n=120, seed=9)
     frame.loc[frame["method"] == "eigencam", "pointing_hit"] = 0.0  # e.g. constant maps
-    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+    gaps = add_holm_and_tost(subgroups.contrast_gaps(
         frame, subgroups.Contrast("sim", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
     eigen = gaps[gaps["method"] == "eigencam"]
     assert eigen["gap"].isna().all() and eigen["constant_outcome"].all()
@@ -140,7 +149,7 @@ def test_a_separated_subgroup_is_not_estimable_never_significant_or_equivalent(
     was declared equivalent by TOST. Both are separated: no finite maximum-likelihood gap."""
     frame = _thin_contrast(subgroup_n, subgroup_n, reference_hits, reference_n)
     # min_side_images=1 isolates the separation check (the per-side minimum would stop both first)
-    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+    gaps = add_holm_and_tost(subgroups.contrast_gaps(
         frame, subgroups.Contrast("thin", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1"),
         min_side_images=1))
     separated = gaps[gaps["method"] == "gradcam"]
@@ -339,7 +348,7 @@ def test_a_subgroup_without_a_single_hit_is_not_estimable_and_its_crude_gap_keep
     """Thin data (issue 35, item 9): 0 of 12 subgroup images hit. The model gap is separated
     (no p, no TOST, no Holm slot); the crude gap keeps Newcombe's interval, valid at 0/n."""
     frame = _thin_contrast(0, 12, 30, 50)
-    gaps = subgroups.add_holm_and_tost(subgroups.contrast_gaps(
+    gaps = add_holm_and_tost(subgroups.contrast_gaps(
         frame, subgroups.Contrast("no hits", "a", "b"), outcomes=("pointing_hit",), models=("M0", "M1")))
     none = gaps[gaps["method"] == "gradcam"]
     assert not none["estimable"].any() and none["p"].isna().all() and none["p_holm"].isna().all()

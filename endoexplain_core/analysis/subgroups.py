@@ -589,15 +589,6 @@ def add_tost(gaps: pd.DataFrame, crude: pd.DataFrame | None = None) -> pd.DataFr
     return out
 
 
-def add_holm_and_tost(gaps: pd.DataFrame) -> pd.DataFrame:
-    """``holm_family`` (``holm_family``), ``p_holm`` within each family over every contrast
-    and method with a finite p, and the TOST columns (``add_tost``)."""
-    contrasts = gaps["contrast"] if "contrast" in gaps else pd.Series("", index=gaps.index)
-    gaps = gaps.assign(holm_family=[holm_family(o, m, s, c) for o, m, s, c in
-                                    zip(gaps["outcome"], gaps["model"], gaps["slopes"], contrasts)])
-    return add_tost(add_holm(gaps)[0])
-
-
 def per_image_means(frame: pd.DataFrame, columns) -> pd.DataFrame:
     """One row per (cluster, method): ``columns`` averaged over the frame's checkpoints (the
     density audit's "views averaged over architectures"), with ``subgroup`` kept."""

@@ -27,7 +27,7 @@ import pandas as pd
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import adjusted_model
 from endoexplain_core.analysis.validity_gate import DAGGER
-from endoexplain_core import artefacts, files, marks, presentation
+from endoexplain_core import artefacts, files, presentation
 from endoexplain_core.figures import style
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.pipeline import summary
@@ -623,11 +623,6 @@ def figure1_inputs(run_dir: str | Path, figures_dir: str | Path, *, score_thresh
                                           int(audit_summary["n_audited"]),
                                           int(panel_a.max()) if len(panel_a) else 0, score_threshold)
     return steps, flow, external
-
-
-def final_table_notes(table: pd.DataFrame, synthetic: bool) -> list[str]:
-    """The footnotes a formatted table needs, read from its cells (``marks.notes_for``)."""
-    return marks.notes_for(table, synthetic)
 
 
 def collect_final_tables(figures_dir: str | Path, names: dict[str, str] = FINAL_TABLES,

@@ -2,8 +2,8 @@
 
 ``write_summary`` writes the brief (``verdict_lines``), the headline numbers
 (``headline_lines``, read only from the run's tables in ``figures_dir``) and the machine
-section (``machine_lines``, from ``MACHINE_HEADING`` on); ``headline_part`` is what must agree
-across machines; ``readme_block`` / ``replace_readme_block`` make the README's results block.
+section (``machine_lines``, from ``MACHINE_HEADING`` on; what comes before it must agree across
+machines); ``readme_block`` / ``replace_readme_block`` make the README's results block.
 
 Design: docs/data_models_runs.md, "Run summary and verdicts".
 """
@@ -448,11 +448,6 @@ def write_summary(run_dir: str | Path, figures_dir: str | Path, profile: str, sy
     path = Path(figures_dir) / SUMMARY_NAME
     files.write_text_atomic(path, summary_text(run_dir, figures_dir, profile, synthetic))
     return path
-
-
-def headline_part(summary: str) -> str:
-    """The summary without its machine section (what must agree across machines)."""
-    return summary.split(MACHINE_HEADING)[0].rstrip() + "\n"
 
 
 def readme_block(summary: str) -> str:
