@@ -483,18 +483,20 @@ def short_value(value: Any, limit: int = 40) -> str:
     return f"{type(value).__name__} {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
-    """One line per problem: ``<file>: <key path>: <message>`` with a suggestion for typos."""
-    lines = []
+def _problems(error: ValidationError, prefix: str, model: type[BaseModel]):
+    """One ``<key path>: <message>`` per problem, key paths under ``prefix``, with a suggestion for typos."""
     for problem in error.errors():
         location = ".".join(str(part) for part in (prefix, *problem["loc"]))
         if problem["type"] == "extra_forbidden":
-            key = problem["loc"][-1]
-            lines.append(f"{path}: {location}: unknown key{_suggest(key, model.model_fields)}")
+            yield f"{location}: unknown key{_suggest(problem['loc'][-1], model.model_fields)}"
         else:
             message = problem["msg"].removeprefix("Value error, ")
-            lines.append(f"{path}: {location}: {message} (got {short_value(problem.get('input'))})")
-    return "\n".join(lines)
+            yield f"{location}: {message} (got {short_value(problem.get('input'))})"
+
+
+def _format_error(path: Path, prefix: str, error: ValidationError, model: type[BaseModel]) -> str:
+    """One line per problem: ``<file>: <key path>: <message>``."""
+    return "\n".join(f"{path}: {problem}" for problem in _problems(error, prefix, model))
 
 
 def _check_training_settings(settings: dict[str, Any], where: str) -> None:
@@ -502,15 +504,7 @@ def _check_training_settings(settings: dict[str, Any], where: str) -> None:
     try:
         TrainingSettings(**settings)
     except ValidationError as error:
-        problems = []
-        for problem in error.errors():
-            key = ".".join(str(part) for part in problem["loc"])
-            if problem["type"] == "extra_forbidden":
-                problems.append(f"{where}.{key}: unknown key"
-                                f"{_suggest(key, TrainingSettings.model_fields)}")
-            else:
-                problems.append(f"{where}.{key}: {problem['msg']} (got {short_value(problem.get('input'))})")
-        raise ValueError("; ".join(problems)) from None
+        raise ValueError("; ".join(_problems(error, where, TrainingSettings))) from None
 
 
 # A profile's stem names its run and figures folders: a plain name, never "." or "..".
