@@ -228,13 +228,18 @@ def _small_sample_t(array: np.ndarray, level: float):
     return estimate, low, high, names
 
 
+def _paired(first, second, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``first`` and ``second`` as ``dtype`` arrays; ValueError unless both are 1-D of one shape."""
+    first, second = np.asarray(first, dtype=dtype), np.asarray(second, dtype=dtype)
+    if first.shape != second.shape or first.ndim != 1:
+        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    return first, second
+
+
 def paired_difference_ci(first, second, replicates: int,
                          seed: int, level: float = CONFIDENCE_LEVEL) -> dict:
     """Mean paired difference ``first - second`` (same images, same order) with bootstrap CI."""
-    first = np.asarray(first, dtype=np.float64)
-    second = np.asarray(second, dtype=np.float64)
-    if first.shape != second.shape or first.ndim != 1:
-        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    first, second = _paired(first, second, np.float64)
     return bootstrap_mean_ci(first - second, replicates=replicates, seed=seed, level=level)
 
 
@@ -252,10 +257,7 @@ def newcombe_paired_interval(first, second, level: float = CONFIDENCE_LEVEL) -> 
     ``first``, ``second``: bool or 0/1 (n,) per image. Returns ``{"estimate", "ci_low",
     "ci_high", "n", "interval"}``; NaN for n = 0.
     """
-    first = np.asarray(first, dtype=bool)
-    second = np.asarray(second, dtype=bool)
-    if first.shape != second.shape or first.ndim != 1:
-        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    first, second = _paired(first, second, bool)
     n = first.size
     if n == 0:
         return {"estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": 0,
@@ -284,10 +286,7 @@ def exact_paired_binomial(failure_first, failure_second) -> dict:
     image is equally likely to fail under either method. Returns the discordant counts
     (``first_only``, ``second_only``) and ``p_value`` (1.0 when there are no discordant pairs).
     """
-    first = np.asarray(failure_first, dtype=bool)
-    second = np.asarray(failure_second, dtype=bool)
-    if first.shape != second.shape or first.ndim != 1:
-        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    first, second = _paired(failure_first, failure_second, bool)
     first_only = int(np.sum(first & ~second))
     second_only = int(np.sum(~first & second))
     discordant = first_only + second_only
@@ -302,10 +301,7 @@ def paired_wilcoxon(first, second) -> dict:
     Returns ``{"statistic", "p_value", "n_nonzero"}``; when every difference is zero the test
     is undefined and ``p_value`` is 1.0 with ``statistic`` NaN (identical maps do not differ).
     """
-    first = np.asarray(first, dtype=np.float64)
-    second = np.asarray(second, dtype=np.float64)
-    if first.shape != second.shape or first.ndim != 1:
-        raise ValueError(f"paired outcomes need equal 1-D shapes, got {first.shape} and {second.shape}")
+    first, second = _paired(first, second, np.float64)
     nonzero = int(np.count_nonzero(first - second))
     if nonzero == 0:
         return {"statistic": float("nan"), "p_value": 1.0, "n_nonzero": 0}
