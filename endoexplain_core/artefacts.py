@@ -74,8 +74,7 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
     if footer:
         wrapped = wrap_to_width(footer, fig.get_figwidth(), fontsize=6, share=0.9)
         fig.text(0.995, -0.005, wrapped, ha="right", va="top", fontsize=6, color="#555555")
-    figures_dir = Path(figures_dir)
-    figures_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir = Path(figures_dir)   # created by the first replace_atomically
     png = figures_dir / f"{name}.png"
     pdf = figures_dir / f"{name}.pdf"
     # Atomic: a failed or interrupted save (a full disk) keeps the previous good file.
@@ -98,8 +97,7 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     ``notes``: footnotes printed below the Markdown and LaTeX tables (not the CSV); default:
     ``marks.notes_for`` the table's cells, plus the synthetic-cohort note when ``synthetic``.
     """
-    figures_dir = Path(figures_dir)
-    figures_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir = Path(figures_dir)   # created by the first replace_atomically
     csv = figures_dir / f"{name}.csv"
     md = figures_dir / f"{name}.md"
     tex = figures_dir / f"{name}.tex"

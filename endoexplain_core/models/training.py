@@ -174,13 +174,6 @@ def zero_init_head(model: nn.Module) -> nn.Linear:
 # ----------------------------------------------------------------------------- files
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    """Safe checkpoint file (``models.checkpoint.save_tree``): temporary file, fsync, rename,
-    so a kill or a full disk never leaves a half-written file in place of the last good one."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    checkpoint_files.save_tree(obj, path)
-
-
 def load_checkpoint(path: str | Path, expected_manifest_digest: str, expected_image_size: int
                     ) -> dict[str, Any]:
     """Read a checkpoint file; refuse one trained on another manifest or image size.
@@ -454,8 +447,8 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
             snapshot = (epoch_snapshot_path(checkpoint_dir, spec.checkpoint_id, epoch + 1)
                         if keep_epoch_snapshots else None)
             _select_and_save(progress, auprc, model, spec, settings, best_path, snapshot)
-            _atomic_save(_training_state(model, optimizer, scheduler, scaler, progress, spec,
-                                         settings, channels_last), resume_path)
+            checkpoint_files.save_tree(_training_state(model, optimizer, scheduler, scaler, progress,
+                                                       spec, settings, channels_last), resume_path)
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses):.3f}", val_auprc=f"{auprc:.3f}")
     bar.close()
@@ -474,10 +467,12 @@ def _select_and_save(progress: dict, auprc: float, model: nn.Module, spec: Check
     progress["epoch"] += 1
     if snapshot_path is not None:
         this_epoch = {"best_epoch": progress["epoch"], "best_auprc": auprc}
-        _atomic_save(_checkpoint_record(spec, settings, this_epoch, model.state_dict()), snapshot_path)
+        checkpoint_files.save_tree(_checkpoint_record(spec, settings, this_epoch, model.state_dict()),
+                                   snapshot_path)
     if auprc > progress["best_auprc"]:
         progress.update(best_auprc=auprc, best_epoch=progress["epoch"], epochs_since_best=0)
-        _atomic_save(_checkpoint_record(spec, settings, progress, model.state_dict()), best_path)
+        checkpoint_files.save_tree(_checkpoint_record(spec, settings, progress, model.state_dict()),
+                                   best_path)
     else:
         progress["epochs_since_best"] += 1
     progress["finished"] = (progress["epoch"] >= settings.epochs

@@ -265,7 +265,6 @@ def _stage_environment(stage: str, progress_log: Path):
     afterwards."""
     from endoexplain_core.progress import PROGRESS_LOG_ENV
 
-    progress_log.parent.mkdir(parents=True, exist_ok=True)
     files.write_text_atomic(progress_log, "")
     updates = {artefacts.STAGE_ENV: stage, PROGRESS_LOG_ENV: str(progress_log)}
     previous = {key: os.environ.get(key) for key in updates}
