@@ -215,12 +215,6 @@ def _figure_snapshot(figures_dir: Path) -> dict[str, int]:
     return {name: (figures_dir / name).stat().st_mtime_ns for name in record.figure_files(figures_dir)}
 
 
-def _link_provenance(figures_dir: Path, stage: str, executed: Path, parameters: dict, digest: str) -> None:
-    from endoexplain_core.pipeline import record  # pandas-heavy: imported when needed
-
-    record.link_provenance(figures_dir, stage, executed, parameters, digest)
-
-
 class _ProgressEcho:
     """Echo a stage's progress log to this process's log while the stage runs: the kernel
     writes its bars there (``progress``), not into the executed notebook."""
@@ -680,7 +674,8 @@ def _execute_stage_recorded(record: dict[str, Any], notebook: Path, parameters: 
         record["figure_files"] = sorted(set(record["figure_files"]) | set(stamp.get("figure_files", [])))
     if executed.is_file():
         export_html(executed)
-        _link_provenance(paths.figures_dir, stage, executed, parameters, digest)
+        from endoexplain_core.pipeline.record import link_provenance  # pandas-heavy: imported when needed
+        link_provenance(paths.figures_dir, stage, executed, parameters, digest)
     if failure is None:
         files.write_json_atomic(stamp_path, {"digest": digest, "seconds": record["seconds"],
                                              "figure_files": record["figure_files"],
