@@ -114,6 +114,12 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     return [csv, md, tex]
 
 
+def read_table(folder: str | Path, name: str) -> pd.DataFrame | None:
+    """The table ``<folder>/<name>.csv`` an earlier stage saved, or None when it is not there."""
+    path = Path(folder) / f"{name}.csv"
+    return pd.read_csv(path) if path.is_file() else None
+
+
 # The tables' marks as LaTeX commands: the manuscript compiles with pdflatex, no Unicode font.
 LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u2212": "-", "\u2013": "--",
                  "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}

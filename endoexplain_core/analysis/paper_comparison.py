@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
+from endoexplain_core.artefacts import read_table
 from endoexplain_core.data.cohorts import DATASET_LABELS
 from endoexplain_core.methods import CAM_METHODS
 
@@ -42,11 +43,6 @@ def read_paper_values(paper_dir: str | Path = PAPER_VALUES_DIR) -> pd.DataFrame:
         raise ValueError(f"{path}: needs columns {list(PAPER_COLUMNS)} and unique keys "
                          f"(missing {missing})")
     return table
-
-
-def _csv(folder: Path, name: str) -> pd.DataFrame | None:
-    path = folder / f"{name}.csv"
-    return pd.read_csv(path) if path.is_file() else None
 
 
 def run_values(run_dir: str | Path, figures_dir: str | Path) -> dict[str, object]:
@@ -87,12 +83,12 @@ def _model_values(layout: RunLayout, figures_dir: Path) -> dict[str, object]:
         primary_id = primary["checkpoint_id"]
         values["primary_checkpoint"] = primary_id
         values["primary_val_auprc"] = float(primary["val_auprc"])
-    training = _csv(figures_dir, "table_s1_training")
+    training = read_table(figures_dir, "table_s1_training")
     if training is not None and primary_id is not None:
         row = training.set_index("checkpoint_id").loc[primary_id]
         values["primary_test_auprc"] = row.get("test_auprc", np.nan)
         values["primary_test_accuracy"] = row.get("test_accuracy_at_0.5", np.nan)
-    sources = _csv(figures_dir, "table_source_category")
+    sources = read_table(figures_dir, "table_source_category")
     if sources is not None:
         by_source = sources.set_index("source")
         for source, key in (("dyed-lifted-polyps", "sensitivity_dyed_lifted"), ("polyps", "sensitivity_standard")):
@@ -107,7 +103,7 @@ def _model_values(layout: RunLayout, figures_dir: Path) -> dict[str, object]:
 def _calibration_values(figures_dir: Path) -> dict[str, object]:
     """Table 3's raw and scaled NLL, Brier and ECE, and the primary's temperature."""
     values: dict[str, object] = {}
-    table3 = _csv(figures_dir, "table3_calibration")
+    table3 = read_table(figures_dir, "table3_calibration")
     if table3 is not None:
         for split, prefix in (("Validation", "val"), ("Test", "test")):
             for score, kind in (("Raw", "raw"), ("Temperature-scaled", "scaled")):
@@ -124,7 +120,7 @@ def _calibration_values(figures_dir: Path) -> dict[str, object]:
 def _audit_values(figures_dir: Path) -> dict[str, object]:
     """Table 4's failure rates, the threshold and lesion-size tables, and Table 5's odds ratios."""
     values: dict[str, object] = {}
-    table4 = _csv(figures_dir, "table4_spatial_audit")
+    table4 = read_table(figures_dir, "table4_spatial_audit")
     if table4 is not None:
         panel = table4.set_index(["panel", "method"])
         values["n_high_score"] = int(table4.loc[table4["panel"] == "A", "n"].iloc[0])
@@ -134,15 +130,15 @@ def _audit_values(figures_dir: Path) -> dict[str, object]:
                     values[f"panel_{letter.lower()}_failure_{method}"] = panel.loc[(letter, method), "peak_failure"]
         if ("B", "random_deletion") in panel.index:
             values["panel_b_random_deletion"] = panel.loc[("B", "random_deletion"), "logit_drop"]
-    thresholds = _csv(figures_dir, "table_threshold_sensitivity")
+    thresholds = read_table(figures_dir, "table_threshold_sensitivity")
     if thresholds is not None:
         for threshold, n in thresholds.groupby("score_threshold")["n_eligible"].first().items():
             values[f"eligible_{threshold:.2f}".replace(".", "_")] = int(n)
-    strata = _csv(figures_dir, "table_lesion_strata_high_score")
+    strata = read_table(figures_dir, "table_lesion_strata_high_score")
     if strata is not None:
         for (method, stratum), rate in strata.set_index(["method", "stratum"])["failure_rate"].items():
             values[f"strata_{method}_{stratum}"] = rate
-    table5 = _csv(figures_dir, "table5_adjusted_model")
+    table5 = read_table(figures_dir, "table5_adjusted_model")
     if table5 is not None:
         by_term = table5.set_index("term")
         for key, term in TABLE5_KEYS.items():
@@ -156,7 +152,7 @@ def _audit_values(figures_dir: Path) -> dict[str, object]:
 def _transfer_values(figures_dir: Path) -> dict[str, object]:
     """Cases, eligible images and the centre baseline's IoU per external cohort."""
     values: dict[str, object] = {}
-    transfer = _csv(figures_dir, "table_transfer")
+    transfer = read_table(figures_dir, "table_transfer")
     if transfer is not None:
         for dataset, label in DATASET_LABELS.items():
             part = transfer[transfer["cohort"] == label]

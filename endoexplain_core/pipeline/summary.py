@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
+from endoexplain_core.artefacts import read_table
 from endoexplain_core import files, numerics, presentation
 from endoexplain_core.analysis.adjusted_model import interval_unbounded
 from endoexplain_core.methods import CAM_METHODS, method_label
@@ -43,18 +44,14 @@ def _with_ci(estimate, low, high, digits: int = 3) -> str:
     return presentation.estimate_with_ci(estimate, low, high, digits, missing="n/a")
 
 
-def _read(figures_dir: Path, name: str) -> pd.DataFrame | None:
-    path = figures_dir / f"{name}.csv"
-    return pd.read_csv(path) if path.is_file() else None
-
-
 def _primary_row(training: pd.DataFrame) -> pd.Series:
     """The primary checkpoint's row of ``table_s1_training``."""
     return training[training["primary"].astype(str).str.lower() == "true"].iloc[0]
 
 
 def _training_lines(figures_dir: Path) -> list[str]:
-    learning, training = _read(figures_dir, "table_checkpoint_learning"), _read(figures_dir, "table_s1_training")
+    learning = read_table(figures_dir, "table_checkpoint_learning")
+    training = read_table(figures_dir, "table_s1_training")
     if learning is None or training is None:
         return ["Training tables missing."]
     table = pd.DataFrame({
@@ -76,10 +73,10 @@ def _training_lines(figures_dir: Path) -> list[str]:
 
 
 def _gate_lines(figures_dir: Path) -> list[str]:
-    gate = _read(figures_dir, "table_validity_gate")
+    gate = read_table(figures_dir, "table_validity_gate")
     if gate is None:
         return ["**Validity gate**: not run."]
-    replicates = _read(figures_dir, "table_validity_gate_replicates")
+    replicates = read_table(figures_dir, "table_validity_gate_replicates")
     gate = gate[gate["method"].isin(list(CAM_METHODS) + ["random", "centre"])]
     spread = {}
     if replicates is not None:   # a replicate whose models missed their accuracy rule: (excluded)
@@ -111,7 +108,7 @@ def _gate_lines(figures_dir: Path) -> list[str]:
 
 
 def _table4_lines(figures_dir: Path) -> list[str]:
-    table4 = _read(figures_dir, "table4_spatial_audit")
+    table4 = read_table(figures_dir, "table4_spatial_audit")
     if table4 is None:
         return ["**Table 4**: not run."]
     panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
@@ -130,7 +127,7 @@ def _table4_lines(figures_dir: Path) -> list[str]:
 
 
 def _table5_lines(figures_dir: Path) -> list[str]:
-    table5 = _read(figures_dir, "table5_adjusted_model")
+    table5 = read_table(figures_dir, "table5_adjusted_model")
     if table5 is None:
         return ["**Table 5**: not run."]
     rows = table5[table5["term"].str.contains("versus Grad-CAM", regex=False)]
@@ -147,7 +144,7 @@ def _table5_lines(figures_dir: Path) -> list[str]:
 
 
 def _transfer_lines(figures_dir: Path) -> list[str]:
-    transfer = _read(figures_dir, "table_transfer")
+    transfer = read_table(figures_dir, "table_transfer")
     if transfer is None:
         return ["**Transfer**: not run."]
     gradcam = transfer[transfer["method"] == method_label("gradcam")]
@@ -158,7 +155,7 @@ def _transfer_lines(figures_dir: Path) -> list[str]:
 
 
 def _stability_lines(figures_dir: Path) -> list[str]:
-    stability = _read(figures_dir, "table_verdict_stability")
+    stability = read_table(figures_dir, "table_verdict_stability")
     if stability is None:
         return ["**Stability**: not assessed."]
     held = stability["held"].map(lambda v: str(v).lower())
@@ -345,7 +342,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     figures_dir, unavailable = Path(figures_dir), dict(unavailable or {})
 
     def read(name: str) -> pd.DataFrame | None:
-        return None if name in unavailable else _read(figures_dir, name)
+        return None if name in unavailable else read_table(figures_dir, name)
 
     def why(*names: str) -> str:
         reasons = list(dict.fromkeys(unavailable[n] for n in names if n in unavailable))
