@@ -26,7 +26,6 @@ import argparse
 import base64
 import contextlib
 import datetime
-import hashlib
 import html
 import json
 import math
@@ -256,7 +255,7 @@ def load_user_model(arch: str, weights: str | Path, *, torchscript: bool = False
         with torch.no_grad():  # swap the rows: output 1 becomes the positive class
             head.weight.copy_(head.weight.flip(0))
             head.bias.copy_(head.bias.flip(0))
-    return model.eval(), hashlib.sha256(weights.read_bytes()).hexdigest()
+    return model.eval(), files.sha256_file(weights)
 
 
 def probe_model(model, layer, layer_name: str, image_size: int) -> tuple[int, int]:

@@ -42,8 +42,7 @@ CASE_COLUMNS = ("dataset", "sample_id", "image_path", "mask_paths", "frame_paths
 
 DATASET_FOLDERS = {"etis": "ETIS-LaribPolypDB", "polypgen": "PolypGen", "polypdb": "PolypDB",
                    "kvasir_seg": "Kvasir-SEG", "cvc_clinicdb": "CVC-ClinicDB"}
-DATASET_LABELS = {"etis": "ETIS-LaribPolypDB", "polypgen": "PolypGen", "polypdb": "PolypDB",
-                  "kvasir_seg": "Kvasir-SEG", "cvc_clinicdb": "CVC-ClinicDB"}
+DATASET_LABELS = DATASET_FOLDERS   # each cohort's folder carries its published name
 
 
 class CohortError(ValueError):

@@ -16,7 +16,7 @@ only written for a file that exists.
 
 from __future__ import annotations
 
-import html
+from html import escape
 import json
 import os
 from pathlib import Path
@@ -209,13 +209,13 @@ def _href(target: Path, start: Path) -> str:
 def _link(target: Path, start: Path, text: str) -> str:
     """An ``<a>`` to ``target`` if it exists, else the plain text marked as missing."""
     if target.is_file():
-        return f'<a href="{_href(target, start)}">{html.escape(text)}</a>'
-    return f"{html.escape(text)} (not written)"
+        return f'<a href="{_href(target, start)}">{escape(text)}</a>'
+    return f"{escape(text)} (not written)"
 
 
 def _parameter_table(parameters: dict) -> str:
-    rows = "".join(f"<tr><td><code>{html.escape(str(k))}</code></td>"
-                   f"<td><code>{html.escape(json.dumps(v, default=str))}</code></td></tr>"
+    rows = "".join(f"<tr><td><code>{escape(str(k))}</code></td>"
+                   f"<td><code>{escape(json.dumps(v, default=str))}</code></td></tr>"
                    for k, v in sorted(parameters.items()))
     return (f"<details><summary>{len(parameters)} parameters</summary>"
             f"<table>{rows}</table></details>")
@@ -288,7 +288,7 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
             source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
         if f"{stem}.csv" in (stale or {}):
             heading = f"{heading} (OUT OF DATE: {stale[f'{stem}.csv']})"
-        blocks += [f"<h3>{html.escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
+        blocks += [f"<h3>{escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
                    '<div class="scroll">'
                    + table.to_html(index=False, escape=True, na_rep="", border=0) + "</div>"]
     return blocks if len(blocks) > 1 else []
@@ -426,8 +426,8 @@ def failure_banner(provenance: dict) -> str:
         what = f"Run {provenance.get('status')} before {stopped['stage']} ran."
     missing = [f"{label} ({r['stage']})" for r in unfinished for label, _ in STAGE_PRODUCTS.get(r["stage"], [])]
     others = [r["stage"] for r in unfinished if r["stage"] not in STAGE_PRODUCTS]
-    items = "".join(f"<li>{html.escape(text)}</li>" for text in missing + [f"everything {s} writes" for s in others])
-    return (f'<div class="banner banner-failed"><p>{html.escape(what)}</p>'
+    items = "".join(f"<li>{escape(text)}</li>" for text in missing + [f"everything {s} writes" for s in others])
+    return (f'<div class="banner banner-failed"><p>{escape(what)}</p>'
             "<p>Missing because of it (a file of these stages on disk is marked out of date):</p>"
             f"<ul>{items}</ul></div>")
 
@@ -448,7 +448,7 @@ def gate_banner(figures_dir: Path) -> str:
             + (f" ({', '.join(passing)})" if passing else "")
             + (f"; {others}. Their rates are marked {DAGGER} and say nothing about lesion "
                "localisation." if others else "."))
-    return f'<p class="banner banner-gate-{kind}">{html.escape(text)}</p>'
+    return f'<p class="banner banner-gate-{kind}">{escape(text)}</p>'
 
 
 def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str],
@@ -468,8 +468,8 @@ def figure_gallery(figures_dir: Path, run_dir: Path, names: list[str],
             caption = f"OUT OF DATE ({stale[name]}). {caption}"
         links = _link(png, run_dir, name) + (f" | {_link(pdf, run_dir, 'PDF')}" if pdf.is_file() else "")
         items.append(f'<figure><a href="{_href(png, run_dir)}"><img src="{_href(png, run_dir)}"'
-                     f' alt="{html.escape(caption or name)}" loading="eager"></a>'
-                     f"<figcaption>{html.escape(caption)} <span class=\"file\">{links}"
+                     f' alt="{escape(caption or name)}" loading="eager"></a>'
+                     f"<figcaption>{escape(caption)} <span class=\"file\">{links}"
                      f"{cell_link(figures_dir, name, run_dir)}</span></figcaption></figure>")
     return ["<h2>Figures</h2>",
             f'<div class="gallery">{"".join(items)}</div>' if items else "<p>no figures</p>"]
@@ -482,7 +482,6 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
     of the run that made their files), checkpoint hashes and provenance. Returns its path.
     """
     run_dir, figures_dir = Path(run_dir).resolve(), Path(figures_dir).resolve()
-    escape = html.escape
     stage_records = provenance.get("stages") or []
     stale = stale_files(figures_dir, provenance)
     names = figure_files(figures_dir)
@@ -502,7 +501,6 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
 
 def _record_head(run_dir: Path, figures_dir: Path, provenance: dict) -> list[str]:
     """The title, banners (failure, synthetic data, validity gate) and the run's facts."""
-    escape = html.escape
     git = provenance.get("git") or {}
     stage_records = provenance.get("stages") or []
     head = [f"<h1>endoExplain run record: profile <code>{escape(str(provenance.get('profile')))}"
@@ -535,7 +533,6 @@ def _record_head(run_dir: Path, figures_dir: Path, provenance: dict) -> list[str
 
 def _stage_table(run_dir: Path, stage_records: list[dict]) -> list[str]:
     """The executed notebooks: status, seconds, HTML and notebook links, parameters."""
-    escape = html.escape
     stage_rows = []
     for record in stage_records:
         status = str(record.get("status", "unknown"))
@@ -558,7 +555,6 @@ def _stage_table(run_dir: Path, stage_records: list[dict]) -> list[str]:
 
 def _checkpoint_list(provenance: dict) -> list[str]:
     """The checkpoints' SHA-256 (resume states left out)."""
-    escape = html.escape
     # Resume states (``<id>.resume.*``) are training state, not checkpoints of the study.
     checkpoints = {k: v for k, v in (provenance.get("checkpoints") or {}).items()
                    if ".resume" not in k}
