@@ -251,8 +251,7 @@ def newcombe_paired_interval(first, second, level: float = CONFIDENCE_LEVEL) -> 
     method 10) square-and-add interval: each rate's Wilson interval, combined with the
     correlation of the paired outcomes (phi of the 2x2 table, shrunk towards 0 as Newcombe
     does: ad - bc above n/2 less n/2, negative values kept, else 0). Unlike a percentile
-    bootstrap it stays consistent with McNemar's exact test beside it at a few discordant pairs
-    (0 vs 4 discordant of 20: the interval holds 0, p = 0.125).
+    bootstrap it stays consistent with McNemar's exact test beside it at a few discordant pairs.
 
     ``first``, ``second``: bool or 0/1 (n,) per image. Returns ``{"estimate", "ci_low",
     "ci_high", "n", "interval"}``; NaN for n = 0.
@@ -381,10 +380,6 @@ def fit_ridge_logistic(design, outcome, weights=None, penalty: float = RIDGE_PEN
     gain the full step predicts, gradient . step) is at rounding level of the objective.
     Returns beta, (p,) or (R, p). Raises ``ConvergenceError`` naming the largest gradient norm
     when ``max_iterations`` pass without convergence.
-
-    The penalty keeps estimates finite under separation, but a separated term's value is
-    then set by the penalty, not the data: detect separation first
-    (``separation_directions``) and do not report such a term as a number.
     """
     x = np.asarray(design, dtype=np.float64)
     y = np.asarray(outcome, dtype=np.float64)

@@ -402,17 +402,12 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
     (``gate_seed``, ``model``, ``accuracy_ok``). Rates pool the replicates whose models met
     their accuracy rules (``usable_replicates``; with none, all replicates, and every verdict is
-    "inconclusive"). Columns: ``GATE_COLUMNS`` (method, label, verdict ("passes", "fails",
-    "inconclusive"), passes, lesion_rate / _ci_low / _ci_high, lesion_chance, lesion_bar,
-    cue_rate / ..., for each control <control>_lesion_rate / ... and <control>_cue_rate / ...,
-    n (maps per model), n_replicates, replicates_used, n_constant_<model>, margin, models_ok,
-    replicate_verdicts ("seed: passes/fails" from each replicate's point rates),
-    replicates_agree (NaN with fewer than two usable replicates), reason, and
-    <prefix>_dispersion per rate). Intervals: ``stats.replicate_wilson_interval``; a constant
-    map counts as a miss. Baseline maps (random, centre) get rows judged by the same rule, as
-    references. ``centre_lesion_rate`` / ``centre_cue_rate``: the centre baseline's rates on
-    the same frames; ``lesion_ceiling`` / ``cue_ceiling``: the resolution ceiling (share of
-    frames whose CAM-grid node nearest the region's centroid lies inside it, ``kernels.grid``;
+    "inconclusive"). Columns: ``GATE_COLUMNS``; ``verdict``: "passes", "fails" or "inconclusive";
+    ``replicates_agree``: NaN with fewer than two usable replicates; ``n``: maps per model.
+    Intervals: ``stats.replicate_wilson_interval``; a constant map counts as a miss. Baseline
+    maps (random, centre) get rows judged by the same rule, as references. ``centre_*_rate``:
+    the centre baseline's rates on the same frames; ``*_ceiling``: the resolution ceiling (share
+    of frames whose CAM-grid node nearest the region's centroid lies inside it, ``kernels.grid``;
     NaN for rows without it).
     """
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)

@@ -1,26 +1,11 @@
 """The embedded synthetic cohort: endoscopy-like frames with planted truth, in real layouts.
 
 Real HyperKvasir and the external polyp cohorts cannot be downloaded on the build machines, so
-the default run generates a small stand-in that the very same loaders read. Two parts:
-
-``render_frame``
-    One procedural frame, uint8 (H, W, 3), and its lesion mask, bool (H, W). Reddish mucosa
-    with a smooth texture and a vessel pattern, haustral folds around a dark lumen, specular
-    highlights, a black circular field border and, optionally, a green position box in the
-    bottom-left corner. Optional findings: a polyp (raised, paler dome with a pit texture and a
-    shadowed rim: its appearance is the same whether or not dye is present, so a classifier
-    trained mostly on dyed-lifted polyps can still recognise standard polyps), blue dye (around
-    the polyp, or a free patch), a pale resection scar, ulcerative-colitis inflammation, stool,
-    ileal villi and the endoscope shaft seen in retroflexion.
-
-``generate_cohort``
-    Writes HyperKvasir (labelled lower-GI categories + segmented images/masks), ETIS-LaribPolypDB,
-    PolypGen and PolypDB trees under one root, mirroring the study's structure (docs/protocol.md,
-    "Dataset layouts"): standard polyps are rare in development and every segmented image is a
-    byte-identical copy of a labelled ``polyps`` file; a few labelled polyps are near-duplicates
-    (different bytes, identical 16x16 average hash) of segmented ones; positives are dominated
-    by dyed-lifted polyps; ``dyed-resection-margins`` negatives carry dye and no polyp; external
-    cohorts have centre/modality colour and size shifts, empty-mask frames and duplicate frames.
+the default run generates a small stand-in that the very same loaders read: ``render_frame``
+draws one frame (a polyp looks the same with or without dye, so standard polyps stay
+recognisable to a model trained mostly on dyed-lifted ones); ``generate_cohort`` writes the
+published layouts (docs/protocol.md, "Dataset layouts"; docs/data_models_runs.md, "The
+synthetic cohort's design").
 
 Determinism: every random draw comes from ``numpy.random.Generator`` streams derived from
 (seed, stream name), never from global state; files are encoded by Pillow with fixed options
@@ -206,42 +191,27 @@ def render_frame(rng: np.random.Generator, size: int | tuple[int, int], *,
                  villi: bool = False, scope_shaft: bool = False, fold_strength: float = 0.5,
                  position_box: bool = False,
                  colour_shift: Sequence[float] = (1.0, 1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
-    """Render one endoscopy-like frame and its lesion mask.
-
-    Parameters
-    ----------
-    rng : numpy Generator; the only source of randomness (same state -> same frame).
-    size : frame size in pixels, ``S`` (square) or ``(height, width)``.
-    lesion : plant a polyp. The mask is its footprint (inside the field of view).
-    dye : add blue dye: a submucosal cushion around the polyp when ``lesion``, otherwise a free
-        patch somewhere in the field.
-    conspicuity : 0..1, how visible the polyp is (colour contrast, dome shading, pit texture,
-        rim shadow, highlight). At 0 the polyp is invisible but its mask is still returned,
-        which lets a dataset carry the label without any lesion signal.
-    dye_strength : 0..1, opacity of the dye.
-    lesion_area : (median, log_sd) of the polyp's area as a share of the square on the frame's
-        shorter side: log-normal, clipped to ``LESION_AREA_RANGE`` (``lesion_geometry``).
-    lesion_offset_sd : standard deviation of the polyp centre's offset from the frame centre,
-        per axis, as a share of the shorter side (a 2-D Gaussian, pulled in so that the polyp
-        centre stays inside the field of view), drawn independently of the size (why:
-        docs/protocol.md, "Synthetic lesion geometry").
-    scar : pale, flat resection scar in the middle of the dye patch (resection margins).
-    inflammation : 0..1, ulcerative-colitis severity (redness, lost vessels, granularity,
-        fibrin-covered erosions, bleeding).
-    stool : 0..1, share of the wall covered by stool (bowel-preparation quality).
-    villi : granular ileal villi texture.
-    scope_shaft : the endoscope's own shaft entering from the bottom (retroflexion).
-    fold_strength : 0..1, contrast of the haustral folds around the lumen.
-    position_box : green scope-position box in the bottom-left corner.
-    colour_shift : per-channel RGB multipliers (centre or imaging-modality shift).
-
-    Returns
-    -------
-    image : uint8 (H, W, 3) RGB.
-    mask : bool (H, W), True on the polyp; all False when ``lesion`` is False.
-
-    The layers are drawn in a fixed order, each drawing from ``rng`` in turn: the cohort's
-    bytes depend on that order.
+    """Render one endoscopy-like frame: image uint8 (H, W, 3) RGB, and mask bool (H, W), True on
+    the polyp (all False when ``lesion`` is False).
+    rng: the only source of randomness (same state -> same frame).
+    size: frame size in pixels, ``S`` (square) or ``(height, width)``.
+    lesion: plant a polyp; the mask is its footprint (inside the field of view).
+    dye: blue dye, a submucosal cushion around the polyp when ``lesion``, else a free patch.
+    conspicuity: 0..1, how visible the polyp is (at 0 invisible, its mask still returned).
+    dye_strength: 0..1, opacity of the dye.
+    lesion_area: (median, log_sd) of the polyp's log-normal area as a share of the square on the
+        shorter side, clipped to ``LESION_AREA_RANGE`` (``lesion_geometry``).
+    lesion_offset_sd: per-axis SD of the polyp centre's offset from the frame centre, share of the
+        shorter side (``lesion_geometry``); independent of size (docs/protocol.md, "Synthetic lesion geometry").
+    scar: pale, flat resection scar in the middle of the dye patch (resection margins).
+    inflammation: 0..1, ulcerative-colitis severity (redness, lost vessels, erosions, bleeding).
+    stool: 0..1, share of the wall covered by stool (bowel-preparation quality).
+    villi: granular ileal villi texture.
+    scope_shaft: the endoscope's own shaft entering from the bottom (retroflexion).
+    fold_strength: 0..1, contrast of the haustral folds around the lumen.
+    position_box: green scope-position box in the bottom-left corner.
+    colour_shift: per-channel RGB multipliers (centre or imaging-modality shift).
+    The layers are drawn in a fixed order, each from ``rng`` in turn: the bytes depend on it.
     """
     height, width = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
     shape = (height, width)

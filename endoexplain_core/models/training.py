@@ -1,9 +1,6 @@
 """Training matrix: one checkpoint per (architecture, seed), plus a shuffled-label control.
 
-Recipe (docs/protocol.md, "Training recipe"): 2-class torchvision head, cross-entropy with label smoothing
-0.03, AdamW, linear warm-up then cosine decay of the learning rate per optimiser step, mixed
-precision on CUDA only, early stopping on validation AUPRC. AUPRC is computed from the binary
-logit difference ``z = logit_pos - logit_neg`` (monotone in the softmax score, so identical).
+Recipe: docs/protocol.md, "Training recipe" (mixed precision on CUDA only).
 
 Reproducibility: every source of randomness is derived from the checkpoint seed: model
 initialisation (torch), the per-epoch shuffling order (a torch.Generator seeded from
@@ -155,13 +152,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def zero_init_head(model: nn.Module) -> nn.Linear:
-    """Set the new 2-class head (the model's last ``nn.Linear``) to zero weights and bias.
-
-    Why: torchvision initialises EfficientNet's head uniformly in +-1/sqrt(num_classes), which
-    with 2 classes gives initial logits in the tens (loss ~10 instead of ln 2). A zero head
-    starts every image at score 0.5 and is the same rule for all three architectures.
-    Returns the head.
-    """
+    """Set the new 2-class head (the model's last ``nn.Linear``) to zero weights and bias;
+    return the head. Why: docs/protocol.md, "Training recipe"."""
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     if not linears:
         raise ValueError(f"{type(model).__name__} has no nn.Linear head to initialise")
@@ -320,13 +312,7 @@ def recalibrate_batchnorm(model: nn.Module, loader: DataLoader, n_images: int,
     """Replace every BatchNorm layer's running mean and variance by their plain average over
     the first ``n_images`` images of ``loader`` (train-mode forwards, no gradient, no
     optimiser step); return the number of images used (0: no BatchNorm layer or n_images 0).
-
-    Why: after a few hundred steps from random weights the exponential moving averages still
-    mix in statistics of much earlier weights, so the model in eval mode scores like an
-    untrained one (default run: a ResNet-34 at validation AUPRC 0.15, 0.90 once its statistics
-    were recomputed with the same weights). Averaging over batches of the final weights
-    ("precise BatchNorm") gives eval mode the statistics of the model being evaluated.
-    """
+    Why: docs/protocol.md, "Training recipe"."""
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not layers or n_images <= 0:
         return 0
