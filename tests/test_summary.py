@@ -139,3 +139,7 @@ def test_the_brief_says_when_the_primary_fails_the_learning_rule_on_its_audited_
     assert ("**The primary itself fails this rule** (Grad-CAM or Eigen-CAM maps constant on 10% of "
             "110 images): the audit tables below") in failed
     assert summary._classifier_sentence(training, None).endswith("(n = 100 held-out test images, 95% CI).")
+    # a perfect test ranking has no interval, and the sentence does not name one
+    training.loc[0, ["test_auprc", "test_auprc_ci_low", "test_auprc_ci_high"]] = [1.0, 1.0, 1.0]
+    assert summary._classifier_sentence(training, None).endswith(
+        "AUPRC 1.000 (the same in every bootstrap resample: no interval) (n = 100 held-out test images).")

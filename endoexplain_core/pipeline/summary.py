@@ -35,11 +35,15 @@ def _number(value, digits: int = 3) -> str:
     return presentation.number_text(value, digits, missing="n/a")
 
 
+def _no_interval(estimate, low, high) -> bool:
+    """Every bootstrap resample gave the estimate (e.g. a perfect ranking): no width to show."""
+    return bool(pd.notna(estimate) and pd.notna(low) and pd.notna(high) and abs(high - low) <= 1e-9
+                and abs(estimate - low) <= 1e-9)
+
+
 def _with_ci(estimate, low, high, digits: int = 3) -> str:
     """``presentation.estimate_with_ci``, saying so when every resample gave the same value."""
-    if pd.notna(estimate) and pd.notna(low) and pd.notna(high) and abs(high - low) <= 1e-9 \
-            and abs(estimate - low) <= 1e-9:
-        # e.g. a perfect ranking: no interval width to show
+    if _no_interval(estimate, low, high):
         return f"{_number(estimate, digits)} (the same in every bootstrap resample: no interval)"
     return presentation.estimate_with_ci(estimate, low, high, digits, missing="n/a")
 
@@ -311,9 +315,10 @@ def _classifier_sentence(training: pd.DataFrame, learning: pd.DataFrame | None) 
     """The primary's test AUPRC, how many checkpoints of the matrix learned, and, when the
     primary itself fails the learning rule on its audited images, that its maps are no evidence."""
     primary = _primary_row(training)
+    auprc = primary[["test_auprc", "test_auprc_ci_low", "test_auprc_ci_high"]].tolist()
+    level = "" if _no_interval(*auprc) else ", 95% CI"   # no "95% CI" beside "no interval"
     text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
-            f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])} "
-            f"(n = {int(primary['n_test'])} held-out test images, 95% CI).")
+            f"{_with_ci(*auprc)} (n = {int(primary['n_test'])} held-out test images{level}).")
     if learning is None:
         return text
     matrix = learning[learning["control"] == "none"]
