@@ -82,6 +82,8 @@ def main() -> None:
         print(table[["method", "verdict", "lesion_rate", "lesion_ci_low", "lesion_bar", "cue_rate",
                      "cue_ci_low", "cue_ci_high", "cue_bar", "untrained_lesion_rate",
                      "untrained_lesion_ci_high", "replicate_verdicts"]].round(3).to_string(index=False))
+        # the reason says whether the pooled intervals alone decide ("pooled rates say ...")
+        print(table[["method", "reason"]].to_string(index=False, max_colwidth=160))
     per_replicate = (pd.concat(cases).query("method == 'eigencam'")
                      .groupby(["gate_seed", "model"])[["peak_inside_lesion", "peak_on_cue"]].mean())
     print("\nEigen-CAM per replicate (share of maps):")
