@@ -30,8 +30,8 @@ from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
                                             DOUBLE_COLUMN_INCHES, HEATMAP_CMAP, PEAK_COLOUR,
-                                            RANDOM_REFERENCE, checkpoint_label, footnote, panel_title,
-                                            error_extents, two_line_label)
+                                            RANDOM_REFERENCE, as_written, checkpoint_label, footnote,
+                                            panel_title, error_extents, two_line_label)
 
 HEATMAP_ALPHA = 0.55
 MISS_MARGIN_FRACTION = 0.05   # a typical miss: median CAM peak this share of the side outside
@@ -168,7 +168,8 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                     transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
         case = by_role[role]
-        ids.append(f"{letter} = {case['sample_id']}")
+        # ids are file names; escaped, not parse_math=False: Matplotlib's wrap measures words as mathtext
+        ids.append(f"{letter} = {as_written(case['sample_id'])}")
         title = row_title(role, case["rows"])
         subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {title} (scaled score {format_score(case['score'])})",
                            x=0.0, ha="left", fontsize=8, fontweight="bold")

@@ -126,7 +126,7 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
                            if index == len(classes) - 1 else [], fontsize=6.5)
         ax.set_yticks(np.arange(wide.shape[0]))
         ax.set_yticklabels([f"{style.checkpoint_label(c)} (n = {int(gold[c])})" for c in wide.index],
-                           fontsize=6.5)
+                           fontsize=6.5, **style.AS_WRITTEN)   # checkpoint ids drawn as written
         if len(classes) > 1:
             style.panel_title(ax, "AB"[index], C_SCORE_CLASSES[class_name].capitalize(), fontsize=7.5)
     fig.colorbar(image, ax=axes[:, 0].tolist(), label="C-Score", shrink=0.9, fraction=0.035, pad=0.01)

@@ -92,7 +92,7 @@ def _forest(ax, labels, estimates, lows, highs, colours, *, zero: float = 0.0) -
         ax.plot([estimate], [position], marker="o", color=colour, markersize=4)
     ax.axvline(zero, color="grey", linewidth=0.7, linestyle=":")
     ax.set_yticks(y)
-    ax.set_yticklabels(labels)
+    ax.set_yticklabels(labels, **style.AS_WRITTEN)   # labels may name data (subgroups, checkpoints)
 
 
 def srg_shape_figure(srg: pd.DataFrame, shape: pd.DataFrame, not_validated=()):
@@ -145,7 +145,7 @@ def randomisation_figure(table: pd.DataFrame, not_validated=()):
         ax.set_ylim(-1.05 if column == "spearman" else 0, 1.05)  # rank correlations can turn negative
         ax.axhline(0, color="grey", linewidth=0.6)
         ax.set_xticks(steps["step"])
-        ax.set_xticklabels(steps["block"], rotation=90, fontsize=6.5)
+        ax.set_xticklabels(steps["block"], rotation=90, fontsize=6.5, **style.AS_WRITTEN)
     images = f"{int(table['images'].max())} images. " if "images" in table.columns else ""
     style.footnote(fig, images + EIGEN_FOOTNOTE + " Eigen-CAM does not use the classifier "
                    "head, so randomising the head alone leaves it unchanged. Blocks randomised cumulatively from the head (left) towards the stem (right); "
@@ -193,11 +193,11 @@ def subgroup_forest_figure(gaps: pd.DataFrame, *, model: str = "M1", slopes: str
         ax.set_xlabel(("Energy-lift gap" if outcome == "energy_lift" else "Pointing-hit gap")
                       + f" ({unit})\nsubgroup \u2212 reference")
     axes[0][0].set_yticks(y)
-    axes[0][0].set_yticklabels(labels, fontsize=6.5)
+    axes[0][0].set_yticklabels(labels, fontsize=6.5, **style.AS_WRITTEN)   # contrasts name subgroups
     pooled = int(part["n_checkpoints"].max()) if "n_checkpoints" in part and len(part) else 1
     fig.suptitle(f"Adjusted subgroup gaps ({model}, {slopes} slopes"
                  + (f"; maps of {pooled} checkpoints pooled" if pooled > 1 else "")
-                 + "); grey band: equivalence margin", fontsize=8)
+                 + "); grey band: equivalence margin", fontsize=8, **style.AS_WRITTEN)
     style.footnote(fig, "Thick bar: 90% CI (TOST); thin bar: 95% CI; open marker: equivalent to 0. "
                    + EIGEN_FOOTNOTE)
     return fig

@@ -75,17 +75,35 @@ def two_line_label(label: str) -> str:
     return label[:at] + "\n" + label[at:] if at > 0 else label
 
 
+# Text keyword arguments for a string drawn as written: names from data (file names, case ids,
+# checkpoint ids, labels) may hold "$" or "\\"; mathtext would draw "price $5 and $6" as
+# "price 5*and*6" and stop the figure on "math_$\\alpha^{$".
+AS_WRITTEN = {"parse_math": False}
+
+
+def as_written(text) -> str:
+    """``str(text)`` with every ``$`` escaped (``\\$``), so that Matplotlib draws it as written
+    even inside a string that has mathtext of its own (a panel title's ``$\\mathbf{A}$``) or
+    reaches Matplotlib where no ``parse_math`` can be passed (legend labels). A string that is
+    all data is better drawn with ``**AS_WRITTEN`` (``get_text`` then returns it unchanged),
+    except with ``wrap=True``: Matplotlib measures wrapped words as mathtext whatever
+    ``parse_math`` says, so such text is escaped instead."""
+    return str(text).replace("$", r"\$")
+
+
 def footnote(fig, text: str, *, fontsize: float = 6.5) -> None:
     """The figure's note below its axes, left-aligned and wrapped to the figure's width (a
-    one-line note wider than the figure would widen the printed figure)."""
+    one-line note wider than the figure would widen the printed figure); drawn as written
+    (no mathtext: notes name cases and checkpoints)."""
     fig.supxlabel(wrap_to_width(text, fig.get_figwidth(), fontsize=fontsize), fontsize=fontsize,
-                  x=0.01, ha="left")
+                  x=0.01, ha="left", **AS_WRITTEN)
 
 
 def panel_title(ax, letter: str, title: str = "", **kwargs) -> None:
     """Left-aligned axes title led by a bold panel letter ("**A**  Reliability"), the same in
-    every figure. ``kwargs`` go to ``Axes.set_title`` (e.g. ``pad``)."""
-    text = rf"$\mathbf{{{letter}}}$" + (f"  {title}" if title else "")
+    every figure; ``title`` is drawn as written (``as_written``). ``kwargs`` go to
+    ``Axes.set_title`` (e.g. ``pad``)."""
+    text = rf"$\mathbf{{{letter}}}$" + (f"  {as_written(title)}" if title else "")
     ax.set_title(text, loc="left", **kwargs)
 
 
