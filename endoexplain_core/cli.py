@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from endoexplain_core import files  # light: hashes and atomic writes (torch loads lazily below)
+from endoexplain_core import __version__, files  # light: hashes and atomic writes (torch loads lazily below)
 
 UNPAIRED_SHOWN = 5
 DEFAULT_DATASET = "own"
@@ -510,7 +510,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     plt.close(figure)
 
     record = {
-        "command": "endoexplain audit", "arch": args.arch, "weights": str(args.weights),
+        "command": "endoexplain audit", "endoexplain_version": __version__, "arch": args.arch, "weights": str(args.weights),
         "weights_sha256": weights_sha, "torchscript": args.torchscript,
         "checkpoint_id": name, "dataset": args.dataset, "target_layer": layer_name,
         "positive_class": args.positive_class, "image_size": args.image_size,
@@ -598,7 +598,7 @@ def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figur
 
     figure = base64.b64encode(figure_png.read_bytes()).decode("ascii")
     settings = {key: record[key] for key in (
-        "arch", "weights", "weights_sha256", "target_layer", "positive_class", "image_size",
+        "endoexplain_version", "arch", "weights", "weights_sha256", "target_layer", "positive_class", "image_size",
         "temperature", "calibration", "score_threshold", "top_fraction",
         "random_deletion_repetitions", "bootstrap_replicates", "seed", "dataset")}
     settings_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
@@ -644,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="endoexplain",
         description="endoExplain: audit where CAM explanations of a polyp classifier point.",
         epilog="Run 'endoexplain audit --help' for the audit of your own model.")
+    parser.add_argument("--version", action="version", version=f"endoexplain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     audit = commands.add_parser(
         "audit", help="audit your own classifier on a folder of masked frames",

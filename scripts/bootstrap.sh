@@ -21,6 +21,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "bootstrap: installing pinned requirements into $venv (first time: several minutes)"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet -r "$root/requirements.txt" -c "$root/constraints.txt"
+  # The distribution was named endoexplain-core before 1.0: drop that one's editable install.
+  "$venv/bin/python" -m pip uninstall --quiet --yes endoexplain-core >/dev/null 2>&1 || true
   # The editable build is chatty (setuptools warnings); keep its log and show it on failure.
   if ! "$venv/bin/python" -m pip install --quiet --no-deps -e "$root" >"$venv/editable-install.log" 2>&1; then
     cat "$venv/editable-install.log" >&2

@@ -55,6 +55,21 @@ def test_toy_model_gives_hand_computed_drops():
     assert deletion.logit_drops(reference, deleted_outside, 1).tolist() == [0.0, 0.0]
 
 
+def test_deletion_response_gives_the_hand_computed_drops_in_one_call():
+    images = torch.ones(3, 3, 4, 4)
+    images[1, 0] = 2.0
+    keep = torch.zeros(3, 4, 4, dtype=torch.bool)
+    keep[0, 0, 0] = True          # one pixel of the 2x2 region at value 1: drop 1
+    keep[1, 0:2, 0:2] = True      # the whole region at value 2: drop 8
+    keep[2, 2:, 2:] = True        # outside the region: drop 0
+    drops = deletion.deletion_response(RegionSumModel(), images, keep, target_class=1)
+    assert drops.shape == (3,) and drops.tolist() == [1.0, 8.0, 0.0]
+    # the negative logit is 0.5 x channel 1's sum: deleting k pixels drops it by 0.5 k
+    assert deletion.deletion_response(RegionSumModel(), images, keep, target_class=0).tolist() == [0.5, 2.0, 2.0]
+    with pytest.raises(ValueError, match=r"keep must be \(B, H, W\)"):
+        deletion.deletion_response(RegionSumModel(), images, keep[None])
+
+
 def test_deletion_logits_chunks_agree_with_single_forwards():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

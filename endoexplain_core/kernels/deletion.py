@@ -74,6 +74,24 @@ def deletion_logits(model: nn.Module, images: torch.Tensor, keeps: torch.Tensor,
     return torch.cat(outputs)
 
 
+def deletion_response(model: nn.Module, images: torch.Tensor, keep: torch.Tensor,
+                      target_class: int = 1) -> torch.Tensor:
+    """Drop of the ``target_class`` logit when the ``keep`` pixels are deleted: float (B,).
+
+    images : (B, C, H, W) normalised input. keep : bool (B, H, W), True = delete (e.g.
+    ``threshold.top_fraction_mask(maps, 0.2)``). Two no-grad forwards (the images as given, then
+    with the pixels deleted); positive = the evidence was in the deleted pixels. Puts the model in
+    eval mode. For M deletions of one batch in one call, use ``deletion_logits``.
+    """
+    _check_keep(images, keep)
+    if keep.dim() != 3:
+        raise ValueError(f"keep must be (B, H, W); got {tuple(keep.shape)}")
+    model.eval()
+    with torch.no_grad():
+        reference = model(images)
+    return logit_drops(reference, deletion_logits(model, images, keep[None])[0], target_class)
+
+
 def logit_drops(reference_logits: torch.Tensor, deleted_logits: torch.Tensor,
                 target_class: int = 1) -> torch.Tensor:
     """Drop of the ``target_class`` logit: reference (B, K) minus deleted (..., B, K) -> (..., B)."""

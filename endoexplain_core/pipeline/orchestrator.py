@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import endoexplain_core
 from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, RunLayout
 from endoexplain_core import config as profiles
 from endoexplain_core import artefacts, files, numerics
@@ -774,6 +775,7 @@ def _write_provenance_and_record(paths: RunPaths, profile: str, profile_name: st
         "overrides": list(overrides),
         "data_root": data_root or "(embedded synthetic cohort)",
         "synthetic_data": profiles.is_synthetic_data(data_root),
+        "endoexplain_version": endoexplain_core.__version__,
         "git": git_state(),
         "packages": package_versions(),
         "device": device_description(),

@@ -514,7 +514,8 @@ def _record_head(run_dir: Path, figures_dir: Path, provenance: dict) -> list[str
              f"<li>status: {escape(str(provenance.get('status', 'unknown')))}; compute behind "
              f"these results {compute_seconds(stage_records) / 60:.1f} min (sum of the stages' "
              f"own runs); this invocation {float(provenance.get('wall_seconds') or 0.0):.1f} s</li>",
-             f"<li>git commit <code>{escape(str(git.get('commit')))}</code>"
+             f"<li>endoExplain {escape(str(provenance.get('endoexplain_version', 'not recorded')))}; "
+             f"git commit <code>{escape(str(git.get('commit')))}</code>"
              f"{' (working tree dirty)' if git.get('dirty') else ''}; manifest digest "
              f"<code>{escape(str(provenance.get('manifest_digest')))[:12]}</code>; data: "
              f"{escape(str(provenance.get('data_root', '')))}</li>",
