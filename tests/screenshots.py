@@ -24,8 +24,12 @@ HIGH_SCORE_ALL_MISS = ("document.getElementById('f-all-miss').click(); "
 def record_screenshots(run_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
     """Take the record's and the case browser's screenshots (see the module docstring); return
     name -> PNG path. The case browser's shots are skipped when the run has no browser; the
-    browser falls back to all cases when the filter leaves none."""
+    browser falls back to all cases when the filter leaves none. ``FileNotFoundError`` when
+    ``run_dir`` has no ``index.html``: Chromium would show, and this would save, its error page."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if not (run_dir / "index.html").is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no index.html "
+                                "(give runs/<profile> of a finished run)")
     out_dir.mkdir(parents=True, exist_ok=True)
     shots = {"record_first_screen": out_dir / "record_first_screen.png"}
     run_in_page(run_dir / "index.html", [], screenshots={-1: shots["record_first_screen"]}, wait_seconds=0.0)
@@ -40,9 +44,18 @@ def record_screenshots(run_dir: str | Path, out_dir: str | Path) -> dict[str, Pa
     return shots
 
 
+def check_figures_folder(figures_dir: Path) -> None:
+    """``FileNotFoundError`` unless ``figures_dir`` is a folder holding figure PNGs."""
+    if not figures_dir.is_dir() or not any(figures_dir.glob("figure*.png")):
+        raise FileNotFoundError(f"{figures_dir} is not a figures folder: it holds no figure*.png "
+                                "(give figures/<profile> of a finished run)")
+
+
 def figure_screenshots(figures_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
-    """Each figure PNG of ``figures_dir`` as the browser shows it (scaled to a 1300 px window)."""
+    """Each figure PNG of ``figures_dir`` as the browser shows it (scaled to a 1300 px window).
+    ``FileNotFoundError`` when ``figures_dir`` is not a folder holding figure PNGs."""
     figures_dir, out_dir = Path(figures_dir), Path(out_dir)
+    check_figures_folder(figures_dir)
     shots = {}
     for png in sorted(figures_dir.glob("figure*.png")):
         shots[png.stem] = out_dir / f"figure_{png.stem}.png"
@@ -55,7 +68,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tests.screenshots RUN_DIR OUT_DIR [FIGURES_DIR]", file=sys.stderr)
         return 2
     run_dir, out_dir = Path(argv[0]), Path(argv[1])
-    shots = record_screenshots(run_dir, out_dir)
+    try:   # every folder is checked before the first screenshot: exit 2 and one line
+        if out_dir.exists() and not out_dir.is_dir():
+            raise NotADirectoryError(f"OUT_DIR {out_dir} is a file, not a folder")
+        if len(argv) == 3:
+            check_figures_folder(Path(argv[2]))
+        shots = record_screenshots(run_dir, out_dir)
+    except (FileNotFoundError, NotADirectoryError) as error:
+        print(f"screenshots: {error}", file=sys.stderr)
+        return 2
     if len(argv) == 3:
         shots |= figure_screenshots(argv[2], out_dir)
     for name, path in shots.items():

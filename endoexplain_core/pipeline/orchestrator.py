@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -52,10 +53,36 @@ class StageFailed(RuntimeError):
     """A notebook raised; the message names the notebook, the cell and the partial output."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (what ``timeout``, SLURM and systemd send): raised by the handler
+    ``main`` installs, and handled wherever Ctrl-C is, being a ``KeyboardInterrupt`` (asyncio
+    and Papermill pass it through as they pass Ctrl-C); the exit code is 143, not 130."""
+
+
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run after it had begun changing the run folder; ``provenance.json``
-    and ``index.html`` say "interrupted" (a plain ``KeyboardInterrupt`` out of ``run_pipeline``
-    means nothing was written)."""
+    """Ctrl-C or SIGTERM (``by``: "Ctrl-C" or "SIGTERM") stopped the run after it had begun
+    changing the run folder; ``provenance.json`` and ``index.html`` say "interrupted" (a plain
+    ``KeyboardInterrupt`` out of ``run_pipeline`` means nothing was written)."""
+
+    @property
+    def by(self) -> str:
+        return self.args[0] if self.args else "Ctrl-C"
+
+
+class RunFolderUnwritable(OSError):
+    """The run folder could not be written before any stage ran (full disk, read-only file
+    system): the previous record could not be marked stale, so nothing ran and it is as it was."""
+
+
+# Exit codes of a stopped run, as a shell reports a process ended by the signal (128 + number).
+INTERRUPT_EXIT_CODES = {"Ctrl-C": 130, "SIGTERM": 143}
+
+
+def interrupted_by(stop: BaseException) -> str:
+    """"SIGTERM" for a ``Terminated`` (or a ``RunInterrupted`` by one), else "Ctrl-C"."""
+    if isinstance(stop, RunInterrupted):
+        return stop.by
+    return "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
 
 
 @dataclass
@@ -414,15 +441,38 @@ def run_lock_path(profile: str, output_root: Path) -> Path:
 def run_folder_lock(profile: str, output_root: Path, wait_seconds: float = 0.0):
     """Hold the run-folder lock for the block; raise ``RunFolderLocked`` if another run holds
     it for longer than ``wait_seconds`` (0: do not wait; negative: wait indefinitely)."""
+    check_lock_wait(wait_seconds)
     path = run_lock_path(profile, output_root)
+    acquired = False
     try:
         with files.exclusive_lock(path, wait_seconds):
+            acquired = True
             yield path
     except files.LockHeld as held:
         raise RunFolderLocked(
             f"the run folder {path.parent / path.stem} is in use by another run ({held.holder}); "
             f"this run stopped before doing anything. Wait for it to finish, or pass "
             f"--wait-for-lock SECONDS to queue behind it") from None
+    except OSError as error:
+        if acquired:   # the run's own error, not the lock's
+            raise
+        raise RunFolderUnwritable(f"the lock {path} cannot be written ({_os_error_text(error)}); "
+                                  "this run stopped before doing anything") from None
+
+
+def check_lock_wait(seconds: float) -> float:
+    """``--wait-for-lock``: seconds, finite and >= 0, or -1 (wait indefinitely); anything else
+    (nan, inf, another negative) is a ``ValueError``, raised before the lock file is made."""
+    if not (seconds == -1 or (math.isfinite(seconds) and seconds >= 0)):
+        raise ValueError(f"--wait-for-lock {seconds}: give the seconds to wait (a finite number "
+                         ">= 0), or -1 to wait indefinitely")
+    return seconds
+
+
+def _os_error_text(error: OSError) -> str:
+    """An OS error in a few words with its file: "No space left on device: /x/y"."""
+    what = error.strerror or str(error) or type(error).__name__
+    return f"{what}: {error.filename}" if error.filename else what
 
 
 def check_scheduler(config: profiles.Profile, scheduler: str | None,
@@ -548,7 +598,7 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
     records: list[dict[str, Any]] = []
     failure: StageFailed | None = None
     try:
-        _mark_running(RunLayout(paths.run_dir).provenance)
+        _mark_running(paths)
         upstream = data_fingerprint(data_root, reference_dir)
         data_only = _data_only_fingerprint(data_root)
         for notebook in stages:
@@ -564,18 +614,35 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                                      digest, stamp, force=force,
                                      selected=failure is None and (not only or stage in only))
             if "status" not in record:   # neither skipped nor left out: run it
-                failure = _execute_stage_recorded(record, notebook, parameters, paths,
-                                                  kernel_name, stamp)
-    except KeyboardInterrupt:
-        # Ctrl-C at any moment of the loop (in a notebook, between cells, while hashing or
-        # exporting): the record says so, never "running" or the previous run's "complete".
+                try:
+                    failure = _execute_stage_recorded(record, notebook, parameters, paths,
+                                                      kernel_name, stamp)
+                except OSError as error:   # a full disk or read-only file system, in this process
+                    failure = _record_stage_os_error(record, error)
+    except RunFolderUnwritable:
+        raise   # nothing ran; the previous record is as it was
+    except OSError as error:
+        # Between stages (hashing the notebooks, the data): the next stage is the failed one.
+        failure = _record_os_error(records, stages, notebook_dir, error)
+    except KeyboardInterrupt as stop:
+        # Ctrl-C or SIGTERM at any moment of the loop (in a notebook, between cells, while
+        # hashing or exporting): the record says so, never "running" or the previous "complete".
         _record_interrupt(records, stages, notebook_dir)
-        _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
-                       config.overrides)
-        raise RunInterrupted from None
+        try:
+            _finish_record(paths, profile, profile_name, data_root, records, started, "interrupted",
+                           config.overrides, interrupted_by=interrupted_by(stop))
+        except OSError as error:   # the record marked "running" at the start stays
+            log.warning("the record could not be written (%s)", _os_error_text(error))
+        raise RunInterrupted(interrupted_by(stop)) from None
 
-    provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
-                                "failed" if failure else "complete", config.overrides)
+    try:
+        provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
+                                    "failed" if failure else "complete", config.overrides)
+    except OSError as error:
+        # The record marked "running" before the first stage stays: never "complete".
+        raise StageFailed(f"{failure or 'every stage finished'}; the record could not be written "
+                          f"({_os_error_text(error)}): provenance.json and index.html say "
+                          "\"running\"; run again when it can be (finished stages are skipped)") from None
     if failure is not None:
         raise failure
     return provenance
@@ -685,6 +752,37 @@ def _execute_stage_recorded(record: dict[str, Any], notebook: Path, parameters: 
     return failure
 
 
+def _record_stage_os_error(record: dict[str, Any], error: OSError) -> StageFailed:
+    """In place: ``record``'s stage is "failed" because the OS refused a read or write in this
+    process (a full disk, a read-only file system) while it ran or saved its notebook; its stamp
+    was removed when it started, so it reruns. Returns the failure (one line)."""
+    earlier = f"{record['error']}; then " if record.get("status") == "failed" and record.get("error") else ""
+    failure = StageFailed(f"{earlier}{record['stage']} stopped: {_os_error_text(error)}; it reruns "
+                          "when the run is started again")
+    started_at = record.pop("started_at", None)
+    record.update(status="failed", error=str(failure),
+                  seconds=round(time.perf_counter() - started_at, 2) if started_at
+                  else record.get("seconds", 0.0))
+    return failure
+
+
+def _record_os_error(records: list[dict[str, Any]], stages: list[Path], notebook_dir: Path,
+                     error: OSError) -> StageFailed:
+    """In place: an OS error outside a stage's execution (hashing, reading the data) fails the
+    stage being planned (the last record without a status, else the next stage); every stage
+    after it "not_run". Returns the failure."""
+    if (not records or "status" in records[-1]) and len(records) < len(stages):
+        upcoming = stages[len(records)]
+        records.append({"stage": upcoming.stem, "seconds": 0.0,
+                        "notebook": str(upcoming.relative_to(notebook_dir.parent))})
+    failure = (_record_stage_os_error(records[-1], error) if records and "status" not in records[-1]
+               else StageFailed(f"the run stopped: {_os_error_text(error)}"))
+    for later in stages[len(records):]:
+        records.append({"stage": later.stem, "status": "not_run", "seconds": 0.0,
+                        "notebook": str(later.relative_to(notebook_dir.parent))})
+    return failure
+
+
 def _record_interrupt(records: list[dict[str, Any]], stages: list[Path], notebook_dir: Path) -> None:
     """In place: the stage that was running when Ctrl-C came is "interrupted" (a stage whose
     record has no status yet, or is still timed); every stage after it "not_run"."""
@@ -714,18 +812,43 @@ def _read_stamp(path: Path) -> dict[str, Any]:
     return stamp
 
 
-def _mark_running(provenance_path: Path) -> None:
-    """Set the previous run's ``provenance.json`` status to "running" before any stage runs: a
-    run killed without cleanup (SIGKILL, power) then never leaves "complete" in the record."""
-    if not provenance_path.is_file():
-        return
+def _mark_running(paths: RunPaths) -> None:
+    """Mark the previous run's record stale before any stage runs: ``provenance.json``'s status
+    becomes "running" and ``index.html`` is rewritten from it (its banner says so), or removed
+    where it cannot be. A run that dies without writing its record (SIGKILL, power, a full disk)
+    then never leaves "complete" behind. Raises ``RunFolderUnwritable`` when the marks cannot
+    be written: the run must not start (the previous record is then as it was)."""
+    layout = RunLayout(paths.run_dir)
+    previous = None
+    if layout.provenance.is_file():
+        try:
+            previous = json.loads(layout.provenance.read_text())
+        except (OSError, ValueError):
+            previous = None   # unreadable: it says nothing, and the run writes a new one
     try:
-        previous = json.loads(provenance_path.read_text())
-    except (OSError, ValueError):
-        return  # unreadable: the run writes a new one at its end
-    if isinstance(previous, dict):
-        previous["status"] = "running"
-        files.write_json_atomic(provenance_path, previous)
+        if isinstance(previous, dict):
+            previous["status"] = "running"
+            files.write_json_atomic(layout.provenance, previous)
+        if layout.index_html.is_file():
+            _mark_index_running(paths, previous if isinstance(previous, dict) else None)
+    except OSError as error:
+        raise RunFolderUnwritable(f"the run folder {paths.run_dir} cannot be written "
+                                  f"({_os_error_text(error)}); nothing ran and the previous "
+                                  "record is as it was") from None
+
+
+def _mark_index_running(paths: RunPaths, previous: dict[str, Any] | None) -> None:
+    """``index.html`` rewritten from ``previous`` (status "running"), or removed; an OSError
+    only when neither can be done."""
+    from endoexplain_core.pipeline import record
+
+    try:
+        if previous is None:
+            raise ValueError("no readable provenance.json to write the record from")
+        record.write_run_index(paths.run_dir, paths.figures_dir, previous)
+    except Exception:   # noqa: BLE001 -- a full disk, or a record an older version wrote that
+        # this code cannot render: a page that says "complete" must not stay either way.
+        RunLayout(paths.run_dir).index_html.unlink(missing_ok=True)
 
 
 def stage_overrides(config: profiles.Profile, stage: str) -> list[str]:
@@ -743,32 +866,55 @@ def stage_overrides(config: profiles.Profile, stage: str) -> list[str]:
 
 def _finish_record(paths: RunPaths, profile: str, profile_name: str, data_root: str,
                    records: list[dict[str, Any]], started: float, status: str,
-                   overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+                   overrides: tuple[str, ...] = (), *,
+                   interrupted_by: str | None = None) -> dict[str, Any]:
     """Write ``provenance.json`` and the run record with ``status`` (complete, failed or
-    interrupted); return the provenance. Ctrl-C is ignored meanwhile (``interrupts_ignored``):
-    a second one must not leave the two disagreeing."""
+    interrupted; ``interrupted_by`` "Ctrl-C" or "SIGTERM" is recorded with it); return the
+    provenance. Ctrl-C and SIGTERM are ignored meanwhile (``interrupts_ignored``): a second
+    one must not leave the two disagreeing."""
     with interrupts_ignored():
         return _write_provenance_and_record(paths, profile, profile_name, data_root, records,
-                                            started, status, overrides)
+                                            started, status, overrides, interrupted_by)
 
 
 @contextlib.contextmanager
 def interrupts_ignored():
-    """Ignore Ctrl-C (SIGINT) for the block, then restore its handler; outside the main thread
-    (where signal handlers cannot be set) the block runs as it is."""
+    """Ignore Ctrl-C (SIGINT) and SIGTERM for the block, then restore their handlers; outside
+    the main thread (where signal handlers cannot be set) the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises_terminated():
+    """For the block, SIGTERM raises ``Terminated`` in the main thread (so the run stops as at
+    Ctrl-C, writing its record); the previous handler is restored after. Outside the main
+    thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write_provenance_and_record(paths: RunPaths, profile: str, profile_name: str, data_root: str,
                                  records: list[dict[str, Any]], started: float, status: str,
-                                 overrides: tuple[str, ...]) -> dict[str, Any]:
+                                 overrides: tuple[str, ...],
+                                 interrupted_by: str | None = None) -> dict[str, Any]:
     provenance = {
         "profile": profile_name,
         "config_file": str(profiles.profile_path(profile)),
@@ -785,6 +931,7 @@ def _write_provenance_and_record(paths: RunPaths, profile: str, profile_name: st
         "stages": records,
         "wall_seconds": round(time.perf_counter() - started, 2),
         "status": status,
+        **({"interrupted_by": interrupted_by} if interrupted_by else {}),
     }
     files.write_json_atomic(RunLayout(paths.run_dir).provenance, provenance)
     _write_record(paths, provenance)
@@ -840,7 +987,7 @@ def preflight_main(profile: str, data_root: str, output_root: Path, overrides: l
     # The paper's counts are printed beside the data's only for the paper profile.
     reference = profiles.REPO_ROOT / "data_manifest" / "paper" if config.profile == "paper" else None
     findings = preflight.run_preflight(config, data_root, run_dir, paper_reference=reference,
-                                       estimate=True)
+                                       estimate=True, scheduler=scheduler)
     try:
         manifest_reference_dir(config.profile, data_root, manifest_reference)
     except ValueError as error:
@@ -856,8 +1003,29 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
     """``run_all.sh``: parse the command line, refuse a bad one in one line, run the pipeline;
     returns the exit code. ``notebook_dir``, ``stage_settings`` and ``shared_settings`` as in
     ``run_pipeline`` (the interrupt tests run throwaway stages through this entry point).
+    SIGTERM (``timeout``, SLURM, systemd) is handled as Ctrl-C is, with exit 143 for 130
+    (``sigterm_raises_terminated``); a run folder that cannot be written is one line, exit 2.
     """
+    with sigterm_raises_terminated():
+        return _command_line(argv, notebook_dir=notebook_dir, stage_settings=stage_settings,
+                             shared_settings=shared_settings)
+
+
+def interrupted_line(text: str, by: str) -> str:
+    """One of the "run_all: ... interrupted ..." lines, naming SIGTERM when it was that."""
+    return text if by == "Ctrl-C" else text.replace("interrupted", f"interrupted ({by})", 1)
+
+
+def _command_line(argv: list[str] | None, *, notebook_dir: Path,
+                  stage_settings: dict[str, type[profiles.StageSettings]] | None,
+                  shared_settings: type | None) -> int:
+    """``main``'s body, under its SIGTERM handler."""
     args = build_parser().parse_args(argv)
+    try:
+        check_lock_wait(args.wait_for_lock)
+    except ValueError as error:   # before anything is written: no lock file is left behind
+        print(f"run_all: {error}", file=sys.stderr)
+        return 2
     try:
         args.overrides = [text for path in args.set_file for text in profiles.read_set_file(path)
                           ] + args.overrides
@@ -871,9 +1039,10 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
             return preflight_main(args.profile, args.data_root, Path(args.output_root), args.overrides,
                                   args.manifest_reference, scheduler=args.scheduler,
                                   allow_insecure_scheduler=args.allow_insecure_scheduler)
-        except KeyboardInterrupt:
-            print("\nrun_all: preflight interrupted; nothing was written", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as stop:
+            print(interrupted_line("\nrun_all: preflight interrupted; nothing was written",
+                                   interrupted_by(stop)), file=sys.stderr)
+            return INTERRUPT_EXIT_CODES[interrupted_by(stop)]
     try:
         provenance = run_pipeline(args.profile, data_root=args.data_root, force=args.force,
                                   only=args.only, adopt_manifest=args.adopt_manifest,
@@ -884,16 +1053,16 @@ def main(argv: list[str] | None = None, *, notebook_dir: Path = NOTEBOOK_DIR,
                                   manifest_reference=args.manifest_reference,
                                   notebook_dir=notebook_dir, stage_settings=stage_settings,
                                   shared_settings=shared_settings)
-    except RunFolderLocked as error:
+    except (RunFolderLocked, RunFolderUnwritable) as error:
         print(f"run_all: {error}", file=sys.stderr)
         return 2
-    except RunInterrupted:
-        print("\nrun_all: interrupted; provenance.json and index.html say so, and the stopped "
-              "stage reruns next time", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print(INTERRUPTED_BEFORE_THE_RUN, file=sys.stderr)
-        return 130
+    except RunInterrupted as stop:
+        print(interrupted_line("\nrun_all: interrupted; provenance.json and index.html say so, "
+                               "and the stopped stage reruns next time", stop.by), file=sys.stderr)
+        return INTERRUPT_EXIT_CODES[stop.by]
+    except KeyboardInterrupt as stop:
+        print(interrupted_line(INTERRUPTED_BEFORE_THE_RUN, interrupted_by(stop)), file=sys.stderr)
+        return INTERRUPT_EXIT_CODES[interrupted_by(stop)]
     except StageFailed as error:
         print(f"\nrun_all: STOPPED. {error}", file=sys.stderr)
         return 1
@@ -959,14 +1128,14 @@ INTERRUPTED_BEFORE_THE_RUN = "\nrun_all: interrupted before the run started; not
 
 
 def exit_quietly(entry) -> None:
-    """Exit with ``entry()``'s code (``main``). Ctrl-C outside the run (reading the command
-    line) is one line, exit 130; once ``entry`` has returned, a late Ctrl-C cannot turn the
-    interpreter's exit into a traceback."""
+    """Exit with ``entry()``'s code (``main``). Ctrl-C (or SIGTERM, ``Terminated``) outside the
+    run (reading the command line) is one line, exit 130 (143); once ``entry`` has returned, a
+    late Ctrl-C cannot turn the interpreter's exit into a traceback."""
     try:
         code = entry()
-    except KeyboardInterrupt:
-        print(INTERRUPTED_BEFORE_THE_RUN, file=sys.stderr)
-        code = 130
+    except KeyboardInterrupt as stop:
+        print(interrupted_line(INTERRUPTED_BEFORE_THE_RUN, interrupted_by(stop)), file=sys.stderr)
+        code = INTERRUPT_EXIT_CODES[interrupted_by(stop)]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 

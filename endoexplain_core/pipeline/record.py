@@ -412,7 +412,13 @@ def stale_files(figures_dir: Path, provenance: dict) -> dict[str, str]:
 
 def failure_banner(provenance: dict) -> str:
     """A red banner for a failed or interrupted run: the stage, the error in one line, and what
-    is missing because of it; "" for a complete run."""
+    is missing because of it; for a record marked "running" (a run started on it and has not
+    written its own), that it may be stale; "" for a complete run."""
+    if provenance.get("status") == "running":
+        return ('<div class="banner banner-failed"><p>A run started on this record and has not '
+                "written its own: it is still running, or it died without a record (killed, power "
+                "lost, disk full). Figures and tables below may be from an earlier run or only "
+                "partly rewritten.</p></div>")
     unfinished = unfinished_stages(provenance)
     if not unfinished:
         return ""
@@ -421,7 +427,7 @@ def failure_banner(provenance: dict) -> str:
         error = (str(stopped.get("error") or "").strip().splitlines() or ["no error recorded"])[0]
         what = f"Run FAILED in {stopped['stage']}: {error}"
     elif stopped.get("status") == "interrupted":
-        what = f"Run interrupted in {stopped['stage']} (Ctrl-C)."
+        what = f"Run interrupted in {stopped['stage']} ({provenance.get('interrupted_by') or 'Ctrl-C'})."
     else:
         what = f"Run {provenance.get('status')} before {stopped['stage']} ran."
     missing = [f"{label} ({r['stage']})" for r in unfinished for label, _ in STAGE_PRODUCTS.get(r["stage"], [])]

@@ -35,7 +35,10 @@ SEQUENTIAL = "sequential"
 log = logging.getLogger(LOGGER_NAME)
 
 _LOCAL = re.compile(r"^local:(\d+)$")
-_ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:\d+$")
+_ADDRESS = re.compile(r"^(tcp|tls)://[^\s:/]+:(\d+)$")
+# local:N beyond this many worker processes per core only thrashes (each worker is a process
+# with its own torch); a typo such as local:100000 would otherwise start that many.
+MAX_LOCAL_WORKERS_PER_CORE = 4
 LOOPBACK = "127.0.0.1"
 INSECURE_FLAG = "--allow-insecure-scheduler"
 # Dask configuration keys a tls:// client reads its credentials from (distributed.Security).
@@ -64,7 +67,8 @@ class SchedulerSpec:
 
 
 def parse_scheduler(setting: str | None, *, allow_insecure: bool = False) -> SchedulerSpec:
-    """``""``/``None``/``"sequential"`` -> in-process; ``"local:N"`` (N >= 1); ``"tls://HOST:PORT"``;
+    """``""``/``None``/``"sequential"`` -> in-process; ``"local:N"`` (1 <= N <=
+    ``MAX_LOCAL_WORKERS_PER_CORE`` x the cores); ``"tls://HOST:PORT"`` (PORT 1 to 65535);
     ``"tcp://HOST:PORT"`` only with ``allow_insecure``.
 
     Raises ``SchedulerError`` naming the accepted forms for anything else, and naming
@@ -78,8 +82,17 @@ def parse_scheduler(setting: str | None, *, allow_insecure: bool = False) -> Sch
         workers = int(local.group(1))
         if workers < 1:
             raise SchedulerError(f"scheduler {text!r}: local:N needs N >= 1 worker processes")
+        most = MAX_LOCAL_WORKERS_PER_CORE * (os.cpu_count() or 1)
+        if workers > most:
+            raise SchedulerError(f"scheduler {text!r}: at most {most} local worker processes "
+                                 f"({MAX_LOCAL_WORKERS_PER_CORE} per core on this machine's "
+                                 f"{os.cpu_count() or 1} cores)")
         return SchedulerSpec("local", workers=workers)
-    if _ADDRESS.match(text):
+    address = _ADDRESS.match(text)
+    if address:
+        if not 1 <= int(address.group(2)) <= 65535:
+            raise SchedulerError(f"scheduler {text!r}: port {int(address.group(2))} is not a "
+                                 "TCP port (1 to 65535)")
         if text.startswith("tcp://") and not allow_insecure:
             raise SchedulerError(
                 f"scheduler {text!r}: a tcp:// scheduler is unencrypted and unauthenticated (anyone "
