@@ -12,8 +12,8 @@ Every adapter (``ADAPTERS``; ``read_cohort``) returns ``(cases, report)``:
   (``EMPTY_MASK``; ``NO_MASK`` unless more than one and more than ``MAX_UNPAIRED_SHARE`` of
   the frames lack a mask, which is a problem).
 
-Errors name the file: ``CohortError`` (missing cohort folder, unknown layout, unpaired frames
-beyond that share), ``imageio.MaskSizeError``, ``imageio.ImageReadError``. Given a ``problems``
+Errors name the file: ``CohortError`` (missing cohort folder, unknown layout, two masks with
+one stem, a cohort's frames at two depths, unpaired frames beyond that share), ``imageio.MaskSizeError``, ``imageio.ImageReadError``. Given a ``problems``
 list, bad frames are recorded as ``(path, kind, message)`` and the others read; a missing
 folder or an unknown layout still raises. Each adapter's docstring names its layout (paths:
 docs/architecture.md, "Data root layout"; variants: docs/protocol.md, "Dataset layouts").
@@ -118,10 +118,15 @@ def _images_in(folder: Path) -> list[Path]:
 
 
 def _mask_index(mask_dir: Path) -> dict[str, Path]:
-    """Mask files of ``mask_dir`` by stem (the first of each stem in natural order)."""
+    """Mask files of ``mask_dir`` by stem; two with one stem (``3.png`` and ``3.jpg``) are a
+    ``CohortError`` naming both: which was drawn for the frame cannot be told, and taking the
+    first by name would audit against whichever sorts first."""
     index: dict[str, Path] = {}
     for candidate in _images_in(mask_dir):
-        index.setdefault(candidate.stem, candidate)
+        if candidate.stem in index:
+            raise CohortError(f"{mask_dir}: two masks with the stem {candidate.stem!r} "
+                              f"({index[candidate.stem].name} and {candidate.name}); keep one")
+        index[candidate.stem] = candidate
     return index
 
 
@@ -311,14 +316,19 @@ def read_etis(data_root: Path, problems: list | None = None) -> tuple[pd.DataFra
 def _polypgen_centres(root: Path) -> tuple[Path, list[Path]]:
     """The folder holding PolypGen's ``data_C<k>`` folders (``root`` itself, or the one
     sub-folder that holds them, as the published zip extracts:
-    ``PolypGen2021_MultiCenterData_v3``) and those folders in natural order."""
+    ``PolypGen2021_MultiCenterData_v3``) and those folders in natural order. ``CohortError``
+    naming both places when ``root`` and a sub-folder both hold some."""
     def centres_in(folder: Path) -> list[Path]:
         return sorted((p for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"data_C\d+", p.name)),
                       key=lambda p: _natural_key(p.name))
 
-    if centres_in(root):
-        return root, centres_in(root)
     nested = [p for p in sorted(root.iterdir()) if p.is_dir() and centres_in(p)]
+    if centres_in(root):
+        if nested:   # a copy at each depth: reading one alone would never mention the other
+            raise CohortError(f"{root}: data_C<k> folders both directly in it "
+                              f"({', '.join(p.name for p in centres_in(root))}) and in the "
+                              f"sub-folder(s) {', '.join(p.name for p in nested)}; keep one copy")
+        return root, centres_in(root)
     if len(nested) > 1:
         raise CohortError(f"{root}: data_C<k> folders in several sub-folders "
                           f"({', '.join(p.name for p in nested)}); keep one")

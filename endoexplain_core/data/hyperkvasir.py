@@ -7,9 +7,11 @@ sit one or two folders deeper). One row per labelled lower-GI image (``TABLE_COL
 ``CATEGORY_ALIASES``), ``group`` its group folder, ``target`` 1 for ``POSITIVE_SOURCES`` else
 0, ``mask_path`` on the labelled twin of each segmented image (the matching rule:
 docs/protocol.md, "Roles"). Upper-GI images are counted and excluded, hidden files skipped,
-other non-image files counted as ignored; masks are thresholded at 128. ``HyperKvasirError``
-for an unrecognised category, a segmented image with a near-copy within
-``NEAR_DUPLICATE_BITS``, and a missing, wrongly sized or empty mask.
+other non-image files counted as ignored; masks are thresholded at 128. A twin is a
+polyp-family image with the same bytes, the same average hash, or a re-encoding of it
+(``REENCODING_MEAN_LEVELS``). ``HyperKvasirError`` for an unrecognised category, a segmented
+image that copies a negative, a segmented image with a near-copy within ``NEAR_DUPLICATE_BITS``,
+two masks with one stem, a folder found at two depths, and a missing, wrongly sized or empty mask.
 
 Design: docs/data_models_runs.md, "HyperKvasir index".
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from endoexplain_core import config
@@ -55,6 +58,20 @@ CATEGORY_ALIASES: dict[str, str] = {
 # Average-hash bits (of 256) within which an unmatched segmented image and a labelled image are
 # treated as possible copies of one picture (about 8%, as imagehash's near-duplicate examples).
 NEAR_DUPLICATE_BITS = 20
+
+REENCODING_BLOCK = 8
+"""Side (pixels) of the blocks whose means ``REENCODING_MEAN_LEVELS`` compares: JPEG's own block,
+so that re-encoding noise (high frequencies inside a block) averages out and what is left is the
+picture."""
+
+REENCODING_MEAN_LEVELS = 3.0
+"""Mean absolute difference (0-255 levels, over every ``REENCODING_BLOCK`` block mean and channel)
+within which a segmented image of the same size is a re-encoding of a labelled polyp lying within
+``NEAR_DUPLICATE_BITS`` of its average hash, and so its twin. Why 3: re-saving a frame as JPEG at
+quality 85 moves its block means by at most 0.9 levels, at quality 50 by at most 1.9 (the
+generator's 48- to 136-px frames and its real-sized mirror frames), while distinct pictures within
+the near-copy radius differ by 8 levels or more: a re-encoding is matched, a different picture
+stays a refused near-copy. (Per pixel the two overlap on small noisy frames: 6.3 against 12.5.)"""
 
 TABLE_COLUMNS = ("sample_id", "path", "group", "source", "target", "sha256", "ahash", "width",
                  "height", "mask_path")
@@ -154,16 +171,17 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
         upper_gi = sum(1 for p in (labelled / UPPER_GI).rglob("*")
                        if is_image_file(p))
     twins = _match_segmented(images, data_root, segmented_images, segmented_masks, progress, problems)
+    matched = twins["by_sha256"] + twins["by_ahash"] + twins["by_reencoding"]
     summary = {
         "labelled_lower_gi": len(images),
         "per_category": images["source"].value_counts().sort_index().to_dict(),
         "upper_gi_excluded": upper_gi,
         "ignored_files": ignored,
-        "segmented_images": twins["by_sha256"] + twins["by_ahash"] + twins["duplicates"]
-                            + len(twins["without_twin"]),
-        "segmented_with_masks": twins["by_sha256"] + twins["by_ahash"],
+        "segmented_images": matched + twins["duplicates"] + len(twins["without_twin"]),
+        "segmented_with_masks": matched,
         "segmented_matched_by_sha256": twins["by_sha256"],
         "segmented_matched_by_ahash": twins["by_ahash"],
+        "segmented_matched_by_reencoding": twins["by_reencoding"],
         "segmented_byte_duplicates": twins["duplicates"],
         "segmented_without_twin": twins["without_twin"],
         "folders": {name: _relative(folder, data_root)
@@ -172,23 +190,35 @@ def index_hyperkvasir(data_root: str | Path, *, progress: bool = True,
     return HyperKvasirIndex(images.loc[:, list(TABLE_COLUMNS)], summary)
 
 
-def _find_mask(masks_dir: Path, stem: str) -> Path | None:
-    """The mask file with this stem, whatever the (image) extension or its case."""
-    candidates = [p for p in masks_dir.glob(f"{stem}.*") if is_image_file(p)]
-    return sorted(candidates)[0] if candidates else None
+def _masks_by_stem(masks_dir: Path) -> dict[str, Path]:
+    """stem -> mask file of ``masks_dir``, whatever the (image) extension or its case.
+
+    Two mask files with one stem (``a.jpg`` and ``a.png``) are a ``HyperKvasirError`` naming
+    both: which one was drawn for the image cannot be told, and taking the first by name would
+    audit against whichever sorts first."""
+    by_stem: dict[str, Path] = {}
+    for path in _visible_children(masks_dir):
+        if not is_image_file(path):
+            continue
+        if path.stem in by_stem:
+            raise HyperKvasirError(f"{masks_dir}: two masks with the stem {path.stem!r} "
+                                   f"({by_stem[path.stem].name} and {path.name}); keep one")
+        by_stem[path.stem] = path
+    return by_stem
 
 
 def _subtree(root: Path, name: str) -> Path:
-    """``root/name``, or the one folder called ``name`` one or two levels below ``root`` (a zip
-    extracted into a folder of its own); ``HyperKvasirError`` naming what was found otherwise."""
-    if (root / name).is_dir():
-        return root / name
-    deeper = sorted(p for pattern in (f"*/{name}", f"*/*/{name}") for p in root.glob(pattern)
-                    if p.is_dir() and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    if len(deeper) == 1:
-        return deeper[0]
-    if deeper:
-        raise HyperKvasirError(f"{root}: several '{name}' folders ({', '.join(str(p.relative_to(root)) for p in deeper)}); keep one")
+    """The one folder called ``name`` directly in ``root`` or one or two levels below it (a zip
+    extracted into a folder of its own); ``HyperKvasirError`` naming every copy when there are
+    several, at any depths, or naming what was found when there is none."""
+    # Every depth is looked at: a partial copy directly under ``root`` beside the full nested
+    # download would otherwise be read alone, and the other copy never mentioned.
+    found = sorted(p for pattern in (name, f"*/{name}", f"*/*/{name}") for p in root.glob(pattern)
+                   if p.is_dir() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise HyperKvasirError(f"{root}: several '{name}' folders ({', '.join(str(p.relative_to(root)) for p in found)}); keep one")
     found = ", ".join(sorted(p.name for p in root.iterdir() if not p.name.startswith("."))[:12])
     raise HyperKvasirError(f"{root / name}: HyperKvasir {name} folder not found (nor one or two "
                            f"levels deeper); {root} holds [{found}]")
@@ -211,32 +241,81 @@ def _hamming(first: str, second: str) -> int:
     return (int(first, 16) ^ int(second, 16)).bit_count()
 
 
+def _reencoded_twin(file: Path, ahash: str, width: int, height: int, polyp_family: pd.DataFrame,
+                    data_root: Path):
+    """Index of the labelled polyp-family row (of ``polyp_family``) that ``file`` re-encodes, or
+    None: same width and height, average hash within ``NEAR_DUPLICATE_BITS``, decoded block means
+    within ``REENCODING_MEAN_LEVELS`` on average; of several, the closest (then by path)."""
+    candidates = [row for row, (other, w, h) in polyp_family[["ahash", "width", "height"]].iterrows()
+                  if w == width and h == height and _hamming(ahash, other) <= NEAR_DUPLICATE_BITS]
+    if not candidates:
+        return None
+    blocks = _block_means(imageio.read_rgb(file))
+    differences = {}
+    for row in candidates:
+        other = _block_means(imageio.read_rgb(data_root / polyp_family.at[row, "path"]))
+        if other.shape == blocks.shape:
+            differences[row] = float(np.abs(other - blocks).mean())
+    within = [row for row, difference in differences.items() if difference <= REENCODING_MEAN_LEVELS]
+    return min(within, key=lambda row: (differences[row], polyp_family.at[row, "path"])) if within else None
+
+
+def _block_means(pixels: np.ndarray) -> np.ndarray:
+    """float (H // b, W // b, 3) means of the ``REENCODING_BLOCK`` x b blocks (b smaller on a
+    frame narrower than a block) of a uint8 (H, W, 3) image; a partial edge block is left out."""
+    side = max(1, min(REENCODING_BLOCK, *pixels.shape[:2]))
+    height, width = pixels.shape[0] // side * side, pixels.shape[1] // side * side
+    return pixels[:height, :width].reshape(height // side, side, width // side, side, 3).mean(axis=(1, 3))
+
+
+def _negative_copy(digest: str, ahash: str, negatives: pd.DataFrame):
+    """Index of the first negative labelled row (by path) with these bytes or this average hash,
+    or None."""
+    same = negatives[(negatives["sha256"] == digest) | (negatives["ahash"] == ahash)]
+    return same.index[0] if len(same) else None
+
+
 def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, masks_dir: Path,
                      progress: bool, problems: list | None = None) -> dict[str, Any]:
     """Record ``mask_path`` on the labelled twins of the segmented images (module docstring).
 
-    Modifies ``images`` in place; returns counts ``by_sha256``, ``by_ahash`` (twins found each
-    way), ``duplicates`` (segmented images whose twin already has a mask: skipped) and
-    ``without_twin`` (relative paths of segmented images left out: no twin, no near-copy).
+    A twin is always a polyp-family image: by bytes, by average hash, or as a re-encoding
+    (``_reencoded_twin``). Modifies ``images`` in place; returns counts ``by_sha256``,
+    ``by_ahash``, ``by_reencoding`` (twins found each way), ``duplicates`` (segmented images
+    whose twin already has a mask: skipped) and ``without_twin`` (relative paths of segmented
+    images left out: no twin, no near-copy). ``HyperKvasirError`` naming both files for a
+    segmented image whose only copies by bytes or hash are negatives, and for a near-copy.
     """
     ordered = images.sort_values("path")
-    first_row_of_digest = ordered.drop_duplicates("sha256").reset_index().set_index("sha256")["index"]
     polyp_family = ordered[ordered["target"] == 1]
+    negatives = ordered[ordered["target"] == 0]
+    # Only a polyp can be a twin: a byte copy of a negative would give a negative frame a lesion mask.
+    first_row_of_digest = polyp_family.drop_duplicates("sha256").reset_index().set_index("sha256")["index"]
     files = [p for p in _visible_children(images_dir) if is_image_file(p)]
     if not files:
         raise HyperKvasirError(f"{images_dir}: no segmented images found")
+    masks = _masks_by_stem(masks_dir)
     digests = hash_files(files, progress=progress, description="hashing segmented images",
                          problems=problems)
     readable = digests["sha256"].notna().to_numpy()          # unreadable: in problems
     files, digests = [f for f, ok in zip(files, readable) if ok], digests[readable]
-    twins = {"by_sha256": 0, "by_ahash": 0, "duplicates": 0, "without_twin": []}
-    leaking = []
+    twins = {"by_sha256": 0, "by_ahash": 0, "by_reencoding": 0, "duplicates": 0, "without_twin": []}
+    leaking, negative_copies = [], []
+    polyp_hashes = set(polyp_family["ahash"])
     for file, (digest, ahash, width, height) in zip(
             files, digests[["sha256", "ahash", "width", "height"]].itertuples(index=False)):
         if digest in first_row_of_digest.index:
             row, way = first_row_of_digest[digest], "by_sha256"
-        elif ahash in set(polyp_family["ahash"]):
+        elif ahash in polyp_hashes:
             row, way = _pixel_twin(file, polyp_family[polyp_family["ahash"] == ahash], data_root), "by_ahash"
+        elif (negative := _negative_copy(digest, ahash, negatives)) is not None:
+            how = "the same bytes as" if images.at[negative, "sha256"] == digest else "the same average hash as"
+            negative_copies.append(f"{file} has {how} the negative labelled image "
+                                   f"{images.at[negative, 'path']} ({images.at[negative, 'source']})")
+            continue
+        elif (reencoded := _reencoded_twin(file, ahash, int(width), int(height), polyp_family,
+                                           data_root)) is not None:
+            row, way = reencoded, "by_reencoding"
         else:
             distances = [_hamming(ahash, other) for other in images["ahash"]]
             closest = int(min(range(len(distances)), key=distances.__getitem__))
@@ -249,7 +328,7 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
         if images.at[row, "mask_path"]:
             twins["duplicates"] += 1
             continue
-        mask_file = _find_mask(masks_dir, file.stem)
+        mask_file = masks.get(file.stem)
         try:
             if mask_file is None:
                 raise HyperKvasirError(f"segmented image {file} has no mask in {masks_dir}")
@@ -264,6 +343,11 @@ def _match_segmented(images: pd.DataFrame, data_root: Path, images_dir: Path, ma
             continue
         images.at[row, "mask_path"] = _relative(mask_file, data_root)
         twins[way] += 1
+    if negative_copies:
+        raise HyperKvasirError(
+            f"{len(negative_copies)} segmented image(s) are copies of negative labelled images, "
+            "not of a polyp, so the negative would be audited with a lesion mask: "
+            f"{'; '.join(negative_copies[:3])}; remove the copy or file the picture as a polyp")
     if leaking:
         raise HyperKvasirError(
             f"{len(leaking)} segmented image(s) have no labelled twin (neither the same bytes "

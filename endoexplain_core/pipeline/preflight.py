@@ -80,7 +80,9 @@ def hyperkvasir_findings(data_root: Path, *, paper_reference: Path | None = None
                         f"{summary['labelled_lower_gi']:,} labelled lower-GI images{beside}; "
                         f"{summary['segmented_with_masks']:,} segmented with masks (twins by "
                         f"SHA-256 {summary['segmented_matched_by_sha256']:,}, by average hash "
-                        f"{summary['segmented_matched_by_ahash']:,}); "
+                        f"{summary['segmented_matched_by_ahash']:,}"
+                        + (f", re-encodings {summary['segmented_matched_by_reencoding']:,}"
+                           if summary["segmented_matched_by_reencoding"] else "") + "); "
                         f"{summary['upper_gi_excluded']:,} upper-GI left out"),
                 *problem_findings("HyperKvasir", problems, data_root)]
     without_twin = summary["segmented_without_twin"]
