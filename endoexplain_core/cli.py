@@ -1,23 +1,9 @@
-"""The ``endoexplain`` command (also ``python -m endoexplain_core``).
-
-``endoexplain audit`` runs the paper's spatial audit on a user's own classifier and folder of
-masked frames, with the same code the notebooks use: ``analysis.audit.audit_checkpoint`` (fused
-CAMs, top-area rule, metrics, deletion and its random control, streamed to a validated
-Parquet case table), ``figures.audit_report`` (the one report notebook 04 also uses: Table 4
-with image-bootstrap CIs, map ties, methods identical by construction, and the rule-selected
-case figure with its rendered-IoU check) and ``artefacts.save_table`` / ``save_figure``.
-
-Before any output is written the inputs are checked (folders, every image header and mask,
-the weights' tensors, one probe forward pass at the input size). The run then holds an
-exclusive lock on ``--out``, writes into ``--out/.staging-<pid>/`` and moves its files into
-place only when all are complete, with ``audit.json`` last: the commit record listing every
-file's SHA-256, which ``endoexplain verify DIR`` checks.
-
-Exit codes: 0 done; 2 refused before or during the work with a one-line reason (bad
-arguments, unpaired or mixed-up folders, a refused image or mask, an unreadable or unsafe
-weights file, an unknown architecture, a locked or unwritable output folder, a full disk or
-another OS error while writing: the previous audit in ``--out`` is then unchanged); 1 an
-unexpected error (traceback).
+"""The ``endoexplain`` command (also ``python -m endoexplain_core``): ``audit`` runs notebook 04's
+spatial audit on a user's own classifier and masked frames with the same functions
+(``analysis.audit.audit_checkpoint``, ``figures.audit_report``, ``artefacts``); ``verify`` checks
+an audit folder against its ``audit.json`` record. Inputs are checked before anything is
+written, outputs are staged and committed whole. Exit codes: 0 done, 2 refused with one line,
+1 unexpected error. Options, refusals and outputs: docs/own_model.md.
 """
 
 from __future__ import annotations
