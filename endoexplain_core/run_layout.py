@@ -61,6 +61,19 @@ RUN_FOLDER = {
 }
 
 
+def output_inside_data_root(output_root: str | Path, data_root: str | Path) -> str:
+    """The refusal ("" when none) of an output root that is the data root or lies inside it:
+    the run would write ``runs/`` and ``figures/`` into the data, whose fingerprint (every file's
+    size and time) then changes with each run, so stage 00 and every later stage would rerun
+    every time. Both paths are compared resolved (links and ``..`` followed)."""
+    output, data = Path(output_root).expanduser().resolve(), Path(data_root).expanduser().resolve()
+    if output == data or data in output.parents:
+        return (f"the output root {output} is inside the data root {data}: the run would write into "
+                "the data and its fingerprint would change, rerunning every stage each time; choose "
+                "--output-root outside the data root")
+    return ""
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths and run-level records of one run folder (``runs/<profile>/`` or ``--output-root``).

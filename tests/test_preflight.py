@@ -100,12 +100,16 @@ def test_weight_files_are_verified_against_their_torchvision_hash(tmp_path, monk
 
     import torch
 
+    import torchvision
+
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "resnet34-b627a593.pth").write_bytes(b"truncated download")
-    payload = b"weights of my own"
+    # weights must also load into their architecture (issue 50): real state dicts, random values
     own = tmp_path / "efficientnet_b0_mine.pth"
-    own.write_bytes(payload)
+    torch.save(torchvision.models.get_model("efficientnet_b0", weights=None).state_dict(), own)
+    torch.save(torchvision.models.get_model("resnet18", weights=None).state_dict(), tmp_path / "r18.pth")
+    payload = (tmp_path / "r18.pth").read_bytes()
     named = tmp_path / f"resnet18-{hashlib.sha256(payload).hexdigest()[:8]}.pth"
     named.write_bytes(payload)
     auto = {f.item: f for f in preflight.weight_findings(["resnet34", "mobilenet_v3_large"], "auto")}

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import endoexplain_core
-from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, RunLayout
+from endoexplain_core.run_layout import DIGEST_FILE, MANIFEST_FILE, RunLayout, output_inside_data_root
 from endoexplain_core import config as profiles
 from endoexplain_core import artefacts, files, numerics
 
@@ -526,6 +526,8 @@ def checked_run(profile: str, *, data_root: str = "", output_root: Path = profil
         raise FileNotFoundError(f"--data-root {data_root} is not a folder")
     if Path(output_root).exists() and not Path(output_root).is_dir():
         raise NotADirectoryError(f"--output-root {output_root} is a file, not a folder")
+    if data_root and output_inside_data_root(output_root, data_root):   # else stage 00 reruns every run
+        raise ValueError(output_inside_data_root(output_root, data_root))
     return stages, config
 
 

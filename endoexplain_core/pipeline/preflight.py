@@ -4,15 +4,19 @@
 ``report``: one line per ``Finding``; exit 0 when the run is ready, 2 when a finding is
 ``missing`` or ``problem``. Nothing is trained or written. Areas: ``data`` (HyperKvasir and
 each external cohort, read by the run's own readers: cases kept, exclusions by reason, sizes
-and formats), ``weights`` (each ImageNet file the profile asks for, SHA-256 against its
-torchvision name), ``device``, ``disk`` (free space); with ``estimate``, minutes and disk per
+and formats; an unreadable data root, or an output root inside it, is a problem), ``weights``
+(each ImageNet file the profile asks for: SHA-256 against its torchvision name, then loaded as
+the run loads it, tensors only, into its architecture), ``scheduler`` (an address is probed with
+a TCP connect), ``device``, ``disk`` (free space); with ``estimate``, minutes and disk per
 stage from per-image costs measured here (``measure_costs``, ``decode_cost``; model passes only).
 Design: docs/data_models_runs.md, "Preflight".
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 from endoexplain_core import config as profiles
+from endoexplain_core import files
+from endoexplain_core.run_layout import output_inside_data_root
 from endoexplain_core.data import cohorts, hyperkvasir
 from endoexplain_core.data.imageio import ImageReadError
 
@@ -31,6 +37,7 @@ CHECKPOINT_COPIES = 4   # float32 copies kept per trained model: best weights + 
 # Measured on the paper rehearsal (configs/paper_rehearsal.sets on the mirror, 128 px):
 RECORD_BYTES_PER_STAGE = 2.0e6      # executed notebook + HTML, tables and figures of one stage (1.6 MB)
 BROWSER_BYTES_PER_IMAGE = 27e3      # case browser strip per audited image at 128 px (JPEG; grows with the area)
+SCHEDULER_PROBE_SECONDS = 3.0       # a scheduler that does not accept a TCP connection within this is not there
 
 
 
@@ -183,6 +190,11 @@ def weight_findings(architectures, imagenet_weights) -> list[Finding]:
         except (training.MissingImageNetWeights, FileNotFoundError, ValueError) as error:
             findings.append(Finding("weights", arch, MISSING, f"{error} (torchvision's file: {url})"))
             continue
+        except OSError as error:   # e.g. a file name longer than the file system allows
+            findings.append(Finding("weights", arch, PROBLEM, f"the weights path "
+                                    f"{files.short_text(str(error.filename))} cannot be used: "
+                                    f"{error.strerror or error}"))
+            continue
         if path is None:
             findings.append(Finding("weights", arch, READY, "from scratch (imagenet_weights: none)"))
             continue
@@ -191,10 +203,77 @@ def weight_findings(architectures, imagenet_weights) -> list[Finding]:
         except networks.WeightsHashMismatch as error:
             findings.append(Finding("weights", arch, PROBLEM, str(error)))
             continue
+        except OSError as error:
+            findings.append(Finding("weights", arch, PROBLEM, f"{path} cannot be read: {error.strerror or error}"))
+            continue
+        misfit = weights_misfit(arch, path)
+        if misfit:
+            findings.append(Finding("weights", arch, PROBLEM, misfit))
+            continue
         checked = (f"matches the {expected} of its torchvision name" if expected else
-                   "its name carries no torchvision hash, so it is not checked")
-        findings.append(Finding("weights", arch, READY, f"{path} (SHA-256 {digest[:16]}..., {checked})"))
+                   "its name carries no torchvision hash, so its SHA-256 is not checked")
+        findings.append(Finding("weights", arch, READY, f"{path} (SHA-256 {digest[:16]}..., {checked}; "
+                                f"loads as tensors only and fits {arch})"))
     return findings
+
+
+def weights_misfit(arch: str, path: Path) -> str:
+    """Why stage 01 could not start ``arch`` from ``path`` ("" when it can), in one line. The file
+    is loaded as the run loads it (``networks.build_model``: ``torch.load`` with
+    ``weights_only=True``, so a pickle that would run code or build other objects is refused
+    without running anything) into torchvision's ``arch`` built without weights, which checks
+    every key and shape (a ResNet-18 state dict does not fit ResNet-34). A torch zip archive
+    that declares more than ``checkpoint.MAX_ARCHIVE_BYTES`` is refused unread."""
+    from endoexplain_core.models import checkpoint, networks
+
+    try:
+        with open(path, "rb") as handle:
+            checkpoint.check_declared_size(path, handle.read(8))
+        networks.build_model(arch, weights_path=path)
+    except (checkpoint.CheckpointError, OSError) as error:
+        return files.short_text(" ".join(str(error).split()), 300)
+    except ValueError as error:
+        lines = [line.strip() for line in str(error.__cause__ or error).splitlines() if line.strip()]
+        code = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), "")
+        if code:   # torch's weights-only unpickler met a global: the file would run or build objects
+            return (f"{path}: refused: loading it would run code or build objects other than "
+                    f"tensors ({files.short_text(code, 160)}); save model.state_dict() instead")
+        return (f"{path}: not an ImageNet state dict for {arch} that stage 01 can load: "
+                + files.short_text(" ".join(lines), 300))
+    return ""
+
+
+def scheduler_findings(setting: str, timeout: float = SCHEDULER_PROBE_SECONDS) -> list[Finding]:
+    """The scheduler the stages would use (``--scheduler``, else ``shared.scheduler``; already
+    validated by ``orchestrator.check_scheduler``): for a ``tls://`` or ``tcp://`` address, a TCP
+    connect within ``timeout`` seconds, a problem when nobody accepts it (stage 01 would
+    otherwise stop there); in process and ``local:N``, nothing to probe."""
+    address = (setting or "").strip()
+    if not address.startswith(("tls://", "tcp://")):
+        return []
+    host, _, port = address.split("://", 1)[1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, OverflowError, ValueError) as error:   # refused, timed out, unknown host, bad port
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        return [Finding("scheduler", address, PROBLEM, f"no scheduler answers at {host}:{port} "
+                        f"(TCP connect within {timeout:g} s: {reason}); start it, or choose "
+                        "--scheduler sequential or local:N")]
+    return [Finding("scheduler", address, READY, f"{host}:{port} accepts a TCP connection")]
+
+
+def data_root_problem(root: Path, run_dir: Path) -> str:
+    """Why ``root`` cannot be a data root for a run writing ``run_dir`` ("" when it can): it
+    cannot be listed and entered (e.g. mode 000), or the output root holding ``run_dir``
+    (``<output_root>/runs/<profile>``) is inside it."""
+    try:
+        names = sorted(os.listdir(root))
+        if names:   # entering the folder needs search permission, listing it only read
+            (root / names[0]).lstat()
+    except OSError as error:
+        return f"{root} cannot be read ({error.strerror or error}): give the user running the pipeline read access"
+    return output_inside_data_root(run_dir.parents[1], root)
 
 
 def device_findings(device: str) -> list[Finding]:
@@ -442,10 +521,12 @@ def estimate_findings(config: profiles.Profile, counts: WorkCounts, sample_paths
 
 
 def run_preflight(config: profiles.Profile, data_root: str, run_dir: Path,
-                  paper_reference: Path | None = None, estimate: bool = False) -> list[Finding]:
+                  paper_reference: Path | None = None, estimate: bool = False,
+                  scheduler: str | None = None) -> list[Finding]:
     """Every check for ``config`` (a validated profile, ``--set`` included) with ``data_root``
     ("" for the embedded synthetic cohort) and the run folder ``run_dir``; with ``estimate``,
-    the time per stage too (it needs the data: a data root that could be read)."""
+    the time per stage too (it needs the data: a data root that could be read). ``scheduler``:
+    the ``--scheduler`` flag (None: the profile's ``shared.scheduler``), probed when an address."""
     findings: list[Finding] = []
     index, external = None, 0
     if not data_root:
@@ -453,6 +534,8 @@ def run_preflight(config: profiles.Profile, data_root: str, run_dir: Path,
                                 "generated by 00_roles into the run folder (no data root)"))
     elif not Path(data_root).is_dir():
         findings.append(Finding("data", "data root", MISSING, f"{data_root} is not a folder"))
+    elif problem := data_root_problem(Path(data_root).resolve(), run_dir.resolve()):
+        findings.append(Finding("data", "data root", PROBLEM, problem))   # nothing under it is read
     else:
         root = Path(data_root)
         found, index = hyperkvasir_findings(root, paper_reference=paper_reference)
@@ -462,6 +545,8 @@ def run_preflight(config: profiles.Profile, data_root: str, run_dir: Path,
         findings += found
     training_settings = config.stage_settings("01_training")
     findings += weight_findings(config.shared.architectures, training_settings.imagenet_weights)
+    findings += scheduler_findings(scheduler if scheduler is not None
+                                   else getattr(config.shared, "scheduler", ""))
     findings += device_findings(config.shared.device)
     findings += disk_findings(run_dir)
     if estimate:
