@@ -273,7 +273,8 @@ def data_root_problem(root: Path, run_dir: Path) -> str:
             (root / names[0]).lstat()
     except OSError as error:
         return f"{root} cannot be read ({error.strerror or error}): give the user running the pipeline read access"
-    return output_inside_data_root(run_dir.parents[1], root)
+    output_root = run_dir.parents[1] if len(run_dir.parents) > 1 else run_dir   # <output_root>/runs/<profile>
+    return output_inside_data_root(output_root, root)
 
 
 def device_findings(device: str) -> list[Finding]:
