@@ -344,6 +344,8 @@ class ValidityGateSettings(StageSettings):
     random_deletion_repetitions: int = Field(2, ge=1, le=MAX_REPETITIONS, description="random deletions per pool image")
     shuffled_control_per_replicate: bool = Field(
         True, description="a shuffled-label control per replicate (false: the first replicate's, reused)")
+    untrained_initialisations: int = Field(
+        4, ge=1, le=64, description="untrained networks per replicate, each on its own seed (the untrained control's draws)")
 
 
 class RobustnessSettings(StageSettings):

@@ -1,6 +1,6 @@
 """Pool the validity gate's replicates from several runs and judge them as one gate.
 
-The gate's verdict is decided by its pooled intervals, which see the spread between replicates
+The gate's verdict is decided by intervals over the replicates' draws (Student t)
 (docs/statistics_and_gate.md, "Validity gate"). Whether more replicates would decide a method
 that is "inconclusive" is an empirical question: run stage 03 again with other
 ``03_validity_gate.replicate_seeds`` into a copy of the run (each replicate is independent:
@@ -40,8 +40,12 @@ def replicate_cases(run_dir: Path, seed: int, *, grid_shape: tuple[int, int], im
     on_lesion = grid.nearest_node_inside(np.stack([c["lesion_mask"] for c in pool]), grid_shape)
     on_cue = grid.nearest_node_inside(np.stack([c["cue_mask"] for c in pool]), grid_shape)
     ceilings = {c["sample_id"]: (bool(a), bool(b)) for c, a, b in zip(pool, on_lesion, on_cue)}
-    tables = [audit_schema.read_audit_table(run_dir / "validity_gate" / f"seed_{seed}" / f"gate_{model}.parquet")
-              .assign(gate_seed=seed, model=model) for model in validity_gate.GATE_MODELS]
+    folder = run_dir / "validity_gate" / f"seed_{seed}"
+    names = sorted(p.stem[len("gate_"):] for p in folder.glob("gate_*.parquet")
+                   if not p.stem.endswith("_random_deletion"))
+    tables = [audit_schema.read_audit_table(folder / f"gate_{name}.parquet")
+              .assign(gate_seed=seed, model=validity_gate.model_kind(name),
+                      draw=int(name.split("_")[1]) if "_" in name else 0) for name in names]
     return validity_gate.add_cue_columns(pd.concat(tables, ignore_index=True),
                                          {c["sample_id"]: c["cue_mask"] for c in pool}, ceilings)
 
@@ -81,8 +85,8 @@ def main() -> None:
         print(f"\n== replicates {chosen} ==")
         print(table[["method", "verdict", "lesion_rate", "lesion_ci_low", "lesion_bar", "cue_rate",
                      "cue_ci_low", "cue_ci_high", "cue_bar", "untrained_lesion_rate",
-                     "untrained_lesion_ci_high", "replicate_verdicts"]].round(3).to_string(index=False))
-        # the reason says whether the pooled intervals alone decide ("pooled rates say ...")
+                     "untrained_lesion_ci_high", "cue_sd"]].round(3).to_string(index=False))
+        # the reason names each clause that decided or left the verdict open
         print(table[["method", "reason"]].to_string(index=False, max_colwidth=160))
     per_replicate = (pd.concat(cases).query("method == 'eigencam'")
                      .groupby(["gate_seed", "model"])[["peak_inside_lesion", "peak_on_cue"]].mean())

@@ -85,15 +85,17 @@ def test_the_three_kernels_run_end_to_end_on_a_hand_checkable_model():
 
     images = torch.ones(1, 3, 8, 8)
     model = LeftHalfModel()
-    maps = cams.compute_cams(model, "features", images, target_class=1, methods=("gradcam",))
-    # The gradient reaches only the left two feature columns: Grad-CAM is 1 there, 0 elsewhere.
-    assert torch.equal(maps["gradcam"][0, :, :2] > 0.99, torch.ones(8, 2, dtype=torch.bool))
-    assert float(maps["gradcam"][0, :, 6:].max()) == 0.0
-    keep = threshold.top_fraction_mask(maps["gradcam"], 0.25)   # 16 of 64 pixels
+    maps = cams.compute_cams(model, "features", images, target_class=1, methods=("hirescam", "gradcam"))
+    # HiResCAM = ReLU(sum over channels of gradient x activation): the gradient reaches only the
+    # left two feature columns (of 4), so the map is 1 on the left half and 0 on the right.
+    assert bool((maps["hirescam"][0, :, :2] > 0.99).all()) and float(maps["hirescam"][0, :, 6:].max()) == 0.0
+    # Grad-CAM weights the one uniform channel by its mean gradient: a constant map, all zeros.
+    assert float(maps["gradcam"].abs().max()) == 0.0
+    keep = threshold.top_fraction_mask(maps["hirescam"], 0.25)   # 16 of 64 pixels
     assert int(keep.sum()) == 16 and bool(keep[0, :, 4:].any()) is False
     # Deleting 16 pixels of value 1 in the left half: the left feature mean falls by 16/32.
     drops = deletion.deletion_response(model, images, keep, target_class=1)
     assert drops.tolist() == [0.5]
     lesion = torch.zeros(1, 8, 8, dtype=torch.bool)
     lesion[0, :, :2] = True
-    assert metrics.peak_outside_mask(maps["gradcam"], lesion).tolist() == [False]
+    assert metrics.peak_outside_mask(maps["hirescam"], lesion).tolist() == [False]

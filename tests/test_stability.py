@@ -38,7 +38,7 @@ def test_stability_table_marks_a_verdict_that_flips_on_another_seed():
     signs = {"p": {m: "higher odds" for m in CAM_METHODS[1:]},
              "o": {m: "higher odds" if m != "xgradcam" else "lower odds" for m in CAM_METHODS[1:]}}
     gate = pd.DataFrame({"method": list(CAM_METHODS), "verdict": "passes",
-                         "replicate_verdicts": "1: passes; 2: passes", "held": True})
+                         "one_new_draw": "lesion model peak-inside 0.62-0.91 (bar >= 0.312)", "held": True})
     table = stability.stability_table(
         gate_stability=gate, panel_a={"p": primary, "o": other}, table5=signs, primary_id="p",
         selection={"share_same": 0.6, "replicates_used": 100, "runner_up": "o"})

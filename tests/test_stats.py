@@ -446,3 +446,56 @@ def test_newcombe_paired_interval_covers_about_95_percent():
         result = stats.newcombe_paired_interval(first, second)
         covered += result["ci_low"] <= -0.15 <= result["ci_high"]
     assert 0.93 <= covered / 2000 <= 0.985
+
+
+# --- expectations over model draws (the validity gate) ----------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_draw_mean_interval_is_students_t_over_the_draws_when_they_scatter(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 12))
+    rates = rng.uniform(0.05, 0.95, k)
+    n_maps = 10_000 * k          # binomial floor far below the between-draw spread
+    result = stats.draw_mean_interval(rates, n_maps)
+    low, high = scipy_stats.t.interval(0.95, k - 1, loc=rates.mean(), scale=scipy_stats.sem(rates))
+    assert result["mean"] == pytest.approx(rates.mean())
+    assert result["low"] == pytest.approx(max(0.0, low)) and result["high"] == pytest.approx(min(1.0, high))
+    assert result["sd"] == pytest.approx(rates.std(ddof=1)) and result["df"] == k - 1
+
+
+def test_draw_mean_interval_is_never_narrower_than_the_binomial_error_of_its_maps():
+    # Three draws that agree exactly: no spread, but 3 x 40 maps still carry binomial error.
+    result = stats.draw_mean_interval([0.5, 0.5, 0.5], 120)
+    t = scipy_stats.t.ppf(0.975, 2)
+    assert result["se"] == pytest.approx(np.sqrt(0.25 / 120))
+    assert (result["low"], result["high"]) == pytest.approx((0.5 - t * np.sqrt(0.25 / 120), 0.5 + t * np.sqrt(0.25 / 120)))
+    # ... and at least as wide as a plain t interval over the rates
+    rates = [0.30, 0.55, 0.62]
+    plain = scipy_stats.t.interval(0.95, 2, loc=np.mean(rates), scale=scipy_stats.sem(rates))
+    wide = stats.draw_mean_interval(rates, 150)
+    assert wide["low"] <= plain[0] + 1e-12 and wide["high"] >= min(1.0, plain[1]) - 1e-12
+
+
+def test_draw_mean_interval_with_fewer_than_two_draws_has_no_interval():
+    one = stats.draw_mean_interval([0.4], 40)
+    assert one["mean"] == 0.4 and np.isnan(one["low"]) and np.isnan(one["high"]) and one["k"] == 1
+    none = stats.draw_mean_interval([], 0)
+    assert np.isnan(none["mean"]) and none["k"] == 0
+    assert stats.draw_mean_interval([0.2, np.nan, 0.4], 80)["k"] == 2   # an undefined draw is left out
+
+
+def test_draw_prediction_interval_by_hand():
+    rates = np.array([0.2, 0.4, 0.6])
+    half = scipy_stats.t.ppf(0.9, 2) * 0.2 * np.sqrt(1 + 1 / 3)
+    assert stats.draw_prediction_interval(rates, 0.80) == pytest.approx((max(0, 0.4 - half), min(1, 0.4 + half)))
+    assert all(np.isnan(stats.draw_prediction_interval([0.3])))
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 10, 25])
+def test_clopper_pearson_matches_statsmodels_over_every_count(n):
+    from statsmodels.stats.proportion import proportion_confint
+
+    for successes in range(n + 1):
+        low, high = proportion_confint(successes, n, alpha=0.05, method="beta")
+        assert stats.clopper_pearson_interval(successes, n) == pytest.approx((low, high), abs=1e-12)
+    assert all(np.isnan(stats.clopper_pearson_interval(0, 0)))

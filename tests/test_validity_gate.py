@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
 from endoexplain_core.models.learning import learning_status, other_checkpoints_to_audit, with_map_check
 from endoexplain_core import config
@@ -71,6 +72,26 @@ def _gate(case_rows, facts):
     return validity_gate.gate_table(case_rows, facts, margin=0.25)
 
 
+def _draws(models_by_seed, rows=None):
+    """Case rows and model facts of several replicate draws: seed -> peaks_by_model (or the same
+    prepared ``rows`` for every seed)."""
+    cases = pd.concat([(rows if rows is not None else _case_rows(models)).assign(gate_seed=seed, draw=0)
+                       for seed, models in models_by_seed.items()], ignore_index=True)
+    facts = pd.concat([_facts().assign(gate_seed=seed) for seed in models_by_seed], ignore_index=True)
+    return cases, facts
+
+
+def _gate_of(models, k=3):
+    """The gate over ``k`` replicate draws that all show ``models``'s peaks."""
+    return _gate(*_draws({seed: models for seed in range(1, k + 1)})).set_index("method")
+
+
+def _cue_draws(cue_hits):
+    """One replicate per entry: the shortcut model's maps reach the cue in that many of 40."""
+    return _draws({seed: dict(READER, shortcut=lambda i, m, h=hits: (24, 24) if i < h else (8, 8))
+                   for seed, hits in enumerate(cue_hits, start=1)})
+
+
 def test_a_method_must_beat_the_centre_baseline():
     """Lesions around the frame centre: the centre baseline hits 30 of 40, so a method whose
     lesion model hits 26 of 40 (far above chance + margin, 0.31) does not pass; its bar is the
@@ -84,26 +105,32 @@ def test_a_method_must_beat_the_centre_baseline():
     rows["peak_outside_mask"] |= (rows["method"] == "centre") & (rows["sample_id"].str[1:].astype(int) >= 30)
     rows = validity_gate.add_cue_columns(rows.drop(columns=["peak_defined", "peak_inside_lesion", "peak_on_cue",
                                                             "cue_area_fraction"]), _masks(40)[1])
-    gate = _gate(rows, _facts()).set_index("method")
+    gate = _gate(*_draws({1: None, 2: None, 3: None}, rows=rows)).set_index("method")
     assert gate.loc["gradcam", "centre_lesion_rate"] == 0.75 and gate.loc["gradcam", "lesion_bar"] == 0.75
     assert gate.loc["gradcam", "lesion_rate"] == 0.65 and gate.loc["gradcam", "verdict"] != "passes"
     assert gate.loc["centre", "verdict"] != "passes"
 
 
 def test_gate_passes_a_map_that_reads_the_planted_evidence():
-    gate = _gate(_case_rows(READER), _facts())
-    verdict = gate.set_index("method")
+    verdict = _gate_of(READER)
     assert verdict.loc["gradcam", "passes"] and verdict.loc["gradcam", "reason"] == "passes"
     assert verdict.loc["gradcam", "verdict"] == "passes"
-    assert verdict.loc["gradcam", "lesion_ci_low"] == pytest.approx(
-        validity_gate.stats.wilson_interval(40, 40)[0])
     assert verdict.loc["gradcam", "lesion_rate"] == 1.0 and verdict.loc["gradcam", "cue_rate"] == 1.0
     assert verdict.loc["gradcam", "lesion_chance"] == pytest.approx(64 / 1024)
-    assert validity_gate.failing_methods(gate) == []
+    assert verdict.loc["gradcam", "replicates_used"] == 3 and verdict.loc["gradcam", "n"] == 120
+    assert validity_gate.failing_methods(verdict.reset_index()) == []
+
+
+def test_one_replicate_decides_nothing():
+    """One draw of each model says nothing about the spread between draws: no interval, no verdict."""
+    gate = _gate(_case_rows(READER), _facts()).set_index("method")
+    assert (gate["verdict"] == "inconclusive").all()
+    assert gate.loc["gradcam", "reason"].startswith("one usable replicate")
 
 
 def test_gate_fails_when_the_models_did_not_learn():
-    gate = _gate(_case_rows(READER), _facts(ok=False))
+    cases, facts = _draws({1: READER, 2: READER})
+    gate = _gate(cases, facts.assign(accuracy_ok=facts["model"].isin(["untrained", "shuffled"])))
     assert not gate["passes"].any()
     assert (gate["verdict"] == "inconclusive").all()   # nothing learned: no evidence either way
     assert gate["reason"].str.contains("accuracy rule").all()
@@ -111,94 +138,126 @@ def test_gate_fails_when_the_models_did_not_learn():
 
 def test_gate_fails_an_untrained_looking_model_and_a_fixed_corner_prior():
     untrained = {m: _scattered for m in validity_gate.GATE_MODELS}
-    assert not _gate(_case_rows(untrained), _facts())["passes"].any()
+    assert not _gate_of(untrained)["passes"].any()
     corner = {m: (lambda i, method: (31, 31)) for m in validity_gate.GATE_MODELS}
-    gate = _gate(_case_rows(corner), _facts())
+    gate = _gate_of(corner)
     assert not gate["passes"].any()
     assert (gate["lesion_rate"] == 0).all() and (gate["cue_rate"] == 0).all()
 
 
 def test_gate_fails_when_a_control_finds_the_lesion_too():
     # An edge detector: the untrained control peaks on the lesion as often as the trained one.
-    models = dict(READER, untrained=lambda i, m: (8, 8))
-    gate = _gate(_case_rows(models), _facts()).set_index("method")
+    gate = _gate_of(dict(READER, untrained=lambda i, m: (8, 8)))
     assert gate.loc["gradcam", "verdict"] == "fails"
-    assert "untrained control peak-inside 1.000 (40/40; 95% CI 0.912-1.000): lower bound clears the bar 0.312" \
-        in gate.loc["gradcam", "reason"]
+    assert ("untrained control peak-inside 1.000 (mean of 3 draws: 1.00, 1.00, 1.00; 95% CI "
+            "1.000-1.000; 120 maps): lower bound 1.000 (Bonferroni over 6 tests) clears the bar 0.312"
+            ) in gate.loc["gradcam", "reason"]
 
 
-def test_verdict_has_three_states_decided_by_the_interval_not_the_point():
-    # Bar 64/1024 + 0.25 = 0.3125 over 40 frames. 13/40 (0.325) clears the bar as a point, but
-    # its Wilson interval (0.20-0.48) straddles it: inconclusive, never "passes" by one frame.
-    # 30/40 clears it with the lower bound (0.60): passes; 4/40 (upper 0.23): fails.
+def test_the_rate_is_the_mean_of_the_draws_with_an_interval_at_least_as_wide_as_plain_t():
+    """Shortcut draws reaching the cue in 20, 28 and 36 of 40 frames: the cue rate is their mean
+    0.70; its interval contains the plain t interval over the three rates (2 df)."""
+    gate = _gate(*_cue_draws([20, 28, 36])).set_index("method")
+    rates = np.array([0.5, 0.7, 0.9])
+    low, high = scipy_stats.t.interval(0.95, 2, loc=rates.mean(), scale=scipy_stats.sem(rates))
+    assert gate.loc["gradcam", "cue_rate"] == pytest.approx(0.7)
+    assert gate.loc["gradcam", "cue_ci_low"] <= low + 1e-12 and gate.loc["gradcam", "cue_ci_high"] >= min(1, high) - 1e-12
+    assert gate.loc["gradcam", "cue_sd"] == pytest.approx(0.2)
+    # three draws this far apart straddle the bar (0.31); six draws of the same spread decide
+    assert gate.loc["gradcam", "verdict"] == "inconclusive"
+    assert _gate(*_cue_draws([20, 28, 36] * 2)).set_index("method").loc["gradcam", "verdict"] == "passes"
+
+
+def test_no_draw_needs_to_agree_a_draw_below_the_bar_is_part_of_the_spread():
+    """Six shortcut draws: one reaches the cue in 8 of 40 frames (0.20, below the bar 0.31), five
+    in 32 of 40. The old agreement rule called this inconclusive; over draws the mean 0.70 has
+    lower bound 0.44 and passes, and the clause table shows 5 of 6 draws on the right side."""
+    cases, facts = _cue_draws([8, 32, 32, 32, 32, 32])
+    gate = _gate(cases, facts).set_index("method")
+    assert gate.loc["gradcam", "verdict"] == "passes"
+    clauses = validity_gate.gate_clause_table(cases, facts, margin=0.25)
+    cue = clauses[(clauses["method"] == "gradcam") & (clauses["model"] == "shortcut")].iloc[0]
+    assert cue["draws_right_side"] == 5 and cue["replicates_used"] == 6 and cue["replicates_excluded"] == 0
+    assert (cue["draws_right_low"], cue["draws_right_high"]) == pytest.approx(stats.clopper_pearson_interval(5, 6))
+    assert cue["between_draw_sd"] == pytest.approx(np.std([0.2] + [0.8] * 5, ddof=1))
+    assert cue["prediction_low"] < cue["bar"] < cue["prediction_high"]   # one new draw could miss
+    stability = validity_gate.gate_stability(clauses, gate.reset_index()).set_index("method")
+    assert stability.loc["gradcam", "held"] == False  # noqa: E712 (the 80% interval reaches below the bar)
+    assert "shortcut model peak-on-cue" in stability.loc["gradcam", "one_new_draw"]
+
+
+def test_verdict_has_three_states_and_fails_only_at_the_bonferroni_level():
+    # Six draws, bar 64/1024 + 0.25 = 0.3125 over 40 frames each. 30/40 in every draw: passes.
+    # 13/40 (0.325) is above the bar as a point but its interval straddles it: inconclusive.
+    # 4/40 (0.10): the Bonferroni interval (over the six tests) lies below the bar: fails.
     expected = {13: "inconclusive", 30: "passes", 4: "fails", 12: "inconclusive"}
     for hits, verdict in expected.items():
-        models = dict(READER, shortcut=lambda i, m, hits=hits: (24, 24) if i < hits else (8, 8))
-        gate = _gate(_case_rows(models), _facts()).set_index("method")
+        gate = _gate(*_cue_draws([hits] * 6)).set_index("method")
         assert gate.loc["gradcam", "verdict"] == verdict, hits
         assert gate.loc["gradcam", "passes"] == (verdict == "passes")
-    models = dict(READER, shortcut=lambda i, m: (24, 24) if i < 12 else (8, 8))
-    reason = _gate(_case_rows(models), _facts()).set_index("method").loc["gradcam", "reason"]
-    assert reason == ("shortcut model peak-on-cue 0.300 (12/40; 95% CI 0.181-0.454): "
-                      "interval straddles the bar 0.312")
+    reason = _gate(*_cue_draws([4] * 6)).set_index("method").loc["gradcam", "reason"]
+    assert reason.startswith("shortcut model peak-on-cue 0.100 (mean of 6 draws")
+    assert "upper bound" in reason and "(Bonferroni over 6 tests) below the bar 0.312" in reason
+    # At three draws the same 4/40 is only inconclusive: the corrected t(2) interval is too wide.
+    assert _gate(*_cue_draws([4] * 3)).set_index("method").loc["gradcam", "verdict"] == "inconclusive"
 
 
-def test_replicates_pool_and_a_replicate_that_disagrees_makes_the_verdict_inconclusive():
-    """Three replicates reading the cue in 20, 20 and 40 of 40 frames: pooled 80/120 passes (they
-    scatter more than sampling allows, dispersion 15, so the interval is that of 8 maps, lower
-    bound still above the bar) and every replicate's own point rate clears the bar: held. A
-    fourth replicate whose shortcut-model maps never reach the cue leaves the pooled rate above
-    the bar (80/160; as 160 iid maps its lower bound would be 0.42) but widens the interval
-    across it and contradicts it: inconclusive, not held, and the reason says why."""
-    def replicate(seed, cue_hits):
-        models = dict(READER, shortcut=lambda i, m: (24, 24) if i < cue_hits else (8, 8))
-        return _case_rows(models).assign(gate_seed=seed), _facts().assign(gate_seed=seed)
-    parts = [replicate(1, 20), replicate(2, 20), replicate(3, 40)]
-    cases = pd.concat([c for c, _ in parts]); facts = pd.concat([f for _, f in parts])
-    pooled = _gate(cases, facts).set_index("method")
-    assert pooled.loc["gradcam", "verdict"] == "passes" and pooled.loc["gradcam", "n"] == 120
-    assert pooled.loc["gradcam", "replicates_used"] == 3
-    assert pooled.loc["gradcam", "replicate_verdicts"] == "1: passes; 2: passes; 3: passes"
-    stability = validity_gate.gate_stability(_gate(cases, facts)).set_index("method")
-    assert stability.loc["gradcam", "held"]
-    spread = validity_gate.gate_replicate_table(cases, facts, margin=0.25)
-    assert spread[spread["method"] == "gradcam"]["cue_rate"].tolist() == [0.5, 0.5, 1.0]
-    weak = replicate(4, 0)
-    cases, facts = pd.concat([cases, weak[0]]), pd.concat([facts, weak[1]])
-    gate = _gate(cases, facts).set_index("method")
-    assert pooled.loc["gradcam", "cue_dispersion"] == pytest.approx(15.0)
-    assert stats.wilson_interval(80, 160)[0] > gate.loc["gradcam", "cue_bar"]  # as iid maps: "passes"
-    assert gate.loc["gradcam", "cue_ci_low"] < gate.loc["gradcam", "cue_bar"] < gate.loc["gradcam", "cue_ci_high"]
+def test_untrained_draws_of_a_replicate_pool_into_its_rate():
+    """Two untrained initialisations per replicate: one peaks on the lesion, one scatters; the
+    replicate's untrained rate is their pooled 0.5, and the gate counts both draws."""
+    parts = []
+    for seed in (1, 2, 3):
+        first = _case_rows({"untrained": lambda i, m: (8, 8)}).assign(gate_seed=seed, draw=1)
+        second = _case_rows({"untrained": _scattered}).assign(gate_seed=seed, draw=2)
+        others = _case_rows({k: v for k, v in READER.items() if k != "untrained"}).assign(gate_seed=seed, draw=0)
+        parts += [first, second, others]
+    facts = pd.concat([_facts().assign(gate_seed=seed) for seed in (1, 2, 3)], ignore_index=True)
+    gate = _gate(pd.concat(parts, ignore_index=True), facts).set_index("method")
+    assert gate.loc["gradcam", "untrained_lesion_rate"] == 0.5
+    assert gate.loc["gradcam", "untrained_initialisations"] == 2
+    # 0.5 sits above the bar 0.31 in every draw: no pass; three draws do not reach "fails" at the
+    # Bonferroni level (the t(2) quantile is 10.9)
     assert gate.loc["gradcam", "verdict"] == "inconclusive"
-    assert "replicates disagree: interval as for" in gate.loc["gradcam", "reason"]
-    assert gate.loc["gradcam", "replicate_verdicts"].endswith("4: fails")
-    assert not validity_gate.gate_stability(gate.reset_index()).set_index("method").loc["gradcam", "held"]
+
+
+def test_untrained_initialisations_have_their_own_seeds():
+    seeds = {validity_gate.untrained_seed(replicate, draw) for replicate in (1, 2, 3) for draw in (1, 2, 3, 4)}
+    assert len(seeds) == 12 and not seeds & {1, 2, 3}
+    assert validity_gate.untrained_seed(2, 1) == validity_gate.untrained_seed(2, 1)
 
 
 def test_a_replicate_whose_models_did_not_learn_is_left_out():
-    good = (_case_rows(READER).assign(gate_seed=1), _facts().assign(gate_seed=1))
+    good_cases, good_facts = _draws({1: READER, 2: READER})
     corner = {m: (lambda i, method: (31, 31)) for m in validity_gate.GATE_MODELS}
-    bad = (_case_rows(corner).assign(gate_seed=2), _facts(ok=False).assign(gate_seed=2))
-    gate = _gate(pd.concat([good[0], bad[0]]), pd.concat([good[1], bad[1]])).set_index("method")
+    bad = (_case_rows(corner).assign(gate_seed=3, draw=0), _facts(ok=False).assign(gate_seed=3))
+    facts = pd.concat([good_facts, bad[1]])
+    gate = _gate(pd.concat([good_cases, bad[0]]), facts).set_index("method")
     assert gate.loc["gradcam", "verdict"] == "passes"
-    assert gate.loc["gradcam", "replicates_used"] == 1 and gate.loc["gradcam", "n_replicates"] == 2
-    assert validity_gate.usable_replicates(pd.concat([good[1], bad[1]])) == [1]
+    assert gate.loc["gradcam", "replicates_used"] == 2 and gate.loc["gradcam", "n_replicates"] == 3
+    assert gate.loc["gradcam", "replicates_excluded"] == 1
+    assert validity_gate.usable_replicates(facts) == [1, 2]
 
 
 def test_constant_maps_count_as_misses_as_in_table4():
     # Half the lesion model's maps are constant: 20 hits of 40 maps, not 20 of 20.
-    models = dict(READER, lesion=lambda i, m: None if i % 2 else (8, 8))
-    gate = _gate(_case_rows(models), _facts()).set_index("method")
+    gate = _gate_of(dict(READER, lesion=lambda i, m: None if i % 2 else (8, 8)))
     assert gate.loc["gradcam", "lesion_rate"] == 0.5
-    assert gate.loc["gradcam", "n_constant_lesion"] == 20
-    all_constant = dict(READER, shortcut=lambda i, m: None)
-    gate = _gate(_case_rows(all_constant), _facts()).set_index("method")
+    assert gate.loc["gradcam", "n_constant_lesion"] == 60      # 20 per draw, three draws
+    gate = _gate_of(dict(READER, shortcut=lambda i, m: None))
     assert gate.loc["gradcam", "cue_rate"] == 0.0 and gate.loc["gradcam", "verdict"] == "fails"
-    assert "peak-on-cue 0.000 (0/40" in gate.loc["gradcam", "reason"]
+    assert "peak-on-cue 0.000 (mean of 3 draws: 0.00, 0.00, 0.00" in gate.loc["gradcam", "reason"]
     # a control whose maps are half constant and half in the lesion: 20 of 40, not 20 of 20
-    flat_control = dict(READER, shuffled=lambda i, m: None if i % 2 else (8, 8))
-    gate = _gate(_case_rows(flat_control), _facts()).set_index("method")
+    gate = _gate_of(dict(READER, shuffled=lambda i, m: None if i % 2 else (8, 8)))
     assert gate.loc["gradcam", "shuffled_lesion_rate"] == 0.5
+
+
+def test_the_replicate_table_reads_each_draw_at_its_points_and_never_votes():
+    cases, facts = _cue_draws([8, 32, 32])
+    spread = validity_gate.gate_replicate_table(cases, facts, margin=0.25)
+    of_gradcam = spread[spread["method"] == "gradcam"]
+    assert of_gradcam["cue_rate"].tolist() == [0.2, 0.8, 0.8]
+    assert of_gradcam["point_reading"].tolist() == ["fails", "passes", "passes"]
+    assert "verdict" not in spread.columns
 
 
 def test_planted_frames_keep_cue_and_lesion_apart():

@@ -101,11 +101,8 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
     if gate_stability is not None:
         for row in gate_stability.itertuples():
             if row.method in CAM_METHODS:
-                reruns = row.replicate_verdicts if isinstance(row.replicate_verdicts, str) else ""
                 rows.append({"part": "validity gate", "subject": row.method, "verdict": row.verdict,
-                             "under_perturbation": (f"replicates (seed: own verdict) {reruns}"
-                                                    if reruns.count(":") >= 2 else
-                                                    "fewer than two usable replicates"),
+                             "under_perturbation": f"one new model draw (80% prediction interval): {row.one_new_draw}",
                              "held": row.held})
     share = selection["share_same"]
     rows.append({"part": "primary selection", "subject": primary_id, "verdict": "selected",

@@ -80,6 +80,64 @@ def replicate_wilson_interval(successes, n, level: float = CONFIDENCE_LEVEL
     return rate, float(low), float(high), dispersion
 
 
+def draw_mean_interval(rates, n_maps, level: float = CONFIDENCE_LEVEL) -> dict[str, float]:
+    """Expected rate over independent model draws, with an interval that sees the draws.
+
+    ``rates``: one rate per draw (k,), each in [0, 1] (e.g. one trained model's peak-inside
+    rate on its replicate's frames); ``n_maps``: the number of maps behind all of them (N).
+    The estimate is the mean of the draws' rates. Its standard error is
+    sqrt(max(s^2 / k, p (1 - p) / N)): the between-draw spread, floored at the binomial error
+    of N maps, so that draws that happen to agree do not claim more precision than the maps
+    hold. The interval is Student t with k - 1 degrees of freedom, clipped to [0, 1].
+    Returns {"mean", "low", "high", "sd" (between-draw SD, ddof 1), "se", "k", "df"};
+    low/high NaN with fewer than two draws (the spread between draws is then unknown), every
+    value NaN with none.
+    """
+    values = np.asarray(rates, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    k = len(values)
+    if k == 0:
+        return {"mean": np.nan, "low": np.nan, "high": np.nan, "sd": np.nan, "se": np.nan,
+                "k": 0, "df": np.nan}
+    mean = float(values.mean())
+    if k < 2:
+        return {"mean": mean, "low": np.nan, "high": np.nan, "sd": np.nan, "se": np.nan,
+                "k": 1, "df": 0}
+    sd = float(values.std(ddof=1))
+    binomial_variance = mean * (1 - mean) / float(n_maps) if n_maps else 0.0
+    se = float(np.sqrt(max(sd * sd / k, binomial_variance)))
+    half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, k - 1)) * se
+    return {"mean": mean, "low": max(0.0, mean - half), "high": min(1.0, mean + half), "sd": sd,
+            "se": se, "k": k, "df": k - 1}
+
+
+def draw_prediction_interval(rates, level: float = 0.80) -> tuple[float, float]:
+    """Interval for the rate of one new draw: mean +- t(k - 1) * s * sqrt(1 + 1/k) over the
+    draws' rates (k,), clipped to [0, 1]; (NaN, NaN) with fewer than two draws. It says what a
+    single model (such as the audited checkpoint) may show, where ``draw_mean_interval`` says
+    what the draws show on average."""
+    values = np.asarray(rates, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    k = len(values)
+    if k < 2:
+        return np.nan, np.nan
+    half = (float(scipy_stats.t.ppf(1 - (1 - level) / 2, k - 1)) * float(values.std(ddof=1))
+            * np.sqrt(1 + 1 / k))
+    return max(0.0, float(values.mean()) - half), min(1.0, float(values.mean()) + half)
+
+
+def clopper_pearson_interval(successes: int, n: int, level: float = CONFIDENCE_LEVEL
+                             ) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval of ``successes / n`` from the beta quantiles; (NaN, NaN)
+    for n = 0. Used for counts of draws (few, so an exact interval)."""
+    if n == 0:
+        return np.nan, np.nan
+    alpha = 1 - level
+    low = 0.0 if successes == 0 else float(scipy_stats.beta.ppf(alpha / 2, successes, n - successes + 1))
+    high = 1.0 if successes == n else float(scipy_stats.beta.ppf(1 - alpha / 2, successes + 1, n - successes))
+    return low, high
+
+
 def _images_by_columns(values, name: str) -> tuple[np.ndarray, bool]:
     """``values`` as float64 (n, k) and whether it was 1-D (one column)."""
     array = np.asarray(values, dtype=np.float64)

@@ -1,10 +1,12 @@
 """The validity gate: can each CAM method find planted truth in the audited pipeline?
 
-Four models of the primary's architecture on planted frames (``GATE_MODELS``: lesion, shortcut,
-untrained, shuffled), audited per replicate seed on one pool of frames with a polyp and a
-separate cue (the polyp is the audit mask); per map method, pooled rates against chance, the
-centre baseline and the controls give "passes", "fails" or "inconclusive" (``gate_table``).
-Method: docs/statistics_and_gate.md, "Validity gate".
+Per replicate seed, models of the primary's architecture on planted frames (``GATE_MODELS``:
+a lesion and a shortcut model, a shuffled-label control and several untrained initialisations,
+each on its own seed), audited on one pool of frames with a polyp and a separate cue (the polyp
+is the audit mask). A method's rate is an expectation over model draws: the mean of the
+replicates' rates with a Student t interval over them (``stats.draw_mean_interval``); against
+chance, the centre baseline and the controls it "passes", "fails" or is "inconclusive"
+(``gate_table``). Method: docs/statistics_and_gate.md, "Validity gate".
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ CONTROL_MODELS = ("untrained", "shuffled")
 GATE_DATASET = "validity_gate"
 DAGGER = NOT_VALIDATED_MARK
 VERDICTS = ("passes", "fails", "inconclusive")
+# What one new model draw may show: the central 80% of draws (``stats.draw_prediction_interval``).
+PREDICTION_LEVEL = 0.80
 
 CUE_COLOUR = synthetic.DYE           # the cue is a blue dye blob, as in dyed-lifted frames
 CUE_RADIUS = (0.20, 0.26)           # cue radius range, frame units (1 = half the shorter side)
@@ -221,20 +225,29 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
     return model.eval()
 
 
+def untrained_seed(replicate_seed: int, draw: int) -> int:
+    """Seed of untrained initialisation ``draw`` (1, 2, ...) of a replicate: derived from both by
+    SHA-256 (``roles.stream``), so it never equals a trained model's seed."""
+    return int(roles.stream(replicate_seed, f"validity-gate/untrained/{draw}").integers(0, 2 ** 31 - 1))
+
+
 def build_gate_models(arch: str, settings: GateSettings, seed: int,
                       shared_control: tuple[nn.Module, int] | None = None, *, batch_size: int
                       ) -> tuple[dict[str, nn.Module], pd.DataFrame]:
-    """The four gate models of one replicate (``seed``) and a table of their training facts
-    (accuracies measured ``batch_size`` frames per forward pass).
+    """The gate models of one replicate (``seed``) and a table of their training facts
+    (accuracies measured ``batch_size`` frames per forward pass): lesion, shortcut, shuffled,
+    and ``settings.section.untrained_initialisations`` untrained networks named
+    ``untrained_1``, ``untrained_2``, ... (each initialised on ``untrained_seed``).
 
     ``shared_control``: (shuffled-label model, the seed it was trained with) to reuse instead of
     training this replicate's own (the profile's ``shuffled_control_per_replicate`` off); its
     held-out accuracy is still measured on this replicate's frames, its training accuracy is
     NaN (these training frames are not its own).
 
-    Returns ({model name: model}, DataFrame with columns gate_seed, model, task, labels, steps,
-    trained_with_seed, train_accuracy, held_out_accuracy, accuracy_required, accuracy_ok,
-    seconds). ``task`` is the frames the model is evaluated on (the lesion task for the
+    Returns ({model name: model}, DataFrame with columns gate_seed, model (the kind:
+    ``GATE_MODELS``), draw (the untrained initialisation's number, 0 for the others), task,
+    labels, steps, trained_with_seed, train_accuracy, held_out_accuracy, accuracy_required,
+    accuracy_ok, seconds). ``task`` is the frames the model is evaluated on (the lesion task for the
     controls); ``accuracy_ok`` applies the gate's accuracy rule (trained models learn, the
     shuffled control does not; the untrained model has no requirement).
     """
@@ -247,11 +260,14 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
                "shortcut": ("shortcut", data["shortcut"][1], "planted cue"),
                "shuffled": ("lesion", shuffled, "permuted lesion labels")}
     models, rows = {}, []
-    for name in GATE_MODELS:
+    draws = [(name, 0) for name in GATE_MODELS if name != "untrained"]
+    draws += [("untrained", draw) for draw in range(1, settings.section.untrained_initialisations + 1)]
+    for name, draw in draws:
         started = time.perf_counter()
         trained_with, steps = seed, settings.section.steps
         if name == "untrained":
-            training.seed_everything(seed)
+            trained_with = untrained_seed(seed, draw)
+            training.seed_everything(trained_with)
             model, task, label_text = networks.build_model(arch).eval(), "lesion", "none (random weights)"
             steps = 0
         elif name == "shuffled" and shared_control is not None:
@@ -259,7 +275,7 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
         else:
             task, labels, label_text = recipes[name]
             model = train_gate_model(arch, data[task][0], labels, settings, seed)
-        own_frames = trained_with == seed
+        own_frames = trained_with == seed or name == "untrained"
         train_acc = (accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1],
                               batch_size=batch_size) if own_frames else float("nan"))
         held_acc = accuracy(model, *held_out[task], batch_size=batch_size)
@@ -269,13 +285,24 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
             required, ok = f"<= {settings.section.max_control_accuracy:.2f}", held_acc <= settings.section.max_control_accuracy
         else:
             required, ok = "none", True
-        models[name] = model
-        rows.append({"gate_seed": seed, "model": name, "task": task, "labels": label_text, "steps": steps,
+        models[model_name(name, draw)] = model
+        rows.append({"gate_seed": seed, "model": name, "draw": draw, "task": task,
+                     "labels": label_text, "steps": steps,
                      "trained_with_seed": trained_with,
                      "train_accuracy": train_acc, "held_out_accuracy": held_acc,
                      "accuracy_required": required, "accuracy_ok": bool(ok),
                      "seconds": round(time.perf_counter() - started, 1)})
     return models, pd.DataFrame(rows)
+
+
+def model_name(kind: str, draw: int) -> str:
+    """A gate model's name: its kind, and for an untrained draw its number (``untrained_2``)."""
+    return f"{kind}_{draw}" if draw else kind
+
+
+def model_kind(name: str) -> str:
+    """The kind (``GATE_MODELS``) of a gate model's name (``untrained_2`` -> ``untrained``)."""
+    return name.split("_")[0]
 
 
 # --- audit and rates --------------------------------------------------------------------------
@@ -286,8 +313,9 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
     """Audit every gate model of replicate ``seed`` on its pool; return case rows with the cue
     columns added.
 
-    Each model's audit table goes to ``<output_dir>/gate_<model>.parquet``. Added columns:
-    ``gate_seed``, ``model``, ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
+    Each model's audit table goes to ``<output_dir>/gate_<name>.parquet``. Added columns:
+    ``gate_seed``, ``model`` (the kind), ``draw`` (untrained initialisation, else 0),
+    ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
     ``peak_on_cue`` (float 1/0; 0 for a constant map), ``cue_area_fraction``, and the
     resolution ceilings ``lesion_node_inside`` / ``cue_node_inside`` at the layer's CAM grid.
     """
@@ -304,14 +332,15 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
         checkpoint_id = f"gate_{name}"
         audit.audit_checkpoint(
             model, {"checkpoint_id": checkpoint_id, "arch": arch, "seed": seed,
-                    "control": name, "target_layer": layer_name},
+                    "control": model_kind(name), "target_layer": layer_name},
             1.0, cases, dataset=GATE_DATASET, image_size=settings.image_size,
             table_path=output_dir / f"{checkpoint_id}.parquet",
             random_deletion_path=output_dir / f"{checkpoint_id}_random_deletion.parquet",
             top_fraction=top_fraction, repetitions=settings.section.random_deletion_repetitions,
             batch_size=batch_size, total=len(cases))
         table = audit_schema.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
-        tables.append(table.assign(gate_seed=seed, model=name))
+        draw = int(name.split("_")[1]) if "_" in name else 0
+        tables.append(table.assign(gate_seed=seed, model=model_kind(name), draw=draw))
     rows = pd.concat(tables, ignore_index=True)
     return add_cue_columns(rows, cue_masks, ceilings)
 
@@ -360,25 +389,19 @@ def _replicate_counts(rows: pd.DataFrame, column: str) -> tuple[list[int], list[
     return hits, maps
 
 
-def _interval(hits: list[int], maps: list[int], level: float) -> tuple[float, float, float, float]:
-    """(pooled rate, low, high, dispersion) over replicates: the Wilson interval at the
-    effective size the replicates' agreement allows (``stats.replicate_wilson_interval``); NaN
-    when no map has a defined peak."""
-    if sum(maps) == 0:
-        return np.nan, np.nan, np.nan, np.nan
-    return stats.replicate_wilson_interval(hits, maps, level)
+def _replicate_rates(hits: list[int], maps: list[int]) -> list[float]:
+    """One rate per replicate draw (replicates without a map are left out)."""
+    return [h / m for h, m in zip(hits, maps) if m]
 
 
-def _rate_text(hits: int, n: int, n_constant: int, low: float, high: float,
-               dispersion: float = 1.0) -> str:
-    """A rate for the reason column with its count and interval ("0.292 (14/48; 0.18-0.43)"):
-    a verdict decided by a few frames must be visible as such; replicates that disagree widen
-    the interval, and the text says by how much."""
-    if n == 0:
-        return f"undefined (all {n_constant} maps constant)"
-    effective = round(n / dispersion)
-    spread = f", replicates disagree: interval as for {effective} maps" if effective < n else ""
-    return f"{hits / n:.3f} ({hits}/{n}; 95% CI {low:.3f}-{high:.3f}{spread})"
+def _rate_text(rate: float, low: float, high: float, rates: list[float], n_maps: int) -> str:
+    """A rate over draws for the reason column: "0.625 (mean of 3 draws: 0.50, 0.62, 0.75;
+    95% CI 0.41-0.84; 144 maps)", so a verdict carried by a few draws shows as such."""
+    if not rates:
+        return f"undefined (no maps of {n_maps} with a rate)"
+    draws = ", ".join(f"{r:.2f}" for r in rates)
+    interval = f"95% CI {low:.3f}-{high:.3f}" if np.isfinite(low) else "no interval with one draw"
+    return f"{rate:.3f} (mean of {len(rates)} draw{'s' * (len(rates) > 1)}: {draws}; {interval}; {n_maps} maps)"
 
 
 def usable_replicates(model_facts: pd.DataFrame) -> list[int]:
@@ -395,21 +418,76 @@ def _with_seed(table: pd.DataFrame) -> pd.DataFrame:
 
 def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
-    """Per map method: pooled rates with intervals that see the replicates, chance levels and
-    the verdict.
+    """Per map method: its expected rates over model draws with intervals that see the draws,
+    chance levels, bars and the verdict.
 
-    ``case_rows``: ``add_cue_columns`` output for the four gate models (columns ``model`` and,
-    for several replicates, ``gate_seed``); ``model_facts``: ``build_gate_models`` tables
-    (``gate_seed``, ``model``, ``accuracy_ok``). Rates pool the replicates whose models met
-    their accuracy rules (``usable_replicates``; with none, all replicates, and every verdict is
-    "inconclusive"). Columns: ``GATE_COLUMNS``; ``verdict``: "passes", "fails" or "inconclusive";
-    ``replicates_agree``: NaN with fewer than two usable replicates; ``n``: maps per model.
-    Intervals: ``stats.replicate_wilson_interval``; a constant map counts as a miss. Baseline
-    maps (random, centre) get rows judged by the same rule, as references. ``centre_*_rate``:
-    the centre baseline's rates on the same frames; ``*_ceiling``: the resolution ceiling (share
-    of frames whose CAM-grid node nearest the region's centroid lies inside it, ``kernels.grid``;
-    NaN for rows without it).
+    ``case_rows``: ``add_cue_columns`` output for the gate models (columns ``model`` = kind,
+    ``gate_seed``; several untrained draws per replicate are pooled within it);
+    ``model_facts``: ``build_gate_models`` tables (``gate_seed``, ``model``, ``accuracy_ok``).
+    Replicates whose models met their accuracy rules are used (``usable_replicates``; with
+    none, all are shown and every verdict is "inconclusive"). Each of the six clauses (lesion
+    and shortcut models on their targets, each control on both) reads the mean of the used
+    replicates' rates with ``stats.draw_mean_interval``; "passes" needs every clause on its
+    side at ``level``, "fails" needs one clause on the wrong side at the Bonferroni level over
+    the six clauses; otherwise "inconclusive" (fewer than two used replicates always are).
+    Columns: ``GATE_COLUMNS``; ``*_sd``: between-draw SD; ``n``: maps per model kind;
+    ``centre_*_rate``: the centre baseline's rates on the same frames; ``*_ceiling``: the
+    resolution ceiling (``kernels.grid``). Per clause detail: ``gate_clause_table``.
     """
+    rows = []
+    for method, of_method, meta in _by_method(case_rows, model_facts, margin, methods):
+        row, bars = meta["row"], meta["bars"]
+        clauses = [_clause(of_method, model, target, column, bars[target], level)
+                   for model, target, column, _ in _GATE_CHECKS]
+        for clause, (model, target, _, _) in zip(clauses, _GATE_CHECKS):
+            prefix = _prefix(model, target)
+            row.update({f"{prefix}_rate": clause["mean"], f"{prefix}_ci_low": clause["low"],
+                        f"{prefix}_ci_high": clause["high"], f"{prefix}_sd": clause["sd"]})
+        for model in GATE_MODELS:
+            row[f"n_constant_{model}"] = int((~of_method.loc[of_method["model"] == model, "peak_defined"]
+                                              .astype(bool)).sum())
+        verdict, reasons = _verdict(clauses, meta["unusable"], len(meta["usable"]))
+        row.update(verdict=verdict, passes=verdict == "passes", reason="; ".join(reasons))
+        rows.append(row)
+    return pd.DataFrame(rows)[GATE_COLUMNS]
+
+
+def gate_clause_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
+                      level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
+    """One row per method and clause: what each of the gate's six tests rests on.
+
+    Columns: method, label, clause (e.g. "lesion model peak-inside"), model, target, bar, side
+    (">=" for a trained model, "<" for a control: where the rate must lie), replicates_used,
+    replicates_excluded, rate (mean over draws), ci_low, ci_high (``level``), strict_low,
+    strict_high (Bonferroni over the six clauses, read for "fails"), between_draw_sd,
+    draws_right_side (replicates whose own rate lies on the required side), draws_right_low,
+    draws_right_high (Clopper-Pearson), prediction_low, prediction_high (one new draw,
+    ``PREDICTION_LEVEL``), n_maps, decides ("pass side", "fail side" or "open").
+    """
+    rows = []
+    for method, of_method, meta in _by_method(case_rows, model_facts, margin, methods):
+        for model, target, column, text in _GATE_CHECKS:
+            clause = _clause(of_method, model, target, column, meta["bars"][target], level)
+            right_low, right_high = stats.clopper_pearson_interval(clause["draws_right"], clause["k"])
+            rows.append({"method": method, "label": method_label(method), "clause": text,
+                         "model": model, "target": target, "bar": meta["bars"][target],
+                         "side": "<" if model in CONTROL_MODELS else ">=",
+                         "replicates_used": len(meta["usable"]),
+                         "replicates_excluded": meta["n_replicates"] - len(meta["usable"]),
+                         "rate": clause["mean"], "ci_low": clause["low"], "ci_high": clause["high"],
+                         "strict_low": clause["strict_low"], "strict_high": clause["strict_high"],
+                         "between_draw_sd": clause["sd"], "draws_right_side": clause["draws_right"],
+                         "draws_right_low": right_low, "draws_right_high": right_high,
+                         "prediction_low": clause["prediction"][0],
+                         "prediction_high": clause["prediction"][1],
+                         "n_maps": clause["n_maps"], "decides": clause["decides"]})
+    return pd.DataFrame(rows)
+
+
+def _by_method(case_rows: pd.DataFrame, model_facts: pd.DataFrame, margin: float, methods):
+    """Yield (method, its case rows over the used replicates, facts): the shared part of
+    ``gate_table`` and ``gate_clause_table``; facts hold the partial gate row, the bars, the
+    used and unusable replicates."""
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
     missing = sorted(set(GATE_MODELS) - set(case_rows["model"]))
     if missing:
@@ -417,29 +495,52 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     n_replicates = len({int(seed) for seed in model_facts["gate_seed"].unique()})
     usable = usable_replicates(model_facts)
     unusable = model_facts[~model_facts["accuracy_ok"].astype(bool)]
-    # Pooled over the usable replicates; with none, over all (shown, but never a verdict).
-    pooled = case_rows[case_rows["gate_seed"].isin(usable)] if usable else case_rows
-    rows = []
+    # The used replicates; with none, all of them (shown, but never a verdict).
+    used = case_rows[case_rows["gate_seed"].isin(usable)] if usable else case_rows
+    centre = _centre_rates(used)
     for method in methods:
         if case_rows[case_rows["method"] == method].empty:
             continue
-        of_method = pooled[pooled["method"] == method]
-        per_model = {m: of_method[of_method["model"] == m] for m in GATE_MODELS}
-        row, bars = _method_rates(per_model, _centre_rates(pooled), margin)
+        of_method = used[used["method"] == method]
+        row, bars = _method_rates({m: of_method[of_method["model"] == m] for m in GATE_MODELS}, centre, margin)
         row.update(method=method, label=method_label(method), n_replicates=n_replicates,
-                   replicates_used=len(usable), models_ok=bool(usable))
-        failing, open_reasons = _judge_models(row, per_model, bars, level)
-        per_replicate = {seed: _point_verdict(pooled[(pooled["gate_seed"] == seed)
-                                                     & (pooled["method"] == method)], bars)
-                         for seed in usable}
-        verdict, reasons = _verdict(failing, open_reasons, per_replicate, unusable)
-        row.update(verdict=verdict, passes=verdict == "passes",
-                   replicate_verdicts="; ".join(f"{seed}: {said}" for seed, (said, _) in per_replicate.items()),
-                   replicates_agree=(len({said for said, _ in per_replicate.values()}) == 1
-                                     if len(per_replicate) >= 2 else np.nan),
-                   reason="; ".join(reasons))
-        rows.append(row)
-    return pd.DataFrame(rows)[GATE_COLUMNS]
+                   replicates_used=len(usable), replicates_excluded=n_replicates - len(usable),
+                   untrained_initialisations=int(of_method.loc[of_method["model"] == "untrained", "draw"]
+                                                 .nunique()) if "draw" in of_method else 1,
+                   models_ok=bool(usable))
+        yield method, of_method, {"row": row, "bars": bars, "usable": usable, "unusable": unusable,
+                                  "n_replicates": n_replicates}
+
+
+def _prefix(model: str, target: str) -> str:
+    """Column prefix of a clause: "lesion" / "cue" for the trained models, "<control>_<target>"."""
+    return target if model in ("lesion", "shortcut") else f"{model}_{target}"
+
+
+def _clause(rows: pd.DataFrame, model: str, target: str, column: str, bar: float,
+            level: float) -> dict:
+    """One clause of the gate for one method: the model's rates over the replicate draws and
+    which side of ``bar`` they decide. "pass side": the ``level`` interval lies on the required
+    side (a trained model's lower bound >= bar, a control's upper bound < bar); "fail side": the
+    Bonferroni interval (``level`` corrected over the six clauses) lies wholly on the other
+    side; "open" otherwise, and always with fewer than two draws."""
+    hits, maps = _replicate_counts(rows[rows["model"] == model], column)
+    rates = _replicate_rates(hits, maps)
+    decide = stats.draw_mean_interval(rates, sum(maps), level)
+    strict = stats.draw_mean_interval(rates, sum(maps), 1 - (1 - level) / len(_GATE_CHECKS))
+    control = model in CONTROL_MODELS
+    if control:
+        right = sum(r < bar for r in rates)
+        decides = ("fail side" if strict["low"] >= bar else
+                   "pass side" if decide["high"] < bar else "open")
+    else:
+        right = sum(r >= bar for r in rates)
+        decides = ("fail side" if strict["high"] < bar else
+                   "pass side" if decide["low"] >= bar else "open")
+    return {**decide, "strict_low": strict["low"], "strict_high": strict["high"],
+            "draws_right": int(right), "n_maps": int(sum(maps)), "rates": rates,
+            "prediction": stats.draw_prediction_interval(rates, PREDICTION_LEVEL),
+            "decides": decides, "bar": bar, "control": control}
 
 
 def _method_rates(per_model: dict[str, pd.DataFrame], centre: dict[str, float],
@@ -471,51 +572,34 @@ _GATE_CHECKS += [(c, target, column, f"{c} control {text}") for c in CONTROL_MOD
                                               ("cue", "peak_on_cue", "peak-on-cue"))]
 
 
-def _judge_models(row: dict, per_model: dict[str, pd.DataFrame], bars: dict[str, float],
-                  level: float) -> tuple[list[str], list[str]]:
-    """Add each model's rate, interval and dispersion to ``row``; return the reasons it fails
-    (an interval wholly on the wrong side of its bar) and the reasons it stays open (an
-    interval straddling it)."""
-    failing, open_reasons = [], []
-    for model, target, column, text in _GATE_CHECKS:
-        hits, n, n_constant = _count(per_model[model], column)
-        rate, low, high, dispersion = _interval(*_replicate_counts(per_model[model], column), level)
-        prefix = target if model in ("lesion", "shortcut") else f"{model}_{target}"
-        row.update({f"{prefix}_rate": rate, f"{prefix}_ci_low": low, f"{prefix}_ci_high": high,
-                    f"{prefix}_dispersion": dispersion})
-        row.setdefault(f"n_constant_{model}", n_constant)
-        bar, described = bars[target], f"{text} {_rate_text(hits, n, n_constant, low, high, dispersion)}"
-        if model in CONTROL_MODELS:
-            if low >= bar:
-                failing.append(f"{described}: lower bound clears the bar {bar:.3f}")
-            elif not high < bar:
-                open_reasons.append(f"{described}: upper bound reaches the bar {bar:.3f}")
-        elif high < bar:
-            failing.append(f"{described}: upper bound below the bar {bar:.3f}")
-        elif not low >= bar:   # also NaN: no defined peak
-            open_reasons.append(f"{described}: interval straddles the bar {bar:.3f}")
-    return failing, open_reasons
-
-
-def _verdict(failing: list[str], open_reasons: list[str], per_replicate: dict,
-             unusable: pd.DataFrame) -> tuple[str, list[str]]:
-    """The verdict and its reasons from the pooled judgement and each usable replicate's point
-    verdict (``per_replicate``: seed -> (verdict, text)); none usable: inconclusive."""
-    if not per_replicate:
+def _verdict(clauses: list[dict], unusable: pd.DataFrame, n_used: int) -> tuple[str, list[str]]:
+    """The verdict and one plain reason per deciding clause (``_clause`` results, in
+    ``_GATE_CHECKS`` order): any clause on the fail side fails the method; all six on the pass
+    side pass it; otherwise inconclusive, naming the open clauses. No replicate usable, or fewer
+    than two: inconclusive, saying why."""
+    if n_used == 0:
         return "inconclusive", ["no gate replicate met the accuracy rules: " + ", ".join(
             f"{r['model']} (seed {r['gate_seed']}"
             + (f", held-out accuracy {r['held_out_accuracy']:.2f}, required {r['accuracy_required']}"
                if "held_out_accuracy" in r else "") + ")" for _, r in unusable.iterrows())]
-    pooled_says = "fails" if failing else "passes"
-    disagree = [f"seed {seed}: {text}" for seed, (said, text) in per_replicate.items()
-                if said != pooled_says]
-    if open_reasons and not failing:
-        return "inconclusive", open_reasons
-    if disagree:   # the pooled decision does not hold in every replicate: not a finding
-        return "inconclusive", [f"pooled rates say {pooled_says} but the replicates disagree: "
-                                + "; ".join(disagree)]
+    if n_used < 2:
+        return "inconclusive", ["one usable replicate: the spread between model draws cannot be "
+                                "estimated, so no interval over draws exists (run at least two)"]
+    failing, open_reasons = [], []
+    for clause, (_, _, _, text) in zip(clauses, _GATE_CHECKS):
+        described = f"{text} {_rate_text(clause['mean'], clause['low'], clause['high'], clause['rates'], clause['n_maps'])}"
+        if clause["decides"] == "fail side":
+            bound = "lower" if clause["control"] else "upper"
+            value = clause["strict_low"] if clause["control"] else clause["strict_high"]
+            relation = "clears" if clause["control"] else "below"
+            failing.append(f"{described}: {bound} bound {value:.3f} (Bonferroni over "
+                           f"{len(_GATE_CHECKS)} tests) {relation} the bar {clause['bar']:.3f}")
+        elif clause["decides"] == "open":
+            open_reasons.append(f"{described}: interval straddles the bar {clause['bar']:.3f}")
     if failing:
         return "fails", failing
+    if open_reasons:
+        return "inconclusive", open_reasons
     return "passes", ["passes"]
 
 
@@ -526,9 +610,10 @@ GATE_COLUMNS = (["method", "label", "verdict", "passes", "lesion_rate", "lesion_
                  "centre_cue_rate", "cue_bar", "cue_ceiling"]
                 + [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
                    for k in ("rate", "ci_low", "ci_high")]
-                + ["n", "n_replicates", "replicates_used"] + [f"n_constant_{m}" for m in GATE_MODELS]
-                + ["margin", "models_ok", "replicate_verdicts", "replicates_agree", "reason"]
-                + [f"{prefix}_dispersion" for prefix in _RATE_PREFIXES])
+                + ["n", "n_replicates", "replicates_used", "replicates_excluded",
+                   "untrained_initialisations"] + [f"n_constant_{m}" for m in GATE_MODELS]
+                + ["margin", "models_ok", "reason"]
+                + [f"{prefix}_sd" for prefix in _RATE_PREFIXES])
 
 
 def _centre_rates(rows: pd.DataFrame) -> dict[str, float]:
@@ -567,41 +652,73 @@ def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str
 
 def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                          level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
-    """Each replicate on its own, beside the pooled verdict: rows method, label, gate_seed,
-    models_ok, verdict (the replicate's point rates against the pooled bars, ``_point_verdict``:
-    the same per-replicate verdict as ``gate_table``'s ``replicate_verdicts``), why, the
-    replicate's rates with the Wilson interval of the lesion and cue rates, the bars, ceilings
-    and n. The spread a reader needs to see what "held" rests on."""
+    """Each replicate's draw on its own, beside the verdict over draws: rows method, label,
+    gate_seed, models_ok, point_reading (this draw's point rates against the bars of the gate
+    table, ``_point_verdict``: what a reader of this one draw would conclude), why, the draw's
+    rates (Wilson interval of the lesion and cue rates: conditional on this draw's models),
+    the bars, ceilings and n. The spread the verdict over draws rests on; it is never a vote."""
     case_rows, model_facts = _with_seed(case_rows), _with_seed(model_facts)
     pooled = gate_table(case_rows, model_facts, margin=margin, level=level).set_index("method")
-    frames = []
+    usable = set(usable_replicates(model_facts))
+    rows = []
     for seed in sorted(model_facts["gate_seed"].unique()):
         of_seed = case_rows[case_rows["gate_seed"] == seed]
-        table = gate_table(of_seed, model_facts[model_facts["gate_seed"] == seed], margin=margin, level=level)
-        table.insert(2, "gate_seed", int(seed))
-        judged = [_point_verdict(of_seed[of_seed["method"] == method],
-                                 {"lesion": pooled.at[method, "lesion_bar"], "cue": pooled.at[method, "cue_bar"]})
-                  for method in table["method"]]
-        table["verdict"] = [said for said, _ in judged]
-        table["why"] = [why for _, why in judged]
-        table["lesion_bar"] = [pooled.at[m, "lesion_bar"] for m in table["method"]]
-        table["cue_bar"] = [pooled.at[m, "cue_bar"] for m in table["method"]]
-        frames.append(table)
-    keep = ["method", "label", "gate_seed", "models_ok", "verdict", "why", "lesion_rate",
+        for method in pooled.index:
+            of_method = of_seed[of_seed["method"] == method]
+            bars = {"lesion": pooled.at[method, "lesion_bar"], "cue": pooled.at[method, "cue_bar"]}
+            reading, why = _point_verdict(of_method, bars)
+            row = {"method": method, "label": method_label(method), "gate_seed": int(seed),
+                   "models_ok": int(seed) in usable, "point_reading": reading, "why": why}
+            for model, target, column, _ in _GATE_CHECKS:
+                hits, n, _ = _count(of_method[of_method["model"] == model], column)
+                row[f"{_prefix(model, target)}_rate"] = hits / n if n else np.nan
+                if model in ("lesion", "shortcut"):
+                    low, high = stats.wilson_interval(hits, n, level)
+                    row.update({f"{target}_ci_low": low, f"{target}_ci_high": high})
+            row.update({"centre_lesion_rate": _centre_rates(of_seed)["lesion"],
+                        "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
+                        "lesion_ceiling": _ceiling(of_method[of_method["model"] == "lesion"], "lesion_node_inside"),
+                        "cue_ceiling": _ceiling(of_method[of_method["model"] == "lesion"], "cue_node_inside"),
+                        "n": int((of_method["model"] == "lesion").sum())})
+            rows.append(row)
+    keep = ["method", "label", "gate_seed", "models_ok", "point_reading", "why", "lesion_rate",
             "lesion_ci_low", "lesion_ci_high", "cue_rate", "cue_ci_low", "cue_ci_high",
             "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
             "shuffled_cue_rate", "centre_lesion_rate", "lesion_bar", "cue_bar",
             "lesion_ceiling", "cue_ceiling", "n"]
-    return pd.concat(frames, ignore_index=True)[keep]
+    return pd.DataFrame(rows)[keep]
 
 
-def gate_stability(gate: pd.DataFrame) -> pd.DataFrame:
-    """Did the gate's verdict hold under a reseed? Rows method, verdict, replicate_verdicts
-    (each replicate's point rates against the pooled bars), held: every replicate's point
-    rates say the same (all pass or all fail); NaN with fewer than two usable replicates. A
-    pooled verdict whose replicates do not all say it is "inconclusive" (``gate_table``)."""
-    return gate[["method", "verdict", "replicate_verdicts", "replicates_agree"]].rename(
-        columns={"replicates_agree": "held"}).reset_index(drop=True)
+def gate_stability(clauses: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
+    """What the verdict over draws says about one new model draw (such as the audited
+    checkpoint). Rows method, verdict, one_new_draw (each deciding clause's 80% prediction
+    interval beside its bar), held: for "passes", every clause's prediction interval lies on
+    its required side; for "fails", a failing clause's lies wholly on the wrong side; NaN for
+    "inconclusive" or without a prediction interval (fewer than two draws). Unlike agreement
+    between replicates, this does not decide less as replicates are added: the prediction
+    interval converges to the spread of the draws themselves."""
+    rows = []
+    for method, verdict in zip(gate["method"], gate["verdict"]):
+        of_method = clauses[clauses["method"] == method]
+        deciding = of_method if verdict != "fails" else of_method[of_method["decides"] == "fail side"]
+        inside = []
+        for clause in deciding.itertuples():
+            low, high = clause.prediction_low, clause.prediction_high
+            if not (np.isfinite(low) and np.isfinite(high)):
+                inside = None
+                break
+            right_side = high < clause.bar if clause.side == "<" else low >= clause.bar
+            wrong_side = low >= clause.bar if clause.side == "<" else high < clause.bar
+            inside.append(right_side if verdict == "passes" else wrong_side)
+        text = "; ".join(f"{c.clause} {c.prediction_low:.2f}-{c.prediction_high:.2f} "
+                         f"(bar {c.side} {c.bar:.3f})" for c in deciding.itertuples()
+                         if np.isfinite(c.prediction_low))
+        held = (bool(all(inside)) if inside is not None and verdict in ("passes", "fails") and inside
+                else np.nan)
+        rows.append({"method": method, "verdict": verdict,
+                     "one_new_draw": text or "no prediction interval (fewer than two draws)",
+                     "held": held})
+    return pd.DataFrame(rows)
 
 
 def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
@@ -610,7 +727,7 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     """Build, audit and judge the gate models of every replicate at ``arch``'s target layer.
 
     Writes the per-model audit tables under ``<output_dir>/seed_<seed>/``. Returns a dict with
-    ``gate`` (``gate_table``), ``replicates`` (``gate_replicate_table``), ``stability``
+    ``gate`` (``gate_table``), ``clauses`` (``gate_clause_table``), ``replicates`` (``gate_replicate_table``), ``stability``
     (``gate_stability``), ``models`` (model facts of every replicate), ``cases`` (case
     rows), ``layer`` (target layer name), ``settings`` (dict) and ``seconds``. ``progress``:
     optional callable(message) told when each replicate starts.
@@ -633,7 +750,8 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
     judged = {"margin": settings.section.margin, "level": settings.level}
     gate = gate_table(cases, facts, **judged)
-    return {"gate": gate, "stability": gate_stability(gate),
+    clauses = gate_clause_table(cases, facts, **judged)
+    return {"gate": gate, "clauses": clauses, "stability": gate_stability(clauses, gate),
             "replicates": gate_replicate_table(cases, facts, **judged),
             "models": facts, "cases": cases, "layer": layer_name,
             "settings": {**asdict(settings), "section": settings.section.model_dump()}, "seconds": round(time.perf_counter() - started, 1)}

@@ -101,13 +101,14 @@ def _gate_lines(figures_dir: Path) -> list[str]:
     first = gate.iloc[0]
     lines = [f"**Validity gate**: {len(passing)} of {len(CAM_METHODS)} CAM methods pass "
              f"({', '.join(passing) or 'none'}); {int(first['replicates_used'])} of "
-             f"{int(first['n_replicates'])} replicates pooled, {int(first['n'])} maps per model; "
+             f"{int(first['n_replicates'])} replicates used (each one draw of the trained models), "
+             f"{int(first['n'])} maps per model; "
              f"bars: lesion {_number(first['lesion_bar'])}, cue {_number(first['cue_bar'])} "
              f"(the larger of chance + {_number(first['margin'], 2)} and the centre baseline's rate); "
              f"resolution ceiling (grid node nearest the centroid inside): lesion "
              f"{_number(first.get('lesion_ceiling'), 2)}, cue {_number(first.get('cue_ceiling'), 2)}; "
-             f"Wilson 95% CIs at the number of maps the replicates' agreement allows (wider where "
-             f"they scatter).", ""]
+             f"each rate the mean over the replicates' draws with a Student t 95% CI over them "
+             f"(never narrower than the binomial error of their maps).", ""]
     return lines + [presentation.markdown_table(table)]
 
 
