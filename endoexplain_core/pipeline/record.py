@@ -192,6 +192,8 @@ code { font-size: 0.9em; }
           margin-bottom: 1.5em; }
 .scroll table { margin: 0; }
 .scroll td, .scroll th { white-space: normal; max-width: 14em; overflow-wrap: anywhere; }
+table.gate { width: 100%; } table.gate td:nth-child(3) { min-width: 30em; }
+details { margin: 0.4em 0 1em; } summary { cursor: pointer; }
 .gallery { display: grid; grid-template-columns: repeat(auto-fill, minmax(24em, 1fr)); gap: 1.2em; }
 figure { margin: 0; }
 figure img { width: 100%; max-height: 22em; object-fit: contain; border: 1px solid #ddd;
@@ -260,9 +262,9 @@ FIGURE_CAPTIONS = {
 }
 
 # The tables shown inline at the top of index.html: file stem -> heading.
+# (The validity gate has its own section, ``gate_section_html``: verdicts and reasons first.)
 HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary checkpoint",
                    "table4_panel_a": "Table 4, panel A: high-score population",
-                   "table_validity_gate": "Validity gate",
                    "table_verdict_stability": "Do the headline verdicts hold under a perturbed seed?",
                    "table5_adjusted_model_formatted": "Table 5: adjusted failure model",
                    "table_paper_comparison": "Paper versus this run"}
@@ -292,6 +294,35 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
                    '<div class="scroll">'
                    + table.to_html(index=False, escape=True, na_rep="", border=0) + "</div>"]
     return blocks if len(blocks) > 1 else []
+
+
+def gate_section_html(figures_dir: Path, run_dir: Path) -> list[str]:
+    """The validity gate on one screen: per method its verdict, one sentence why, the rates of
+    each draw and the resolution ceiling (``gate_report.gate_overview``), the full gate table
+    and its per-clause table folded below. [] when the gate has not run; a gate table written
+    before the per-clause table existed is shown whole."""
+    from endoexplain_core.analysis import gate_report
+
+    gate_path, clause_path = figures_dir / "table_validity_gate.csv", figures_dir / "table_validity_gate_clauses.csv"
+    if not gate_path.is_file():
+        return []
+    gate = pd.read_csv(gate_path)
+    blocks = ['<h2 id="gate">Validity gate</h2>']
+    if clause_path.is_file() and "verdict" in gate.columns:
+        replicates_path = figures_dir / "table_validity_gate_replicates.csv"
+        overview = gate_report.gate_overview(
+            gate, pd.read_csv(clause_path),
+            pd.read_csv(replicates_path) if replicates_path.is_file() else None)
+        blocks.append(overview.to_html(index=False, escape=True, border=0, classes="gate"))
+    folded = [("The full gate table", gate_path), ("Each clause: draws, spread, one new draw", clause_path)]
+    for title, path in folded:
+        if path.is_file():
+            table = pd.read_csv(path)
+            blocks.append(f"<details><summary>{escape(title)} ({len(table.columns)} columns; "
+                          f"{_link(path, run_dir, path.name)})</summary><div class=\"scroll\">"
+                          + table.to_html(index=False, escape=True, na_rep="", border=0)
+                          + "</div></details>")
+    return blocks
 
 
 def _cpu_numerics_text(provenance: dict) -> str:
@@ -497,6 +528,7 @@ def write_run_index(run_dir: str | Path, figures_dir: str | Path, provenance: di
                       "</title>", f"<style>{_STYLE}</style></head><body>",
                       *_record_head(run_dir, figures_dir, provenance),
                       *brief_html(figures_dir, run_dir, provenance, stale),
+                      *gate_section_html(figures_dir, run_dir),
                       *figure_gallery(figures_dir, run_dir, names, stale), *headline,
                       *_table_list(run_dir, figures_dir, names), *_stage_table(run_dir, stage_records),
                       *_checkpoint_list(provenance), "</body></html>", ""])

@@ -109,7 +109,16 @@ def _gate_lines(figures_dir: Path) -> list[str]:
              f"{_number(first.get('lesion_ceiling'), 2)}, cue {_number(first.get('cue_ceiling'), 2)}; "
              f"each rate the mean over the replicates' draws with a Student t 95% CI over them "
              f"(never narrower than the binomial error of their maps).", ""]
-    return lines + [presentation.markdown_table(table)]
+    lines += [presentation.markdown_table(table)]
+    clauses = read_table(figures_dir, "table_validity_gate_clauses")
+    if clauses is not None:   # one sentence per CAM method: which test decided, by how much
+        from endoexplain_core.analysis import gate_report
+
+        cams = gate[gate["method"].isin(CAM_METHODS)]
+        lines += ["", "Why, per method:", ""] + [
+            f"- {method_label(row['method'])}: {gate_report.gate_sentence(row, clauses)}"
+            for _, row in cams.iterrows()]
+    return lines
 
 
 def _table4_lines(figures_dir: Path) -> list[str]:
