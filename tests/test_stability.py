@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from endoexplain_core.analysis import stability
+from endoexplain_core.analysis import over_seeds, stability
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 
 
@@ -21,47 +21,72 @@ def _audit(checkpoint, failures, n=12, score=0.95):
     return pd.DataFrame(rows)
 
 
-def test_panel_a_against_centre_compares_on_the_same_images():
-    table = _audit("a", {"gradcam": 8, "gradcampp": 3, "centre": 5})
-    result = stability.panel_a_against_centre(table, 0.9).set_index("method")
-    assert result.loc["gradcam", "verdict"] == "above centre"
-    assert result.loc["gradcampp", "verdict"] == "not above centre"
-    assert result.loc["gradcam", "peak_failure"] == pytest.approx(8 / 12)
-    assert result.loc["gradcam", "centre_peak_failure"] == pytest.approx(5 / 12)
-    empty = stability.panel_a_against_centre(_audit("a", {}, score=0.5), 0.9)
-    assert (empty["verdict"] == "no panel A").all() and (empty["n"] == 0).all()
+def _over_seeds(rates: dict[str, list[float]], centre: list[float], n=60):
+    """``over_seeds.table4_over_seeds`` of hand-made seed rates (n images per seed)."""
+    rows = [{"checkpoint_id": f"c{k}", "seed": k, "is_primary": k == 0, "method": method, "label": method,
+             "n": n, "n_constant": 0, "peak_failure": rate}
+            for method, values in {**rates, "centre": centre}.items() for k, rate in enumerate(values)]
+    return over_seeds.table4_over_seeds(pd.DataFrame(rows))
 
 
-def test_stability_table_marks_a_verdict_that_flips_on_another_seed():
-    primary = stability.panel_a_against_centre(_audit("p", {"gradcam": 8, "hirescam": 8, "centre": 5}), 0.9)
-    other = stability.panel_a_against_centre(_audit("o", {"gradcam": 9, "hirescam": 2, "centre": 5}), 0.9)
-    signs = {"p": {m: "higher odds" for m in CAM_METHODS[1:]},
-             "o": {m: "higher odds" if m != "xgradcam" else "lower odds" for m in CAM_METHODS[1:]}}
+def test_table4_verdicts_are_read_over_seeds_and_held_by_one_new_seed():
+    centre = [0.5] * 6
+    over = _over_seeds({"gradcam": [0.80, 0.75, 0.85, 0.70, 0.78, 0.45],     # one seed below: still above
+                        "gradcampp": [0.20, 0.25, 0.22, 0.18, 0.24, 0.21],   # below, tight
+                        "xgradcam": [0.30, 0.70, 0.55, 0.40, 0.62, 0.48],    # inconclusive
+                        "hirescam": [0.09, 0.99, 0.08, 0.10, 0.07, 0.12],    # bimodal, 5 of 6 below
+                        "eigencam": [0.9, 0.95, 0.9, 0.92, 0.88, 0.91]}, centre)
     gate = pd.DataFrame({"method": list(CAM_METHODS), "verdict": "passes",
                          "one_new_draw": "lesion model peak-inside 0.62-0.91 (bar >= 0.312)", "held": True})
+    signs = {"p": {m: "higher odds" for m in CAM_METHODS[1:]},
+             "o": {m: "higher odds" if m != "xgradcam" else "lower odds" for m in CAM_METHODS[1:]}}
     table = stability.stability_table(
-        gate_stability=gate, panel_a={"p": primary, "o": other}, table5=signs, primary_id="p",
+        gate_stability=gate, table4_over_seeds=over, table5=signs, primary_id="p",
         selection={"share_same": 0.6, "replicates_used": 100, "runner_up": "o"})
     keyed = table.set_index(["part", "subject"])
-    assert keyed.loc[("Table 4 panel A vs centre", "gradcam"), "held"]
-    assert not keyed.loc[("Table 4 panel A vs centre", "hirescam"), "held"]
+    part = stability.TABLE4_PART
+    assert keyed.loc[(part, "gradcam"), "verdict"] == "above centre"
+    # the 80% interval of one new seed's difference reaches below 0: the verdict does not hold for a new seed
+    assert not keyed.loc[(part, "gradcam"), "held"]
+    assert keyed.loc[(part, "gradcampp"), "verdict"] == "below centre" and keyed.loc[(part, "gradcampp"), "held"]
+    assert keyed.loc[(part, "eigencam"), "verdict"] == "above centre" and keyed.loc[(part, "eigencam"), "held"]
+    assert keyed.loc[(part, "xgradcam"), "verdict"] == "inconclusive" and pd.isna(keyed.loc[(part, "xgradcam"), "held"])
+    assert keyed.loc[(part, "hirescam"), "verdict"] == "inconclusive"
+    assert "5 of 6 seeds below centre" in keyed.loc[(part, "hirescam"), "under_perturbation"]
     assert not keyed.loc[("Table 5 term vs Grad-CAM", "xgradcam"), "held"]
     assert keyed.loc[("Table 5 term vs Grad-CAM", "hirescam"), "held"]
     assert not keyed.loc[("primary selection", "p"), "held"]   # 60% < SELECTION_HOLDS_AT
-    assert stability.unstable_subjects(table, "Table 4 panel A vs centre") == ["hirescam"]
+    assert keyed.loc[("validity gate", "gradcam"), "held"]
+    assert stability.unstable_subjects(table, part) == ["gradcam"]
     marked = stability.mark_unstable(pd.DataFrame({"map": ["HiResCAM", "Grad-CAM", "HiResCAM\u2020"]}),
                                      ["hirescam"])
     assert marked["map"].tolist() == ["HiResCAM\u2021", "Grad-CAM", "HiResCAM\u2021\u2020"]
 
 
-def test_an_undecided_primary_verdict_is_never_counted_as_held():
-    primary = stability.panel_a_against_centre(_audit("p", {}, score=0.5), 0.9)   # no panel A
-    other = stability.panel_a_against_centre(_audit("o", {"gradcam": 9, "centre": 5}), 0.9)
-    table = stability.stability_table(gate_stability=None, panel_a={"p": primary, "o": other},
-                                      table5={"p": {}, "o": {}}, primary_id="p",
+def test_a_share_read_verdict_holds_when_a_new_seed_lands_on_its_side_with_probability_0_8():
+    def row_for(rates, centre):
+        table = stability.stability_table(gate_stability=None, table4_over_seeds=_over_seeds({"hirescam": rates}, centre),
+                                          table5={}, primary_id="p",
+                                          selection={"share_same": 1.0, "replicates_used": 10, "runner_up": ""})
+        return table.set_index(["part", "subject"]).loc[(stability.TABLE4_PART, "hirescam")]
+    six = [0.09, 0.95, 0.08, 0.10, 0.07, 0.12]
+    row = row_for(six, [0.5, 0.97, 0.5, 0.5, 0.5, 0.5])   # 6 of 6 below their own centre
+    assert row["verdict"] == "below centre" and row["held"]   # Clopper-Pearson 0.54 to 1; (6 + 1) / 8 = 0.875
+    # 15 of 20 below: Clopper-Pearson 0.51 to 0.91 decides, but (15 + 1) / 22 = 0.73 < 0.80
+    twenty = [0.05] * 15 + [0.95] * 5
+    row = row_for(twenty, [0.5] * 20)
+    assert row["verdict"] == "below centre" and not row["held"]
+
+
+def test_without_seeds_the_table4_verdicts_are_not_estimable_never_held():
+    table = stability.stability_table(gate_stability=None, table4_over_seeds=_over_seeds({"gradcam": [0.3]}, [0.5]),
+                                      table5={"p": {}}, primary_id="p",
                                       selection={"share_same": 1.0, "replicates_used": 10, "runner_up": ""})
-    rows = table[table["part"] == "Table 4 panel A vs centre"]
-    assert rows["held"].isna().all()
+    rows = table[table["part"] == stability.TABLE4_PART]
+    assert rows["held"].isna().all() and (rows["verdict"] == "not estimable").all()
+    none = stability.stability_table(gate_stability=None, table4_over_seeds=None, table5={}, primary_id="p",
+                                     selection={"share_same": 1.0, "replicates_used": 10, "runner_up": ""})
+    assert (none.loc[none["part"] == stability.TABLE4_PART, "verdict"] == "not estimable").all()
 
 
 def test_selection_stability_counts_resamples_that_pick_the_primary():

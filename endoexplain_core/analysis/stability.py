@@ -3,8 +3,9 @@
 Validity gate, primary selection, Table 4 panel A against the centre baseline and Table 5's
 signs, each rerun under a perturbed seed from what the run computed; ``stability_table`` (columns
 part, subject, verdict, under_perturbation, held) collects them and ``mark_unstable`` marks
-the verdicts that did not hold. Method: docs/statistics_and_gate.md, "Stability of the
-headline verdicts".
+the verdicts that did not hold. The gate and Table 4 are read over model draws (the gate's
+replicates, ``over_seeds.table4_over_seeds``), never by asking every draw to agree. Method:
+docs/statistics_and_gate.md, "Stability of the headline verdicts".
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import average_precision_score
 
-from endoexplain_core import marks
-from endoexplain_core.analysis import adjusted_model, stats, summaries
+from endoexplain_core import marks, presentation
+from endoexplain_core.analysis import adjusted_model, over_seeds, stats
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models.training import PRIMARY_TIE_AUPRC, primary_candidates
 
 SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the same primary
+TABLE4_PART = "Table 4 panel A vs centre"
 
 
 def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates: int,
@@ -52,23 +54,6 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
             "runner_up": str(others.index[0]) if len(others) else "", "replicates_used": len(picks)}
 
 
-def panel_a_against_centre(table: pd.DataFrame, score_threshold: float) -> pd.DataFrame:
-    """Per CAM: peak-failure rate on this checkpoint's high-score images beside the centre
-    baseline's on the same images, and the verdict "above centre" / "not above centre"
-    ("no panel A" when no image reaches the threshold). A constant map counts as a failure."""
-    ids = summaries.high_score_ids(table, score_threshold)
-    rows = table[table["sample_id"].isin(ids)]
-    centre = summaries.failure_rate(rows[rows["method"] == "centre"])
-    result = []
-    for method in CAM_METHODS:
-        rate = summaries.failure_rate(rows[rows["method"] == method])
-        verdict = ("no panel A" if not ids or np.isnan(rate) or np.isnan(centre) else
-                   "above centre" if rate > centre else "not above centre")
-        result.append({"method": method, "n": len(ids), "peak_failure": rate,
-                       "centre_peak_failure": centre, "verdict": verdict})
-    return pd.DataFrame(result)
-
-
 def table5_signs(table: pd.DataFrame, score_threshold: float, *, replicates: int,
                  seed: int) -> dict[str, str]:
     """CAM term -> "higher odds" / "lower odds" than Grad-CAM, or "not estimable", from Table 5
@@ -86,16 +71,59 @@ def table5_signs(table: pd.DataFrame, score_threshold: float, *, replicates: int
     return signs
 
 
+def table4_stability_rows(over: pd.DataFrame | None) -> list[dict]:
+    """The "Table 4 panel A vs centre" rows of ``stability_table``, one per CAM, read from
+    ``over_seeds.table4_over_seeds`` (None: no over-seeds table, every row "not estimable").
+
+    verdict: the over-seeds ``versus_centre`` ("above centre" / "below centre" /
+    "inconclusive" / "not estimable"). held, for a decided verdict, says whether it holds for
+    one new seed: a verdict read from the paired t interval holds when the 80% prediction
+    interval of one new seed's difference from the centre lies on the verdict's side of 0; one
+    read from the share of seeds below the centre (a bimodal method) holds when the probability
+    that one new seed lands on the verdict's side, (x + 1) / (k + 2) for x of k seeds there
+    (Laplace's rule of succession, the predictive probability under a uniform prior), reaches
+    ``over_seeds.ONE_NEW_SEED_LEVEL``. NaN for "inconclusive" and "not estimable". No seed has to
+    agree with another: a seed on the other side is part of the spread."""
+    rows = []
+    by_method = over.set_index("method") if over is not None else None
+    for method in CAM_METHODS:
+        if by_method is None or method not in by_method.index:
+            rows.append({"part": TABLE4_PART, "subject": method, "verdict": "not estimable",
+                         "under_perturbation": "no table over seeds", "held": np.nan})
+            continue
+        row = by_method.loc[method]
+        verdict = str(row["versus_centre"])
+        k = int(row["n_paired"])
+        text = (f"over {k} seeds: difference from centre "
+                f"{presentation.estimate_with_ci(row['difference_from_centre'], row['difference_ci_low'], row['difference_ci_high'], 2, missing='n/a')}; "
+                f"one new seed (80%): {presentation.number_text(row['one_new_seed_difference_low'], 2, missing='n/a')} to "
+                f"{presentation.number_text(row['one_new_seed_difference_high'], 2, missing='n/a')}; "
+                f"{int(row['n_below_centre'])} of {k} seeds below centre")
+        held = np.nan
+        if verdict in ("above centre", "below centre"):
+            if "share" in str(row["versus_centre_rule"]):
+                on_side = int(row["n_below_centre"]) if verdict == "below centre" else k - int(row["n_below_centre"])
+                held = bool((on_side + 1) / (k + 2) >= over_seeds.ONE_NEW_SEED_LEVEL)
+            elif verdict == "above centre":
+                held = bool(row["one_new_seed_difference_low"] > 0)
+            else:
+                held = bool(row["one_new_seed_difference_high"] < 0)
+        rows.append({"part": TABLE4_PART, "subject": method, "verdict": verdict,
+                     "under_perturbation": text, "held": held})
+    return rows
+
+
 def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
-                    panel_a: dict[str, pd.DataFrame], table5: dict[str, dict[str, str]],
+                    table4_over_seeds: pd.DataFrame | None, table5: dict[str, dict[str, str]],
                     primary_id: str) -> pd.DataFrame:
     """One row per headline verdict: part, subject, verdict (this run), under_perturbation (what
     the perturbed reruns said) and held (bool; NaN when nothing could be rerun).
 
-    ``panel_a`` / ``table5``: checkpoint id -> ``panel_a_against_centre`` / ``table5_signs``,
-    the primary's included. A perturbed rerun that cannot judge ("no panel A", "not estimable")
-    neither confirms nor breaks a verdict; a primary verdict that is itself not estimable is
-    never counted as held.
+    Gate rows: 03's ``gate_stability``. Table 4 rows: ``table4_stability_rows`` of
+    ``table4_over_seeds`` (verdicts over seeds, not the primary's point estimate). ``table5``:
+    checkpoint id -> ``table5_signs``, the primary's included. A perturbed rerun that cannot
+    judge ("not estimable") neither confirms nor breaks a Table 5 verdict; a primary verdict
+    that is itself not estimable is never counted as held.
     """
     rows = []
     if gate_stability is not None:
@@ -109,23 +137,21 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
                  "under_perturbation": (f"selected in {share:.0%} of {selection['replicates_used']} "
                                         f"validation resamples (runner-up {selection['runner_up'] or 'none'})"),
                  "held": share >= SELECTION_HOLDS_AT})
-    others = [c for c in panel_a if c != primary_id]
-    for part, results, undecided in (
-            ("Table 4 panel A vs centre", {c: dict(zip(t["method"], t["verdict"])) for c, t in panel_a.items()},
-             "no panel A"),
-            ("Table 5 term vs Grad-CAM", table5, "not estimable")):
-        for method in CAM_METHODS:
-            if method not in results[primary_id]:
-                continue
-            verdict = results[primary_id][method]
-            perturbed = {c: results[c][method] for c in others}
-            decided = [v for v in perturbed.values() if v != undecided]
-            held = (np.nan if verdict == undecided or not decided
-                    else all(v == verdict for v in decided))
-            rows.append({"part": part, "subject": method, "verdict": verdict,
-                         "under_perturbation": "; ".join(f"{c}: {v}" for c, v in perturbed.items())
-                         or "no other learned seed",
-                         "held": held})
+    rows += table4_stability_rows(table4_over_seeds)
+    others = [c for c in table5 if c != primary_id]
+    undecided = "not estimable"
+    for method in CAM_METHODS:
+        if method not in table5.get(primary_id, {}):
+            continue
+        verdict = table5[primary_id][method]
+        perturbed = {c: table5[c][method] for c in others}
+        decided = [v for v in perturbed.values() if v != undecided]
+        held = (np.nan if verdict == undecided or not decided
+                else all(v == verdict for v in decided))
+        rows.append({"part": "Table 5 term vs Grad-CAM", "subject": method, "verdict": verdict,
+                     "under_perturbation": "; ".join(f"{c}: {v}" for c, v in perturbed.items())
+                     or "no other learned seed",
+                     "held": held})
     table = pd.DataFrame(rows)
     table.insert(2, "label", [method_label(s) if s in CAM_METHODS else s for s in table["subject"]])
     return table
@@ -134,14 +160,16 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
 def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning: pd.DataFrame,
                        logits: pd.DataFrame, gate_stability: pd.DataFrame | None,
                        primary_id: str, score_threshold: float, selection_replicates: int,
-                       seed: int) -> pd.DataFrame:
+                       seed: int, table4_over_seeds: pd.DataFrame | None = None) -> pd.DataFrame:
     """``stability_table`` from a run's artefacts.
 
     ``tables``: audit rows of every checkpoint (``audit.read_audits``); ``registry``: the
     checkpoint registry; ``learning``: ``learning.learning_table``; ``logits``: the logits
     table of 01 (validation rows are used); ``gate_stability``: 03's replicate table (None
-    when the gate did not run). The perturbed seeds are the other learned, non-control
-    checkpoints of the primary's architecture. Table 5 is refitted for its signs only (point
+    when the gate did not run); ``table4_over_seeds``: ``over_seeds.table4_over_seeds`` of
+    this run (None: built here from ``tables`` over the learned seeds of the primary's
+    architecture). The perturbed seeds of Table 5 are the other learned, non-control
+    checkpoints of the primary's architecture; it is refitted for its signs only (point
     estimates; 20 cluster replicates, whose CIs are not read).
     """
     by_id = registry.set_index("checkpoint_id")
@@ -150,18 +178,21 @@ def headline_stability(*, tables: pd.DataFrame, registry: pd.DataFrame, learning
                    if by_id.loc[c, "arch"] == arch and by_id.loc[c, "control"] == "none"]
     learned = set(learning.loc[learning["learned"].astype(bool), "checkpoint_id"])
     compared = [c for c in same_recipe if c == primary_id or c in learned]
-    panel_a, signs = {}, {}
+    signs = {}
     for checkpoint in compared:
         table = tables[tables["checkpoint_id"] == checkpoint]
-        panel_a[checkpoint] = panel_a_against_centre(table, score_threshold)
         signs[checkpoint] = table5_signs(table, score_threshold, replicates=20, seed=seed)
+    if table4_over_seeds is None:
+        seeds = over_seeds.primary_architecture_seeds(learning, primary_id)
+        table4_over_seeds = over_seeds.table4_over_seeds(
+            over_seeds.table4_per_seed(tables, seeds, score_threshold, primary_id))
     # the candidates select_primary chose from (learned by validation alone, if any were)
     candidates = primary_candidates(registry)["checkpoint_id"]
     validation = logits[(logits["role"] == "val") & logits["checkpoint_id"].isin(list(candidates))]
     selection = selection_stability(validation, primary_id, replicates=selection_replicates, seed=seed,
                                     tie_auprc=PRIMARY_TIE_AUPRC)
-    return stability_table(gate_stability=gate_stability, selection=selection, panel_a=panel_a,
-                           table5=signs, primary_id=primary_id)
+    return stability_table(gate_stability=gate_stability, selection=selection,
+                           table4_over_seeds=table4_over_seeds, table5=signs, primary_id=primary_id)
 
 
 def read_stability_table(figures_dir) -> pd.DataFrame | None:
