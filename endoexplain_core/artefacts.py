@@ -2,13 +2,16 @@
 
 ``save_figure``: PNG + PDF; ``save_table``: CSV + Markdown + LaTeX; each written atomically
 with a provenance sidecar ``<figures_dir>/provenance/<name>.json`` (the files' SHA-256, the
-stage from ``STAGE_ENV``, the cell's execution count). ``Written``: a stage's record of its files.
+stage from ``STAGE_ENV``, the cell's execution count, and the core function that computed the
+table or figure when it was marked by ``computed_by``). ``Written``: a stage's record of its files.
 
 Design: docs/data_models_runs.md, "Artefacts and provenance".
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import textwrap
 from pathlib import Path
@@ -34,12 +37,61 @@ def _execution_count() -> int | None:
     return len(history) - 1 if history else None
 
 
-def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: str) -> Path:
+# Where a table (``DataFrame.attrs``) or a figure (an attribute of the Figure) keeps the function
+# that computed it, for its sidecar.
+COMPUTED_BY = "computed_by"
+_FIGURE_ORIGIN = "_endoexplain_computed_by"
+_PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+
+
+def function_origin(function) -> dict[str, str | int]:
+    """{"function": "module.qualname", "file": path relative to the repository (or the installed
+    package's parent), "line": first line of its definition} of a core function."""
+    function = inspect.unwrap(function)
+    path = Path(inspect.getsourcefile(function)).resolve()
+    try:
+        shown = path.relative_to(_PACKAGE_PARENT).as_posix()
+    except ValueError:
+        shown = str(path)
+    return {"function": f"{function.__module__}.{function.__qualname__}", "file": shown,
+            "line": inspect.getsourcelines(function)[1]}
+
+
+def computed_by(function):
+    """Decorator for the core functions that compute a saved table or figure: every DataFrame
+    or matplotlib Figure the function returns (alone or in a tuple) remembers
+    ``function_origin(function)``, and ``save_table`` / ``save_figure`` write it into the
+    artefact's sidecar, so a number in the record leads to the code that computed it."""
+    origin = function_origin(function)
+
+    @functools.wraps(function)
+    def marked(*args, **kwargs):
+        result = function(*args, **kwargs)
+        for item in result if isinstance(result, tuple) else (result,):
+            if isinstance(item, pd.DataFrame):
+                item.attrs[COMPUTED_BY] = origin
+            elif hasattr(item, "savefig"):
+                setattr(item, _FIGURE_ORIGIN, origin)
+        return result
+
+    return marked
+
+
+def origin_of(artefact) -> dict | None:
+    """The ``computed_by`` origin a table or figure carries (None when unmarked)."""
+    if isinstance(artefact, pd.DataFrame):
+        return artefact.attrs.get(COMPUTED_BY)
+    return getattr(artefact, _FIGURE_ORIGIN, None)
+
+
+def write_sidecar(name: str, paths: list[Path], figures_dir: str | Path, kind: str,
+                  computed: dict | None = None) -> Path:
     """Write ``<figures_dir>/provenance/<name>.json`` for the files just saved (see module
-    docstring); return its path."""
+    docstring); ``computed``: the artefact's ``origin_of``. Return the sidecar's path."""
     record = {"artefact": name, "kind": kind,
               "files": {path.name: files.sha256_file(path) for path in paths},
-              "stage": os.environ.get(STAGE_ENV), "execution_count": _execution_count()}
+              "stage": os.environ.get(STAGE_ENV), "execution_count": _execution_count(),
+              "computed_by": computed}
     return files.write_json_atomic(Path(figures_dir) / PROVENANCE_DIR / f"{name}.json", record)
 
 
@@ -84,7 +136,7 @@ def save_figure(fig, name: str, figures_dir: str | Path, dpi: int = PRINT_DPI,
     files.replace_atomically(pdf, lambda temporary: fig.savefig(
         temporary, format="pdf", bbox_inches="tight", pad_inches=SAVE_PAD_INCHES,
         metadata={"CreationDate": None, "ModDate": None}))
-    write_sidecar(name, [png, pdf], figures_dir, "figure")
+    write_sidecar(name, [png, pdf], figures_dir, "figure", origin_of(fig))
     return [png, pdf]
 
 
@@ -110,7 +162,7 @@ def save_table(table: pd.DataFrame, name: str, figures_dir: str | Path,
     files.write_text_atomic(md, presentation.markdown_table(shown, index=index) + "\n" + markdown_notes)
     latex_notes = "".join(f"\\par\\footnotesize {latex_escape(note)}\n" for note in notes)
     files.write_text_atomic(tex, latex_symbols(shown.to_latex(index=index, escape=True) + latex_notes))
-    write_sidecar(name, [csv, md, tex], figures_dir, "table")
+    write_sidecar(name, [csv, md, tex], figures_dir, "table", origin_of(table))
     return [csv, md, tex]
 
 

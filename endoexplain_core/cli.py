@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from endoexplain_core import __version__, files  # light: hashes and atomic writes (torch loads lazily below)
+import endoexplain_core
+from endoexplain_core import files  # light: hashes and atomic writes (torch loads lazily below)
 
 UNPAIRED_SHOWN = 5
 DEFAULT_DATASET = "own"
@@ -496,7 +497,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     plt.close(figure)
 
     record = {
-        "command": "endoexplain audit", "endoexplain_version": __version__, "arch": args.arch, "weights": str(args.weights),
+        "command": "endoexplain audit", "endoexplain_version": endoexplain_core.__version__, "arch": args.arch, "weights": str(args.weights),
         "weights_sha256": weights_sha, "torchscript": args.torchscript,
         "checkpoint_id": name, "dataset": args.dataset, "target_layer": layer_name,
         "positive_class": args.positive_class, "image_size": args.image_size,
@@ -630,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="endoexplain",
         description="endoExplain: audit where CAM explanations of a polyp classifier point.",
         epilog="Run 'endoexplain audit --help' for the audit of your own model.")
-    parser.add_argument("--version", action="version", version=f"endoexplain {__version__}")
+    parser.add_argument("--version", action="version", version=f"endoexplain {endoexplain_core.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     audit = commands.add_parser(
         "audit", help="audit your own classifier on a folder of masked frames",

@@ -17,6 +17,7 @@ from scipy.special import expit
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.analysis import stats
 from endoexplain_core.files import write_csv_atomic, write_parquet_atomic
+from endoexplain_core import artefacts
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 SCORE_KINDS = {"raw": "Raw", "scaled": "Temperature-scaled"}
@@ -109,6 +110,7 @@ def split_rows(scores: pd.DataFrame, checkpoint_id: str, split: str) -> pd.DataF
     return part
 
 
+@artefacts.computed_by
 def ece_intervals(scores: pd.DataFrame, checkpoint_id: str, split: str, n_bins: int, *,
                   replicates: int, seed: int) -> pd.DataFrame:
     """ECE of raw and temperature-scaled scores on one split, and the change from scaling,
@@ -207,6 +209,7 @@ def add_scores(logits: pd.DataFrame, temperatures: pd.DataFrame) -> pd.DataFrame
     return scores[columns]
 
 
+@artefacts.computed_by
 def calibration_table(scores: pd.DataFrame, checkpoint_id: str,
                       splits: tuple[str, ...] = ("val", "test"), *, n_bins: int) -> pd.DataFrame:
     """NLL, Brier and ECE of raw and temperature-scaled scores per split (Table 3 layout).
@@ -245,6 +248,7 @@ def reliability_raw_vs_scaled(scores: pd.DataFrame, checkpoint_id: str, split: s
     return pd.concat(tables, ignore_index=True)
 
 
+@artefacts.computed_by
 def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str, threshold: float,
                           *, replicates: int, seed: int) -> pd.DataFrame:
     """Per source category at the unchanged decision boundary (scaled score >= threshold).

@@ -16,6 +16,7 @@ from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.artefacts import read_table
 from endoexplain_core.data.cohorts import DATASET_LABELS
 from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core import artefacts
 
 PAPER_VALUES_FILE = "paper_reported_values.csv"
 PAPER_COLUMNS = ("key", "quantity", "paper_value", "source_section")
@@ -216,6 +217,7 @@ def is_paper_cohort(paper: pd.DataFrame, values: dict[str, object]) -> bool:
                for k, v in zip(facts["key"], facts["paper_value"]))
 
 
+@artefacts.computed_by
 def comparison_table(paper: pd.DataFrame, values: dict[str, object]) -> pd.DataFrame:
     """Paper value and run value side by side: key, quantity, source_section, paper_value,
     run_value (at the paper's precision; blank where the run has no counterpart), agreement

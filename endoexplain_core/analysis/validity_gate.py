@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from endoexplain_core.analysis import audit, audit_schema, stats
-from endoexplain_core import config
+from endoexplain_core import artefacts, config
 from endoexplain_core.data import roles, synthetic
 from endoexplain_core.data.datasets import to_normalised_tensor
 from endoexplain_core.kernels import grid
@@ -416,6 +416,7 @@ def _with_seed(table: pd.DataFrame) -> pd.DataFrame:
     return table if "gate_seed" in table.columns else table.assign(gate_seed=0)
 
 
+@artefacts.computed_by
 def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
     """Per map method: its expected rates over model draws with intervals that see the draws,
@@ -452,6 +453,7 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     return pd.DataFrame(rows)[GATE_COLUMNS]
 
 
+@artefacts.computed_by
 def gate_clause_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                       level: float = stats.CONFIDENCE_LEVEL, methods=MAP_METHODS) -> pd.DataFrame:
     """One row per method and clause: what each of the gate's six tests rests on.
@@ -650,6 +652,7 @@ def _point_verdict(rows: pd.DataFrame, bars: dict[str, float]) -> tuple[str, str
     return "passes", "passes"
 
 
+@artefacts.computed_by
 def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: float,
                          level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
     """Each replicate's draw on its own, beside the verdict over draws: rows method, label,
@@ -689,6 +692,7 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
     return pd.DataFrame(rows)[keep]
 
 
+@artefacts.computed_by
 def gate_stability(clauses: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
     """What the verdict over draws says about one new model draw (such as the audited
     checkpoint). Rows method, verdict, one_new_draw (each deciding clause's 80% prediction

@@ -28,7 +28,7 @@ from endoexplain_core.progress import progress_bar
 from endoexplain_core.config import resolve_data_root
 from endoexplain_core.data import imageio
 from endoexplain_core.data.imageio import ImageReadError
-from endoexplain_core import files
+from endoexplain_core import artefacts, files
 
 AHASH_SIZE = 16
 ROLES = ("train", "val", "test", "spatial_audit")
@@ -396,6 +396,7 @@ def image_kind(source: str, target: int) -> str:
 AUDITED_COLUMN = "audited (with mask)"
 
 
+@artefacts.computed_by
 def table2(manifest: pd.DataFrame) -> pd.DataFrame:
     """Table 2: image counts per study role (rows, plus ``total``) and kind (columns, plus
     ``total``). Columns: ``role``, ``negative``, ``dyed-lifted polyp``, ``standard polyp``,

@@ -20,6 +20,7 @@ from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, METHOD_COLOU
 from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.figures import style
+from endoexplain_core import artefacts
 
 RELIABILITY_COLUMNS = ("score", "count", "mean_score", "observed_frequency")
 THRESHOLD_COLUMNS = ("score_threshold", "method", "n_eligible", "failure_rate", "ci_low", "ci_high")
@@ -158,6 +159,7 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
         ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
+@artefacts.computed_by
 def figure2_calibration_threshold(reliability: pd.DataFrame, sensitivity: pd.DataFrame,
                                   not_validated=(), score_threshold: float | None = None,
                                   ece_intervals: pd.DataFrame | None = None):
@@ -185,6 +187,7 @@ def figure2_caption(reliability: pd.DataFrame, sensitivity: pd.DataFrame) -> str
             f"bootstrap CIs; eligible images: {eligible}.")
 
 
+@artefacts.computed_by
 def plot_reliability_with_counts(reliability: pd.DataFrame, ece_intervals: pd.DataFrame | None = None):
     """Figure: (A) reliability raw vs temperature-scaled (``draw_reliability``, as Figure 2A), (B)
     images per score bin. ``reliability``: ``reliability_raw_vs_scaled`` output; ``ece_intervals``

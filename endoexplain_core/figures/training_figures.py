@@ -11,11 +11,13 @@ import pandas as pd
 
 from endoexplain_core.figures import style
 from endoexplain_core.models.training import CONTROL_NONE
+from endoexplain_core import artefacts
 
 
 DODGE = 0.12   # largest sideways shift of a run, in epochs
 
 
+@artefacts.computed_by
 def plot_training_curves(curves: pd.DataFrame, primary_id: str | None = None):
     """Figure: training loss (A) and validation AUPRC (B) per epoch, one line per run: architecture
     by grey level and marker, seed by line style, the shuffled-label control in the random

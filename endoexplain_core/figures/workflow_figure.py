@@ -13,6 +13,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.figures import style
+from endoexplain_core import artefacts
 
 COLUMNS = 3
 BOX_WIDTH, BOX_HEIGHT, GAP_X, GAP_Y = 2.2, 0.84, 0.3, 0.3     # inches: the axes is drawn 1:1
@@ -116,6 +117,7 @@ def _wrap(text: str, width: int) -> str:
     return textwrap.fill(text, width=width, break_on_hyphens=False)   # keep "PolypGen-like" whole
 
 
+@artefacts.computed_by
 def figure1_workflow(steps: list[Step], flow: list[FlowStep] | None = None,
                      external: list[tuple[str, int, int]] | None = None):
     """Draw ``steps`` as rows of three boxes joined by arrows in a snake (the first row left to

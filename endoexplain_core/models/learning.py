@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core import artefacts
 
 MIN_VAL_AUPRC = 0.95
 MIN_NONCONSTANT_SHARE = 0.95
@@ -30,6 +31,7 @@ def learning_status(val_auprc) -> pd.Series:
     return values >= MIN_VAL_AUPRC
 
 
+@artefacts.computed_by
 def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFrame:
     """Registry rows (and ``is_primary`` when the registry has it) with the AUPRC check:
     ``val_prevalence`` (an uninformative score's
@@ -70,6 +72,7 @@ def nonconstant_shares(audit_rows: pd.DataFrame) -> pd.DataFrame:
                                        "flattest_method", "n_audited"])
 
 
+@artefacts.computed_by
 def with_map_check(learning: pd.DataFrame, audit_rows: pd.DataFrame) -> pd.DataFrame:
     """``learning_table`` with the map check: the ``nonconstant_shares`` columns, ``maps_ok``
     (``map_check_share`` >= ``MIN_NONCONSTANT_SHARE``; False when not audited) and ``learned``

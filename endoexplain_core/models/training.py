@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from endoexplain_core.config import TrainingSettings
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.progress import progress_bar
-from endoexplain_core import files
+from endoexplain_core import artefacts, files
 from endoexplain_core.numerics import check_cpu_pin, resolve_device
 from endoexplain_core.data import datasets
 from endoexplain_core.kernels import cams
@@ -861,6 +861,7 @@ def evaluate_test_split(logits: pd.DataFrame, checkpoint_ids: list[str],
 # ----------------------------------------------------------------------------- reporting
 
 
+@artefacts.computed_by
 def training_table(summaries: list[dict[str, Any]], primary_id: str,
                    test_results: pd.DataFrame) -> pd.DataFrame:
     """Table S1: one row per checkpoint (validation results), test columns where computed.

@@ -611,16 +611,9 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
                 allow_insecure_scheduler=allow_insecure_scheduler)
             digest, upstream = _stage_digests(notebook, parameters, upstream,
                                               data_only if stage == names[0] else None)
-            stamp = _read_stamp(paths.stamps / f"{stage}.json")
-            record = _planned_record(records, notebook, notebook_dir, paths, parameters, config,
-                                     digest, stamp, force=force,
-                                     selected=failure is None and (not only or stage in only))
-            if "status" not in record:   # neither skipped nor left out: run it
-                try:
-                    failure = _execute_stage_recorded(record, notebook, parameters, paths,
-                                                      kernel_name, stamp)
-                except OSError as error:   # a full disk or read-only file system, in this process
-                    failure = _record_stage_os_error(record, error)
+            failure = _plan_and_run_stage(records, notebook, notebook_dir, paths, parameters, config,
+                                          digest, kernel_name, force=force,
+                                          selected=failure is None and (not only or stage in only)) or failure
     except RunFolderUnwritable:
         raise   # nothing ran; the previous record is as it was
     except OSError as error:
@@ -636,10 +629,33 @@ def run_pipeline(profile: str, *, data_root: str = "", force: bool = False,
         except OSError as error:   # the record marked "running" at the start stays
             log.warning("the record could not be written (%s)", _os_error_text(error))
         raise RunInterrupted(interrupted_by(stop)) from None
+    return _finish_run(paths, profile, profile_name, data_root, records, started, failure,
+                       config.overrides)
 
+
+def _plan_and_run_stage(records: list[dict[str, Any]], notebook: Path, notebook_dir: Path,
+                        paths: RunPaths, parameters: dict, config, digest: str, kernel_name: str, *,
+                        force: bool, selected: bool) -> "StageFailed | None":
+    """Append the stage's record (skipped, left out, or run now); return its failure, if any."""
+    stamp = _read_stamp(paths.stamps / f"{notebook.stem}.json")
+    record = _planned_record(records, notebook, notebook_dir, paths, parameters, config,
+                             digest, stamp, force=force, selected=selected)
+    if "status" in record:   # skipped or left out
+        return None
+    try:
+        return _execute_stage_recorded(record, notebook, parameters, paths, kernel_name, stamp)
+    except OSError as error:   # a full disk or read-only file system, in this process
+        return _record_stage_os_error(record, error)
+
+
+def _finish_run(paths: RunPaths, profile: str, profile_name: str, data_root: str,
+                records: list[dict[str, Any]], started: float, failure: "StageFailed | None",
+                overrides: tuple[str, ...]) -> dict[str, Any]:
+    """Write the record of a run that was not interrupted ("failed" or "complete"); raise the
+    stage's failure after it, or ``StageFailed`` when the record cannot be written."""
     try:
         provenance = _finish_record(paths, profile, profile_name, data_root, records, started,
-                                    "failed" if failure else "complete", config.overrides)
+                                    "failed" if failure else "complete", overrides)
     except OSError as error:
         # The record marked "running" before the first stage stays: never "complete".
         raise StageFailed(f"{failure or 'every stage finished'}; the record could not be written "

@@ -85,8 +85,11 @@ def cell_link(figures_dir: str | Path, name: str, run_dir: Path) -> str:
     if not record.get("cell_id") or not record.get("executed_notebook"):
         return ""
     page = RunLayout(run_dir).notebooks_dir / Path(record["executed_notebook"]).with_suffix(".html").name
+    computed = record.get("computed_by")
+    code = (f' | computed by <code>{escape(computed["function"])}</code> '
+            f'({escape(computed["file"])}, line {int(computed["line"])})' if computed else "")
     return (f' | <a href="{_href(page, run_dir)}#cell-id={quote(str(record["cell_id"]))}">cell</a>'
-            f' | {_link(sidecar, run_dir, "provenance")}')
+            f'{code} | {_link(sidecar, run_dir, "provenance")}')
 
 
 def attribute_files(figures_dir: str | Path, stage_records: list[dict]) -> dict[str, dict | None]:
@@ -288,6 +291,7 @@ def headline_tables_html(figures_dir: str | Path, run_dir: str | Path, stage_rec
         source = _link(path, run_dir, path.name)
         if producer and producer.get("html"):
             source += " from " + _link(Path(producer["html"]), run_dir, producer["stage"])
+        source += cell_link(figures_dir, stem, run_dir)   # the very cell, and the function
         if f"{stem}.csv" in (stale or {}):
             heading = f"{heading} (OUT OF DATE: {stale[f'{stem}.csv']})"
         blocks += [f"<h3>{escape(heading)}</h3>", f"<p>{source} ({len(table)} rows)</p>",
