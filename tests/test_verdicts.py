@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
 
+from endoexplain_core.analysis.over_seeds import table4_over_seeds
 from endoexplain_core.methods import CAM_METHODS
 from endoexplain_core.pipeline import verdicts
 
 
-def _tables(verdict="passes", n_a=60, rate=0.30, low=0.20, high=0.40, learned=(True, True), primary="a"):
-    gate = pd.DataFrame({"method": list(CAM_METHODS), "verdict": verdict})
+def _tables(verdict="passes", n_a=60, learned=(True, True), primary="a", seed_rates=(0.30, 0.40, 0.50),
+            over_seeds=True, verdicts_by_method=None):
+    """Headline tables of a toy run; ``seed_rates``: every CAM's panel-A rate on each of three seeds
+    (60 images each), from which its table4_per_seed and table4_over_seeds are built."""
+    gate = pd.DataFrame({"method": list(CAM_METHODS),
+                         "verdict": [(verdicts_by_method or {}).get(m, verdict) for m in CAM_METHODS]})
     table4 = pd.DataFrame({"panel": ["A", "A", "B"], "method": ["gradcam", "random", "gradcam"],
-                           "n": [n_a, n_a, 90], "peak_failure": [rate, 0.85, 0.5],
-                           "peak_failure_ci_low": [low, 0.75, 0.4], "peak_failure_ci_high": [high, 0.93, 0.6]})
+                           "n": [n_a, n_a, 90], "peak_failure": [0.3, 0.85, 0.5],
+                           "peak_failure_ci_low": [0.2, 0.75, 0.4], "peak_failure_ci_high": [0.4, 0.93, 0.6]})
     learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "learned": list(learned),
                              "is_primary": [primary == "a", primary == "b"]})
-    return {"table_validity_gate": gate, "table4_spatial_audit": table4, "table_checkpoint_learning": learning}
+    tables = {"table_validity_gate": gate, "table4_spatial_audit": table4, "table_checkpoint_learning": learning}
+    if over_seeds:
+        per_seed = pd.DataFrame([{"checkpoint_id": f"s{k}", "seed": k, "is_primary": k == 0, "method": m,
+                                  "label": m, "n": 60, "n_constant": 0, "peak_failure": rate}
+                                 for k, rate in enumerate(seed_rates) for m in (*CAM_METHODS, "centre")])
+        tables["table4_per_seed"] = per_seed
+        tables["table4_over_seeds"] = table4_over_seeds(per_seed)
+    return tables
 
 
 def _write(folder, tables):
@@ -28,17 +42,17 @@ def _write(folder, tables):
 def test_the_same_run_agrees_with_itself(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
     result = verdicts.compare_runs(_write(tmp_path / "run", _tables()), reference)
-    assert result["ok"].all() and len(result) == 5
+    assert result["ok"].all() and not result["skipped"].any() and len(result) == 5
     assert verdicts.main([str(tmp_path / "run"), str(reference)]) == 0
 
 
 def test_each_check_can_fail(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
-    cases = {"gate verdicts": _tables(verdict="inconclusive"),
+    cases = {"gate verdicts": _tables(verdicts_by_method={"xgradcam": "fails"}),   # passes vs fails
              "learned checkpoints": _tables(learned=(True, False)),
              "primary": _tables(primary="b"),
              "panel A size": _tables(n_a=53),                      # 12% fewer images
-             "Table 4 peak failure within CIs": _tables(rate=0.45, low=0.35, high=0.55)}
+             "Table 4 means over seeds within the Welch bound": _tables(seed_rates=(0.75, 0.85, 0.80))}
     for index, (check, tables) in enumerate(cases.items()):
         result = verdicts.compare_runs(_write(tmp_path / f"run{index}", tables), reference).set_index("check")
         assert not result.loc[check, "ok"], check
@@ -46,9 +60,62 @@ def test_each_check_can_fail(tmp_path):
     assert verdicts.main([str(tmp_path / "run0"), str(reference)]) == 1
 
 
-def test_panel_a_within_ten_percent_and_rates_inside_each_others_interval_agree(tmp_path):
+def test_seed_means_differ_by_less_than_the_bonferroni_welch_bound_from_scipy(tmp_path):
+    reference = _tables()["table4_over_seeds"].set_index("method").loc["gradcam"]
+    bound = verdicts.welch_bound(reference, reference)
+    # the bound itself: the difference at which scipy's Welch test reaches alpha = 0.05 / 5
+    sd = verdicts._effective_sd(reference)
+    shifted = reference.copy()
+    shifted["peak_failure"] = reference["peak_failure"] + bound["bound"]
+    p = scipy_stats.ttest_ind_from_stats(float(shifted["peak_failure"]), sd, 3, float(reference["peak_failure"]),
+                                         sd, 3, equal_var=False).pvalue
+    assert p == pytest.approx(0.01) and verdicts.SEED_MEANS_ALPHA == pytest.approx(0.01)
+    # seed rates 0.30 / 0.40 / 0.50: SD 0.10, so the bound is t(0.995, 4) * 0.1 * sqrt(2 / 3)
+    assert bound["bound"] == pytest.approx(scipy_stats.t.ppf(0.995, 4) * 0.1 * (2 / 3) ** 0.5)
+    ref = _write(tmp_path / "ref", _tables())
+    within = _tables(seed_rates=(0.45, 0.55, 0.65))       # mean 0.55: 0.15 from 0.40, bound 0.38
+    assert verdicts.compare_runs(_write(tmp_path / "within", within), ref)["ok"].all()
+    beyond = _tables(seed_rates=(0.75, 0.85, 0.80))       # mean 0.80: 0.40 from 0.40, SD 0.05
+    result = verdicts.compare_runs(_write(tmp_path / "beyond", beyond), ref).set_index("check")
+    assert "gradcam: 0.800 vs 0.400" in result.iloc[-1]["detail"]
+
+
+def test_passes_against_inconclusive_is_compatible_and_said(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
-    near = _tables(n_a=55, rate=0.35, low=0.26, high=0.45)   # 8% fewer; 0.35 in [0.2, 0.4], 0.30 in [0.26, 0.45]
+    run = _write(tmp_path / "run", _tables(verdicts_by_method={"xgradcam": "inconclusive"}))
+    result = verdicts.compare_runs(run, reference).set_index("check")
+    assert result["ok"].all()
+    assert "compatible" in result.loc["gate verdicts", "detail"] and "xgradcam: inconclusive vs passes" in \
+        result.loc["gate verdicts", "detail"]
+    both_ways = _write(tmp_path / "fails", _tables(verdicts_by_method={"gradcam": "fails"}))
+    assert not verdicts.compare_runs(reference, both_ways).set_index("check").loc["gate verdicts", "ok"]
+
+
+def test_a_reference_without_the_over_seeds_table_skips_that_check_and_says_so(tmp_path, capsys):
+    reference = _write(tmp_path / "ref", _tables(over_seeds=False))
+    run = _write(tmp_path / "run", _tables(seed_rates=(0.9, 0.95, 0.92)))
+    result = verdicts.compare_runs(run, reference).set_index("check")
+    row = result.loc["Table 4 means over seeds within the Welch bound"]
+    assert row["skipped"] and row["detail"].startswith("skipped: the reference has no table4_over_seeds.csv")
+    assert verdicts.main([str(run), str(reference)]) == 0
+    assert "SKIPPED   Table 4 means over seeds" in capsys.readouterr().out
+    # the run must write the table when the reference has it
+    assert verdicts.main([str(reference), str(run)]) == 2
+    assert "table4_over_seeds.csv is missing" in capsys.readouterr().err
+
+
+def test_a_per_seed_table_that_does_not_add_up_to_the_over_seeds_table_is_refused(tmp_path, capsys):
+    tables = _tables()
+    tables["table4_per_seed"].loc[0, "peak_failure"] = 0.9
+    reference = _write(tmp_path / "ref", _tables())
+    run = _write(tmp_path / "run", tables)
+    assert verdicts.main([str(run), str(reference)]) == 2
+    assert "does not add up to table4_over_seeds for gradcam" in capsys.readouterr().err
+
+
+def test_panel_a_within_ten_percent_agrees(tmp_path):
+    reference = _write(tmp_path / "ref", _tables())
+    near = _tables(n_a=55)   # 8% fewer
     assert verdicts.compare_runs(_write(tmp_path / "run", near), reference)["ok"].all()
 
 
