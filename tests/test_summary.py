@@ -48,6 +48,7 @@ def test_replace_readme_block_keeps_the_rest_and_refuses_a_readme_without_marker
 def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     import pandas as pd
 
+    from endoexplain_core.analysis.over_seeds import table4_over_seeds
     from endoexplain_core.methods import CAM_METHODS
 
     def save(name, rows):
@@ -77,12 +78,16 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert summary._with_ci(1.0 - 2e-16, 1.0, 1.0) == "1.000 (the same in every bootstrap resample: no interval)"
     assert summary._with_ci(0.95, 0.9, 1.0) == "0.950 (0.900 to 1.000)"
     # RQ1: every map with its interval and gate mark, the baselines beside them
-    assert lines[2].startswith("**RQ1, high score, where does the map look?** On the 12 audit images")
+    # RQ1 without a table over seeds: says so, and labels the primary's numbers one checkpoint's audit
+    assert lines[2].startswith("**RQ1, high score, where does the map look?** No estimate over seeds")
+    assert "One checkpoint's audit (the primary, on the 12 audit images" in lines[2]
     assert "Grad-CAM 0.10 (0.05 to 0.55)" in lines[2] and "XGrad-CAM\u2020 0.30 (0.15 to 0.65)" in lines[2]
     assert "Centre baseline 0.25 (0.12 to 0.62)" in lines[2]
+    assert "Wilson 95% CIs conditional on this checkpoint" in lines[2]
     # RQ2: its tables are missing here, and it says so
     assert lines[3] == "**RQ2, does it persist?** could not be computed (its table is missing)."
     # RQ3: deletion against the random control; the maps whose interval lies above it are named
+    assert "In one checkpoint's audit (the primary, Table 4 panel A) the logit drop" in lines[4]
     assert "after deleting the same area at random 0.50 (0.30 to 0.70)" in lines[4]
     assert "3 of 5 maps' intervals lie above the random control's (Grad-CAM, Grad-CAM++, Eigen-CAM*)" in lines[4]
     assert "lesion-specific reliance" not in lines[4]  # no LSR table in this run
@@ -100,10 +105,36 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
                                    "ci_low": [0.3, 0.02], "ci_high": [0.85, 0.4]})
     save("table_s_faithfulness_lsr", {"lsr": [7.2], "ci_low": [7.0], "ci_high": [7.4], "n": [68]})
     lines = summary.verdict_lines(tmp_path, synthetic=True)
-    assert lines[3] == ("**RQ2, does it persist?** Grad-CAM's peak failure is 0.30 (0.20 to 0.45) at score "
-                        "threshold 0.80 (n 40) and 0.20 (0.05 to 0.52) at score threshold 0.95 (n 9); by "
-                        "lesion area it is 0.60 (0.30 to 0.85) in the smallest tertile (n 10) against 0.10 "
-                        "(0.02 to 0.40) in the largest (n 11) (95% CIs).")
+    assert lines[3] == ("**RQ2, does it persist?** In one checkpoint's audit (the primary) Grad-CAM's peak "
+                        "failure is 0.30 (0.20 to 0.45) at score threshold 0.80 (n 40) and 0.20 (0.05 to "
+                        "0.52) at score threshold 0.95 (n 9); 0.60 (0.30 to 0.85) in the smallest lesion-area "
+                        "tertile (n 10) against 0.10 (0.02 to 0.40) in the largest (n 11) (95% CIs).")
+    # with the table over seeds: RQ1 and RQ2 lead with the mean over seeds and its t interval
+    seed_rates = {"gradcam": [0.26, 0.53, 0.58], "gradcampp": [0.2, 0.3, 0.25], "xgradcam": [0.4, 0.5, 0.45],
+                  "hirescam": [0.99, 0.09, 0.10], "eigencam": [0.6, 0.7, 0.65], "random": [0.8, 0.85, 0.83],
+                  "centre": [0.5, 0.51, 0.505]}
+    per_seed = pd.DataFrame([{"checkpoint_id": f"e{k}", "seed": k, "is_primary": k == 0, "method": m, "label": m,
+                              "n": 40, "n_constant": 0, "peak_failure": rate}
+                             for m, rates in seed_rates.items() for k, rate in enumerate(rates)])
+    over = table4_over_seeds(per_seed)
+    over.to_csv(tmp_path / "table4_over_seeds.csv", index=False)
+    gradcam = over.set_index("method").loc["gradcam"]
+    lines = summary.verdict_lines(tmp_path, synthetic=True)
+    expected = summary._with_ci(gradcam["peak_failure"], gradcam["ci_low"], gradcam["ci_high"], 2)
+    assert lines[2].startswith("**RQ1, high score, where does the map look?** Over the 3 learned seeds of the "
+                               "primary's architecture, each on its own high-score images (120 images in all)")
+    assert f"Grad-CAM {expected}" in lines[2] and "Student t 95% CIs over the 3 seeds" in lines[2]
+    assert "HiResCAM\u2020 bimodal over seeds (2 of 3 seeds below the centre baseline)" in lines[2]
+    assert lines[2].index("Over the 3 learned seeds") < lines[2].index("One checkpoint's audit (the primary")
+    assert lines[3].startswith(f"**RQ2, does it persist?** Over 3 learned seeds of the primary's architecture "
+                               f"Grad-CAM's peak failure is {expected} with a between-seed SD of 0.17, 1 of 3 "
+                               "seeds below the centre baseline on their own images (over seeds: inconclusive); "
+                               "in one checkpoint's audit (the primary)")
+    assert "ranges" not in lines[3] and "learned checkpoints" not in lines[3]
+    headline = "\n".join(summary._over_seeds_lines(tmp_path))
+    assert "**Table 4 over seeds** (panel A of each of the 3 learned seeds" in headline
+    assert "bimodal: read by the share below centre" in headline
+    (tmp_path / "table4_over_seeds.csv").unlink()
     assert "filling in ordinary tissue of the same shape) is 7.20 (7.00 to 7.40) scaled-logit units (n 68 images)" in lines[4]
     save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
                                   "n": [27] * 7, "peak_failure": [None] * 7, "logit_drop": [None] * 7})

@@ -128,8 +128,9 @@ def _table4_lines(figures_dir: Path) -> list[str]:
     panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
     n_a = int(table4.loc[table4["panel"] == "A", "n"].iloc[0])
     n_b = int(table4.loc[table4["panel"] == "B", "n"].iloc[0])
-    lines = [f"**Table 4 panel A** ({n_a} of {n_b} audit images with scaled score >= the threshold; "
-             "peak outside the lesion, a constant map counted as a failure, Wilson 95% CIs):", ""]
+    lines = [f"**Table 4 panel A**, one checkpoint's audit (the primary; {n_a} of {n_b} audit images "
+             "with scaled score >= the threshold; peak outside the lesion, a constant map counted as a "
+             "failure, Wilson 95% CIs conditional on this checkpoint):", ""]
     if panel.empty:
         return lines[:1] + ["", "Panel A is empty in this run."]
     shown = pd.DataFrame({
@@ -138,6 +139,30 @@ def _table4_lines(figures_dir: Path) -> list[str]:
                                 zip(panel["peak_failure"], panel["peak_failure_ci_low"], panel["peak_failure_ci_high"])],
         "constant maps": panel["n_constant"].astype(int).astype(str)})
     return lines + [presentation.markdown_table(shown)]
+
+
+def _over_seeds_lines(figures_dir: Path) -> list[str]:
+    over = read_table(figures_dir, "table4_over_seeds")
+    if over is None:
+        return ["**Table 4 over seeds**: not run."]
+    seeds = _seed_count(over)
+    if seeds < 2:
+        return [f"**Table 4 over seeds**: {seeds} learned seed(s) of the primary's architecture with a "
+                "panel A: no estimate over seeds."]
+    shown = pd.DataFrame({
+        "map": over["label"],
+        "seeds": over["n_seeds"].astype(int).astype(str),
+        "peak outside lesion, mean over seeds": [
+            "bimodal: read by the share below centre" if _is_bimodal(r) else _with_ci(r["peak_failure"], r["ci_low"], r["ci_high"])
+            for _, r in over.iterrows()],
+        "between-seed SD": over["seed_sd"].map(_number),
+        "seeds below centre": [("" if r["method"] == "centre" else f"{int(r['n_below_centre'])} of {int(r['n_paired'])}")
+                               for _, r in over.iterrows()],
+        "against centre": over["versus_centre"].fillna("")})
+    return [f"**Table 4 over seeds** (panel A of each of the {seeds} learned seeds of the primary's "
+            "architecture on its own high-score images; mean over seeds with a Student t 95% CI over "
+            "them, never narrower than the binomial error of all their images; the centre baseline "
+            "compared within each seed):", "", presentation.markdown_table(shown)]
 
 
 def _table5_lines(figures_dir: Path) -> list[str]:
@@ -207,53 +232,107 @@ def _capitalised(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str]) -> str:
+def _seed_count(over_seeds: pd.DataFrame | None) -> int:
+    """Seeds behind ``table4_over_seeds`` (its CAM rows' largest n_seeds; 0 without the table)."""
+    if over_seeds is None or over_seeds.empty:
+        return 0
+    return int(pd.to_numeric(over_seeds["n_seeds"], errors="coerce").fillna(0).max())
+
+
+def _is_bimodal(row) -> bool:
+    return isinstance(row.get("note"), str) and row["note"].startswith("bimodal")
+
+
+def _over_seeds_list(rows: pd.DataFrame, labels: dict[str, str]) -> str:
+    """"Grad-CAM 0.46 (0.12 to 0.80), ..." over seeds; a bimodal method by its share of seeds
+    below the centre baseline instead of its mean."""
+    parts = []
+    for _, row in rows.iterrows():
+        label = labels.get(row["method"], row["method"])
+        if _is_bimodal(row):
+            parts.append(f"{label} bimodal over seeds ({int(row['n_below_centre'])} of "
+                         f"{int(row['n_paired'])} seeds below the centre baseline)")
+        else:
+            parts.append(f"{label} {_with_ci(row['peak_failure'], row['ci_low'], row['ci_high'], 2)}")
+    return ", ".join(parts)
+
+
+def _over_seeds_clause(over_seeds: pd.DataFrame | None, labels: dict[str, str]) -> str:
+    """RQ1's finding over seeds (empty when there is no over-seeds table with two seeds)."""
+    seeds = _seed_count(over_seeds)
+    if seeds < 2:
+        return ""
+    rows = over_seeds[pd.to_numeric(over_seeds["n_seeds"], errors="coerce") >= 2]
+    cams = rows[rows["method"].isin(CAM_METHODS)]
+    references = rows[rows["method"].isin(["centre", "random"])]
+    baselines = f"; baselines: {_over_seeds_list(references, labels)}" if len(references) else ""
+    return (f"Over the {seeds} learned seeds of the primary's architecture, each on its own "
+            f"high-score images ({int(rows['n_images'].max())} images in all), the CAM peak falls "
+            f"outside the lesion (a constant map, which has no peak, counted as a failure) for "
+            f"{_over_seeds_list(cams, labels)}{baselines} (mean over seeds, Student t 95% CIs over "
+            f"the {seeds} seeds; table4_over_seeds). ")
+
+
+def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str],
+                  over_seeds: pd.DataFrame | None = None) -> str:
+    """Where the peak falls: over the seeds (``table4_over_seeds``) first, then the primary's
+    Table 4 panel A, labelled one checkpoint's audit."""
+    over = _over_seeds_clause(over_seeds, labels)
+    if not over:
+        over = ("No estimate over seeds (fewer than two learned seeds of the primary's architecture "
+                "with a panel A): ")
     panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
     cams = panel[panel["method"].isin(CAM_METHODS)]
     if cams.empty:
-        return (f"{RQ_TITLES[1]} No audit image reached the score threshold, so panel A is empty: "
-                "not estimable.")
+        return (f"{RQ_TITLES[1]} {over}In one checkpoint's audit (the primary) no audit image reached "
+                "the score threshold, so panel A is empty: not estimable.")
     references = panel[panel["method"].isin(["centre", "random"])]
-    baselines = (f"baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}; "
+    baselines = (f"; baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}"
                  if len(references) else "")
-    return (f"{RQ_TITLES[1]} On the {int(cams['n'].iloc[0])} audit images the primary scores at or "
-            f"above the threshold, the CAM peak falls outside the lesion (a constant map, which has "
-            f"no peak, counted as a failure) for "
-            f"{_rate_list(cams, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')} "
-            f"({baselines}Table 4 panel A, Wilson 95% CIs).")
+    return (f"{RQ_TITLES[1]} {over}One checkpoint's audit (the primary, on the {int(cams['n'].iloc[0])} "
+            f"audit images it scores at or above the threshold): "
+            f"{_rate_list(cams, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}"
+            f"{baselines} (Table 4 panel A, Wilson 95% CIs conditional on this checkpoint).")
 
 
-def _rq2_sentence(threshold: pd.DataFrame | None, ranges: pd.DataFrame | None,
+def _rq2_sentence(threshold: pd.DataFrame | None, over_seeds: pd.DataFrame | None,
                   tertiles: pd.DataFrame | None, missing: str, gradcam: str = "Grad-CAM") -> str:
-    """Grad-CAM's peak failure across score thresholds, across the learned checkpoints, and in
-    the smallest against the largest lesion-area tertile."""
-    parts = []
+    """Grad-CAM's peak failure over the seeds (``table4_over_seeds``: mean, t interval, between-
+    seed SD, its verdict against the centre baseline), then in one checkpoint's audit (the
+    primary) across score thresholds and in the smallest against the largest lesion tertile."""
+    parts, primary = [], []
+    if over_seeds is not None and _seed_count(over_seeds) >= 2:
+        rows = over_seeds[over_seeds["method"] == "gradcam"]
+        if len(rows) and pd.to_numeric(rows["n_seeds"], errors="coerce").iloc[0] >= 2:
+            row = rows.iloc[0]
+            text = (f"over {int(row['n_seeds'])} learned seeds of the primary's architecture "
+                    f"{gradcam}'s peak failure is {_with_ci(row['peak_failure'], row['ci_low'], row['ci_high'], 2)} "
+                    f"with a between-seed SD of {_number(row['seed_sd'], 2)}, "
+                    f"{int(row['n_below_centre'])} of {int(row['n_paired'])} seeds below the centre "
+                    f"baseline on their own images (over seeds: {row['versus_centre'] or 'not estimable'})")
+            if _is_bimodal(row):
+                text += "; it is bimodal over seeds, so read by that share, not by its mean"
+            parts.append(text)
     if threshold is not None:
         rows = threshold[threshold["method"] == "gradcam"].sort_values("score_threshold")
         if len(rows):
             ends = [rows.iloc[0], rows.iloc[-1]] if len(rows) > 1 else [rows.iloc[0]]
-            parts.append(f"{gradcam}'s peak failure is " + " and ".join(
+            primary.append(" and ".join(
                 f"{_with_ci(r['failure_rate'], r['ci_low'], r['ci_high'], 2)} at score threshold "
                 f"{_number(r['score_threshold'], 2)} (n {int(r['n_eligible'])})" for r in ends))
-    if ranges is not None:
-        own = ranges[(ranges["subset"] == "own high-score subset") & (ranges["method"] == "gradcam")
-                     & (ranges["n_checkpoints"] > 0) & ranges["min"].notna()]
-        if len(own):
-            row = own.iloc[0]
-            parts.append(f"across the {int(row['n_checkpoints'])} learned checkpoints it ranges "
-                         f"{_number(row['min'], 2)} ({row['min_checkpoint']}) to "
-                         f"{_number(row['max'], 2)} ({row['max_checkpoint']}), each on its own "
-                         "high-score images")
     if tertiles is not None:
         rows = tertiles[(tertiles["method"] == "gradcam")
                         & tertiles["population"].astype(str).str.startswith("all masked")]
         by_size = {r.tertile: r for r in rows.itertuples()}
         if "small" in by_size and "large" in by_size:
             small, large = by_size["small"], by_size["large"]
-            parts.append(f"by lesion area it is {_with_ci(small.failure_rate, small.ci_low, small.ci_high, 2)} "
-                         f"in the smallest tertile (n {int(small.n)}) against "
-                         f"{_with_ci(large.failure_rate, large.ci_low, large.ci_high, 2)} in the largest "
-                         f"(n {int(large.n)})")
+            primary.append(f"{_with_ci(small.failure_rate, small.ci_low, small.ci_high, 2)} "
+                           f"in the smallest lesion-area tertile (n {int(small.n)}) against "
+                           f"{_with_ci(large.failure_rate, large.ci_low, large.ci_high, 2)} in the largest "
+                           f"(n {int(large.n)})")
+    if primary:
+        parts.append(f"in one checkpoint's audit (the primary) {gradcam}'s peak failure is "
+                     + "; ".join(primary))
     if not parts:
         return f"{RQ_TITLES[2]} could not be computed ({missing})."
     return f"{RQ_TITLES[2]} " + _capitalised("; ".join(parts)) + " (95% CIs)."
@@ -272,7 +351,8 @@ def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
         panel_empty = cams.empty
         if len(cams) and len(random_rows):
             control = random_rows.iloc[0]
-            text = ("the logit drop after deleting the top area of each map is "
+            text = ("in one checkpoint's audit (the primary, Table 4 panel A) the logit drop after "
+                    "deleting the top area of each map is "
                     f"{_rate_list(cams, labels, 'logit_drop', 'logit_drop_ci_low', 'logit_drop_ci_high')}, "
                     "after deleting the same area at random "
                     f"{_with_ci(control['logit_drop'], control['logit_drop_ci_low'], control['logit_drop_ci_high'], 2)}")
@@ -310,7 +390,7 @@ def _rq4_sentence(transfer: pd.DataFrame, gradcam_label: str = "Grad-CAM") -> st
 BRIEF_TABLES = {"table_validity_gate": "03_validity_gate", "table_s1_training": "01_training",
                 "table_checkpoint_learning": "05_robustness", "table4_spatial_audit": "04_spatial_audit",
                 "table_threshold_sensitivity": "05_robustness",
-                "table_checkpoint_failure_ranges": "05_robustness", "table_lesion_tertiles": "05_robustness",
+                "table4_over_seeds": "05_robustness", "table_lesion_tertiles": "05_robustness",
                 "table_s_faithfulness_lsr": "08_faithfulness", "table_transfer": "06_transfer",
                 "table_verdict_stability": "05_robustness"}
 
@@ -389,9 +469,10 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     elif unavailable:
         lines.append(f"**Classifier**: could not be computed ({why('table_s1_training')}).")
     table4 = read("table4_spatial_audit")
-    lines.append(_rq1_sentence(table4, labels) if table4 is not None
+    over_seeds = read("table4_over_seeds")
+    lines.append(_rq1_sentence(table4, labels, over_seeds) if table4 is not None
                  else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
-    robustness = ("table_threshold_sensitivity", "table_checkpoint_failure_ranges", "table_lesion_tertiles")
+    robustness = ("table_threshold_sensitivity", "table4_over_seeds", "table_lesion_tertiles")
     lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness), labels["gradcam"]))
     lines.append(_rq3_sentence(table4, read("table_s_faithfulness_lsr"), labels,
                                why("table4_spatial_audit", "table_s_faithfulness_lsr")))
@@ -417,7 +498,7 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
 def headline_lines(figures_dir: str | Path) -> list[str]:
     """The machine-independent part of the summary (Markdown lines)."""
     figures_dir = Path(figures_dir)
-    sections = [_training_lines, _gate_lines, _table4_lines, _table5_lines, _transfer_lines,
+    sections = [_training_lines, _gate_lines, _table4_lines, _over_seeds_lines, _table5_lines, _transfer_lines,
                 _stability_lines]
     lines = []
     for section in sections:
