@@ -267,7 +267,9 @@ FIGURE_CAPTIONS = {
 # The tables shown inline at the top of index.html: file stem -> heading.
 # (The validity gate has its own section, ``gate_section_html``: verdicts and reasons first.)
 HEADLINE_TABLES = {"table3_calibration": "Table 3: calibration of the primary checkpoint",
-                   "table4_panel_a": "Table 4, panel A: high-score population",
+                   "table4_panel_a": "Table 4, panel A: high-score population (one checkpoint's audit; "
+                                     "intervals conditional on this checkpoint)",
+                   "table4_over_seeds": "Table 4 over seeds: panel A as a mean over the learned seeds",
                    "table_verdict_stability": "Do the headline verdicts hold under a perturbed seed?",
                    "table5_adjusted_model_formatted": "Table 5: adjusted failure model",
                    "table_paper_comparison": "Paper versus this run"}
@@ -404,6 +406,7 @@ STAGE_PRODUCTS = {
                       ("Figure 4 (architecture x seed)", "figure4_robustness.png"),
                       ("threshold, checkpoint and lesion-size sensitivity (RQ2)", "table_threshold_sensitivity.csv"),
                       ("the learned-checkpoint table", "table_checkpoint_learning.csv"),
+                      ("Table 4 over seeds (RQ1, RQ2)", "table4_over_seeds.csv"),
                       ("verdict stability", "table_verdict_stability.csv")],
     "06_transfer": [("transfer (RQ4)", "table_transfer.csv"), ("Figure 5 (transfer)", "figure5_transfer.png")],
     "07_extended_localisation": [("extended localisation (AUC-IoU, energy lift, pointing, C-Score)",
