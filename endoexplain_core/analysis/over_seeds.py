@@ -72,7 +72,8 @@ def table4_per_seed(tables: pd.DataFrame, checkpoint_ids, score_threshold: float
             raise ValueError(f"checkpoint {checkpoint_id} has no audit rows")
         ids = set(summaries.high_score_ids(table, score_threshold))
         panel = table[table["sample_id"].isin(ids)]
-        seed = int(table["seed"].iloc[0]) if "seed" in table.columns else -1
+        seeds = table["seed"].dropna() if "seed" in table.columns else pd.Series(dtype=float)
+        seed = int(seeds.iloc[0]) if len(seeds) else -1
         for method in methods:
             of_method = panel[panel["method"] == method]
             rows.append({"checkpoint_id": checkpoint_id, "seed": seed,
