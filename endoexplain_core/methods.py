@@ -43,6 +43,9 @@ REGISTRY: tuple[MapMethod, ...] = (
     MapMethod("layercam", "LayerCAM", "#1f78b4", "extended", True, False),
     MapMethod("random", "Random heatmap", "#a6761d", "baseline", False, True),
     MapMethod("centre", "Centre baseline", "#e6ab02", "baseline", False, True),
+    # The frame's own smoothed gradient magnitude (kernels.baselines.salience_map): maps can
+    # follow what is salient whether or not the model uses it, so a method must beat it too.
+    MapMethod("salience", "Salience baseline", "#66a61e", "baseline", False, True),
     MapMethod("dog", "DoG conspicuity", "#000000", "extended_baseline", False, True),
 )
 

@@ -118,7 +118,7 @@ def test_bad_input_raises_and_keeps_the_previous_table(tmp_path):
 
 
 def valid_table():
-    """Two images x seven methods, every required column filled."""
+    """Two images x every map method, every required column filled."""
     rows = []
     for sample_id, score in (("s1", 0.95), ("s2", 0.40)):
         for method in MAP_METHODS:
@@ -135,8 +135,9 @@ def valid_table():
     (lambda t: t.drop(columns=["iou"]), "missing columns"),
     (lambda t: pd.concat([t, t.iloc[[0]]]), "duplicate"),
     (lambda t: t.drop(index=3), "same images"),
-    (lambda t: t.assign(top_fraction=[0.2] * 13 + [0.1]), "mixed top fractions"),
-    (lambda t: t.assign(scaled_score=[0.95] * 6 + [0.9] + [0.4] * 7), "more than one scaled score"),
+    (lambda t: t.assign(top_fraction=[0.2] * (len(t) - 1) + [0.1]), "mixed top fractions"),
+    (lambda t: t.assign(scaled_score=[0.95] * (len(MAP_METHODS) - 1) + [0.9] + [0.4] * len(MAP_METHODS)),
+     "more than one scaled score"),
     (lambda t: t.iloc[0:0], "no rows"),
 ])
 def test_validator_rejects_each_kind_of_bad_table(breakage, message):

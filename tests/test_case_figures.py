@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 from endoexplain_core.figures import case_figures  # noqa: E402
 
 from endoexplain_core.analysis import audit, audit_schema, case_maps
-from endoexplain_core.methods import CAM_METHODS  # noqa: E402
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS  # noqa: E402
 
 
 def selection_table():
@@ -99,7 +99,7 @@ def test_rendered_iou_is_verified_against_the_audit_table(tmp_path):
     table = audit_schema.read_audit_table(tmp_path / "a.parquet")
     selection = {"discordant": "x1", "consensus": "x2"}
     fig, checks = render_figure3(table, selection, model, model.features, cases, 16, 0.2)
-    assert len(checks) == 14 and checks["peak_matches"].all()          # 5 CAMs + 2 baselines per case
+    assert len(checks) == 2 * len(MAP_METHODS) and checks["peak_matches"].all()   # 5 CAMs + 3 baselines per case
     np.testing.assert_allclose(checks["rendered_iou"], checks["table_iou"], atol=1e-6)
     assert len(fig.axes) >= 16
     # Recomputed in the audit's own batch (batch 2 here), the maps equal the table's exactly.

@@ -121,6 +121,56 @@ def test_centre_gaussian_hand_values():
     assert torch.equal(gaussian, gaussian.flip(1)) and torch.equal(gaussian, gaussian.flip(2))
 
 
+def _square_frame(size=64, background=0.4, square=1.0):
+    """float32 (1, 3, S, S) grey frame: a black 2-px rim (the scope's field of view ends there),
+    a flat ``background`` and one bright square, rows 20-39 and columns 24-43."""
+    frame = torch.full((1, 3, size, size), background)
+    frame[..., :2, :] = frame[..., -2:, :] = 0.0
+    frame[..., :, :2] = frame[..., :, -2:] = 0.0
+    frame[..., 20:40, 24:44] = square
+    return frame
+
+
+def test_salience_map_hand_values_without_smoothing():
+    """sigma -> 0 leaves M = |central-difference gradient| / max. One step of 0.6 between the
+    background and the square: a side pixel (inside or just outside it) has one component
+    0.3, an inner corner pixel two (0.3 * sqrt(2), the maximum), a pixel across the corner
+    none; the rim of the field of view is no edge."""
+    salience = baselines.salience_map(_square_frame(), sigma_fraction=1e-4)[0]
+    assert salience.max().item() == pytest.approx(1.0)
+    for row, col in ((20, 24), (20, 43), (39, 24), (39, 43)):
+        assert salience[row, col].item() == pytest.approx(1.0)
+    for row, col in ((19, 30), (20, 30), (39, 30), (40, 30), (30, 23), (30, 24), (30, 43), (30, 44),
+                     (19, 24), (20, 23)):
+        assert salience[row, col].item() == pytest.approx(1 / math.sqrt(2), rel=1e-5)
+    assert salience[19, 23].item() == 0.0 and salience[30, 34].item() == 0.0
+    assert salience[:4].abs().max().item() == 0.0 and salience[:, :4].abs().max().item() == 0.0
+
+
+def test_salience_map_peaks_on_the_square_outline_and_is_a_proper_map():
+    frames = torch.cat([_square_frame(), torch.full((1, 3, 64, 64), 0.5)])   # + a flat frame
+    salience = baselines.salience_map(frames)
+    assert salience.shape == (2, 64, 64) and salience.dtype == torch.float32
+    assert salience.min().item() == 0.0 and salience[0].max().item() == pytest.approx(1.0)
+    assert salience[1].abs().max().item() == 0.0           # no gradient: a constant map
+    peak = divmod(int(salience[0].argmax()), 64)
+    # the square's outline runs over rows 19-20 / 39-40 and columns 23-24 / 43-44
+    on_outline = (19 <= peak[0] <= 40 and 23 <= peak[1] <= 44
+                  and not (21 <= peak[0] <= 38 and 25 <= peak[1] <= 42))
+    assert on_outline, peak
+    # sigma = 0.03 * 64 = 1.92 px, kernel radius 6 px: nothing further than 7 px from the outline
+    assert salience[0, 30, 34].item() == 0.0 and salience[0, 5, 5].item() == 0.0
+    around = salience[0, 10:50, 14:54]    # symmetric about the square's own axes
+    torch.testing.assert_close(around, around.flip(0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(around, around.flip(1), atol=1e-6, rtol=0)
+    # any per-channel affine scaling of a grey frame (the audit passes ImageNet-normalised
+    # frames) changes the grey level affinely: the same map
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    torch.testing.assert_close(baselines.salience_map((frames[:1] - mean) / std), salience[:1],
+                               atol=1e-5, rtol=0)
+
+
 def test_peak_lesion_distance_hand_cases():
     maps = torch.zeros(3, 6, 6)
     maps[0, 2, 2] = 1.0            # peak inside the lesion

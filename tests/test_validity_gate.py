@@ -31,9 +31,11 @@ def _masks(n):
     return {f"s{i}": lesion for i in range(n)}, {f"s{i}": cue for i in range(n)}
 
 
-def _case_rows(peaks_by_model, n=40, constant=None, centre_peaks=True):
+def _case_rows(peaks_by_model, n=40, constant=None, centre_peaks=True, salience=None):
     """Audit-like rows: every method of a model peaks where ``peaks_by_model[model](i)`` says,
-    the centre baseline at the frame centre (with ``centre_peaks``; else as the others).
+    the centre baseline at the frame centre (with ``centre_peaks``; else as the others), the
+    salience baseline, which sees only the frame, at ``salience(i)`` on every model's rows
+    (default ``_scattered``: neither lesion nor cue).
 
     A peak is (row, col) or None for a constant map.
     """
@@ -45,6 +47,8 @@ def _case_rows(peaks_by_model, n=40, constant=None, centre_peaks=True):
             for method in MAP_METHODS:
                 # the centre baseline peaks at the frame centre whatever the model
                 peak = (SIZE // 2, SIZE // 2) if method == "centre" and centre_peaks else where(i, method)
+                if method == "salience":   # model-free: the same peak on every model's rows
+                    peak = (salience or _scattered)(i, method)
                 is_constant = peak is None
                 r, c = (0, 0) if is_constant else peak
                 rows.append({"model": model, "sample_id": sample, "method": method,
@@ -109,6 +113,36 @@ def test_a_method_must_beat_the_centre_baseline():
     assert gate.loc["gradcam", "centre_lesion_rate"] == 0.75 and gate.loc["gradcam", "lesion_bar"] == 0.75
     assert gate.loc["gradcam", "lesion_rate"] == 0.65 and gate.loc["gradcam", "verdict"] != "passes"
     assert gate.loc["centre", "verdict"] != "passes"
+
+
+def _salient(i, method):
+    """The frame's salience peak: on the planted polyp in 28 of 40 frames (0.70), elsewhere
+    (neither lesion nor cue) in the rest."""
+    return (8, 8) if i < 28 else _scattered(i, method)
+
+
+def test_a_method_must_beat_salience_not_only_the_centre():
+    """A method whose lesion-model maps only follow the frame's salience peaks inside the
+    lesion in 0.70 of frames, far above chance + margin (0.3125) and the centre baseline
+    (0.0), and its shortcut model finds the cue: under a bar of chance and centre alone it
+    would pass. The salience baseline hits the same 0.70, so the bar is 0.70, set by the
+    salience baseline, and the method does not pass."""
+    follows_salience = dict(READER, lesion=_salient)
+    cases, facts = _draws({seed: None for seed in (1, 2, 3)},
+                          rows=_case_rows(follows_salience, salience=_salient))
+    gate = _gate(cases, facts).set_index("method")
+    row = gate.loc["gradcam"]
+    assert row["salience_lesion_rate"] == pytest.approx(0.70) and row["centre_lesion_rate"] == 0.0
+    assert row["salience_cue_rate"] == 0.0
+    assert row["lesion_bar"] == pytest.approx(0.70) and row["lesion_bar_set_by"] == "salience baseline"
+    assert row["cue_bar"] == pytest.approx(64 / 1024 + 0.25) and row["cue_bar_set_by"] == "chance + margin"
+    assert row["lesion_rate"] == pytest.approx(0.70) and row["verdict"] != "passes"
+    assert "the bar 0.700 (salience baseline)" in row["reason"]
+    # The same maps without the salience baseline: only chance and centre in the bar, and it passes.
+    without = _gate(cases[cases["method"] != "salience"], facts).set_index("method")
+    assert without.loc["gradcam", "lesion_bar"] == pytest.approx(64 / 1024 + 0.25)
+    assert without.loc["gradcam", "verdict"] == "passes"
+    assert gate.loc["salience", "verdict"] != "passes"   # the baseline cannot beat its own bar
 
 
 def test_gate_passes_a_map_that_reads_the_planted_evidence():

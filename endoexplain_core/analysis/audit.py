@@ -1,7 +1,7 @@
 """The case-level audit table: every map of one checkpoint on one masked cohort.
 
-One row per (dataset, sample_id, checkpoint_id, method), for the five CAMs and the two spatial
-baselines; every metric is at the model's input size, and masks empty at that size are excluded
+One row per (dataset, sample_id, checkpoint_id, method), for the five CAMs and the three spatial
+baselines (random heatmap, centre Gaussian, the frame's own salience); every metric is at the model's input size, and masks empty at that size are excluded
 and counted. Inputs: ``audit_inputs``; schema and validation: ``audit_schema``. Method:
 docs/statistics_and_gate.md, "The case-level audit"; docs/protocol.md, "Deletion".
 """
@@ -48,7 +48,8 @@ def batch_maps(model: torch.nn.Module, target_layer: torch.nn.Module, images: to
 
     ``images``: float32 (B, 3, S, S) normalised, on the model's device. Returns ({method in
     ``MAP_METHODS``: (B, S, S) map in [0, 1]}, logits): the five CAMs of one fused pass
-    (target class 1), the random heatmap seeded by each sample id and the centre baseline.
+    (target class 1), the random heatmap seeded by each sample id, the centre baseline and the
+    frame's salience map.
     Figure 3 and the case browser redraw maps with this, so they draw what the audit scored.
     """
     maps, logits = cams.compute_cams(model, target_layer, images, target_class=1,
@@ -57,20 +58,23 @@ def batch_maps(model: torch.nn.Module, target_layer: torch.nn.Module, images: to
 
 
 def baseline_maps(images: torch.Tensor, sample_ids: list[str]) -> dict[str, torch.Tensor]:
-    """The model-free controls of a batch (B, 3, S, S): ``random`` (a heatmap seeded by each
-    sample id) and ``centre`` (the centre Gaussian), each (B, S, S) in [0, 1]."""
+    """The model-free controls of a batch (B, 3, S, S) of normalised frames: ``random`` (a
+    heatmap seeded by each sample id), ``centre`` (the centre Gaussian) and ``salience`` (the
+    frame's smoothed gradient magnitude, ``baselines.salience_map``), each (B, S, S) in [0, 1]."""
     batch, _, height, width = images.shape
     keys = [deletion.sample_key(sample_id) for sample_id in sample_ids]
     return {"random": baselines.random_heatmaps(keys, height, width, images.device),
             "centre": baselines.centre_gaussian(batch, height, width, CENTRE_SIGMA_FRACTION,
-                                                images.device)}
+                                                images.device),
+            "salience": baselines.salience_map(images)}
 
 
 def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: torch.Tensor,
                 masks: torch.Tensor, sample_ids: list[str], *, temperature: float,
                 top_fraction: float, repetitions: int, grid: tuple[int, int] | None = None,
                 priors: dict[str, torch.Tensor] | None = None) -> tuple[dict, dict]:
-    """Audit one batch; return (column -> values over B x 7 rows, random-deletion columns).
+    """Audit one batch; return (column -> values over B x len(MAP_METHODS) rows, random-deletion
+    columns).
 
     ``images``: float32 (B, 3, S, S) normalised, on the model's device; ``masks``: bool
     (B, S, S), non-empty. Rows are ordered image-major, methods in ``MAP_METHODS`` order.
@@ -119,7 +123,7 @@ def audit_batch(model: torch.nn.Module, target_layer: torch.nn.Module, images: t
             if prior is not None else np.full(batch, np.nan))
         per_method[method] = columns
 
-    # Interleave to image-major order: row = image * 7 + method.
+    # Interleave to image-major order: row = image * len(MAP_METHODS) + method.
     rows = {name: np.stack([per_method[m][name] for m in MAP_METHODS], axis=1).reshape(-1)
             for name in per_method[MAP_METHODS[0]]}
     rows["sample_id"] = np.repeat(np.asarray(sample_ids, dtype=object), len(MAP_METHODS))
@@ -311,6 +315,8 @@ def audit_registered_checkpoint(run_dir: str | Path, data_root: str | Path, chec
     settings = {"checkpoint_sha256": str(entry["sha256"]), "top_fraction": float(top_fraction),
                 "repetitions": int(repetitions), "image_size": int(image_size),
                 "pool": sorted(pool["sample_id"].astype(str)), "prior_negatives": int(prior_negatives),
+                # an audit written before a map was added (e.g. the salience baseline) is redone
+                "methods": list(MAP_METHODS),
                 "inputs_sha256": audit_inputs.input_digest(pool, data_root, negatives)}
     if reuse and paths["summary"].is_file() and paths["table"].is_file():
         previous = json.loads(paths["summary"].read_text())

@@ -59,7 +59,8 @@ def redraw_cases(table: pd.DataFrame, selection: dict[str, str | None], model: t
     (uint8 (H, W, 3) RGB, bool (H, W) mask) for the selected ids and, with ``batch_size`` (the
     audit's), for every id of their audit batches. ``drawn``: one dict per selected case in
     ``figures.case_figures.draw_figure3``'s format (role, sample_id, score, rgb, mask, maps,
-    tops, rows), the centre baseline and random heatmap (seeded by sample id) beside the CAMs.
+    tops, rows), the centre baseline, random heatmap (seeded by sample id) and salience map
+    beside the CAMs.
     ``checks``: per drawn map with a table row, the table IoU, the rendered IoU (a constant map
     is checked like any other) and whether the drawn peak equals the table's.
     """

@@ -20,7 +20,7 @@ from endoexplain_core.analysis import calibration, stats
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
 from endoexplain_core.methods import method_label
 
-TABLE4_ROWS = CAM_METHODS + ("random", RANDOM_DELETION, "centre")
+TABLE4_ROWS = CAM_METHODS + ("random", RANDOM_DELETION, "centre", "salience")
 OUTCOMES = {"peak_failure": "peak_outside_mask", "iou": "iou",
             "energy_in_mask": "energy_in_mask", "logit_drop": "logit_drop"}
 TERTILE_LABELS = ("small", "medium", "large")
@@ -110,7 +110,7 @@ def panel_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, sample_ids
     """One Table 4 panel: per map row, n and each outcome's mean with its 95% CI.
 
     Rows: the five CAMs, random heatmap, random deletion (logit drop only: the per-image mean of
-    the exact-area draws) and centre baseline. Outcomes that do not apply are NaN. An empty
+    the exact-area draws), centre baseline and salience baseline. Outcomes that do not apply are NaN. An empty
     population gives n = 0 and NaN everywhere. Every row uses the same ``n`` images (module
     docstring): ``peak_failure`` counts a constant map as a failure (Wilson CI);
     ``peak_failure_defined`` is the rate over the ``n_defined`` maps with a peak and

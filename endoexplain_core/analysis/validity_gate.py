@@ -5,8 +5,8 @@ a lesion and a shortcut model, a shuffled-label control and several untrained in
 each on its own seed), audited on one pool of frames with a polyp and a separate cue (the polyp
 is the audit mask). A method's rate is an expectation over model draws: the mean of the
 replicates' rates with a Student t interval over them (``stats.draw_mean_interval``); against
-chance, the centre baseline and the controls it "passes", "fails" or is "inconclusive"
-(``gate_table``). Method: docs/statistics_and_gate.md, "Validity gate".
+chance, the centre and salience baselines and the controls it "passes", "fails" or is
+"inconclusive" (``gate_table``). Method: docs/statistics_and_gate.md, "Validity gate".
 """
 
 from __future__ import annotations
@@ -432,8 +432,11 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
     side at ``level``, "fails" needs one clause on the wrong side at the Bonferroni level over
     the six clauses; otherwise "inconclusive" (fewer than two used replicates always are).
     Columns: ``GATE_COLUMNS``; ``*_sd``: between-draw SD; ``n``: maps per model kind;
-    ``centre_*_rate``: the centre baseline's rates on the same frames; ``*_ceiling``: the
-    resolution ceiling (``kernels.grid``). Per clause detail: ``gate_clause_table``.
+    ``centre_*_rate`` / ``salience_*_rate``: the centre and salience baselines' rates on the
+    same frames (both part of the bars, ``_method_rates``); ``*_bar_set_by``: which term of
+    the bar is the largest ("chance + margin", "centre baseline" or "salience baseline"), also
+    named in the reason; ``*_ceiling``: the resolution ceiling (``kernels.grid``). Per clause
+    detail: ``gate_clause_table``.
     """
     rows = []
     for method, of_method, meta in _by_method(case_rows, model_facts, margin, methods):
@@ -441,6 +444,7 @@ def gate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, margin: fl
         clauses = [_clause(of_method, model, target, column, bars[target], level)
                    for model, target, column, _ in _GATE_CHECKS]
         for clause, (model, target, _, _) in zip(clauses, _GATE_CHECKS):
+            clause["bar_set_by"] = row[f"{target}_bar_set_by"]   # named in the reason
             prefix = _prefix(model, target)
             row.update({f"{prefix}_rate": clause["mean"], f"{prefix}_ci_low": clause["low"],
                         f"{prefix}_ci_high": clause["high"], f"{prefix}_sd": clause["sd"]})
@@ -499,12 +503,13 @@ def _by_method(case_rows: pd.DataFrame, model_facts: pd.DataFrame, margin: float
     unusable = model_facts[~model_facts["accuracy_ok"].astype(bool)]
     # The used replicates; with none, all of them (shown, but never a verdict).
     used = case_rows[case_rows["gate_seed"].isin(usable)] if usable else case_rows
-    centre = _centre_rates(used)
+    references = {method: _baseline_rates(used, method) for method in BAR_BASELINES}
     for method in methods:
         if case_rows[case_rows["method"] == method].empty:
             continue
         of_method = used[used["method"] == method]
-        row, bars = _method_rates({m: of_method[of_method["model"] == m] for m in GATE_MODELS}, centre, margin)
+        row, bars = _method_rates({m: of_method[of_method["model"] == m] for m in GATE_MODELS},
+                                  references, margin)
         row.update(method=method, label=method_label(method), n_replicates=n_replicates,
                    replicates_used=len(usable), replicates_excluded=n_replicates - len(usable),
                    untrained_initialisations=int(of_method.loc[of_method["model"] == "untrained", "draw"]
@@ -545,21 +550,28 @@ def _clause(rows: pd.DataFrame, model: str, target: str, column: str, bar: float
             "decides": decides, "bar": bar, "control": control}
 
 
-def _method_rates(per_model: dict[str, pd.DataFrame], centre: dict[str, float],
+def _method_rates(per_model: dict[str, pd.DataFrame], references: dict[str, dict[str, float]],
                   margin: float) -> tuple[dict, dict[str, float]]:
-    """One method's chance levels, centre rates, bars and ceilings (a partial gate row), and
-    the bar per target ("lesion", "cue")."""
+    """One method's chance levels, baseline rates, bars and ceilings (a partial gate row), and
+    the bar per target ("lesion", "cue"). ``references``: ``BAR_BASELINES`` method -> its
+    rates on the same frames (``_baseline_rates``)."""
     images = per_model["lesion"].groupby(["gate_seed", "sample_id"])
     lesion_chance = float(images["lesion_area_fraction"].first().mean())
     cue_chance = float(images["cue_area_fraction"].first().mean())
-    # A method must clear chance by the margin and beat the centre baseline on the same
-    # frames: a map that only prefers the middle of the frame is no evidence of either.
-    bars = {"lesion": max(lesion_chance + margin, centre["lesion"]),
-            "cue": max(cue_chance + margin, centre["cue"])}
+    # A method must clear chance by the margin and beat the centre and salience baselines on
+    # the same frames: a map that only prefers the middle of the frame, or only follows what is
+    # conspicuous in it whether or not the model uses it, is no evidence of either.
+    terms = {target: {"chance + margin": chance + margin,
+                      **{f"{method} baseline": rates[target] for method, rates in references.items()}}
+             for target, chance in (("lesion", lesion_chance), ("cue", cue_chance))}
+    bars = {target: max(values.values()) for target, values in terms.items()}
+    set_by = {target: max(values, key=values.get) for target, values in terms.items()}
     row = {"n": len(per_model["lesion"]), "margin": margin,
            "lesion_chance": lesion_chance, "cue_chance": cue_chance,
-           "centre_lesion_rate": centre["lesion"], "centre_cue_rate": centre["cue"],
+           **{f"{method}_{target}_rate": rates[target] for method, rates in references.items()
+              for target in ("lesion", "cue")},
            "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
+           "lesion_bar_set_by": set_by["lesion"], "cue_bar_set_by": set_by["cue"],
            "lesion_ceiling": _ceiling(per_model["lesion"], "lesion_node_inside"),
            "cue_ceiling": _ceiling(per_model["lesion"], "cue_node_inside")}
     return row, bars
@@ -572,6 +584,13 @@ _GATE_CHECKS = [("lesion", "lesion", "peak_inside_lesion", "lesion model peak-in
 _GATE_CHECKS += [(c, target, column, f"{c} control {text}") for c in CONTROL_MODELS
                  for target, column, text in (("lesion", "peak_inside_lesion", "peak-inside"),
                                               ("cue", "peak_on_cue", "peak-on-cue"))]
+
+
+def _bar_text(clause: dict) -> str:
+    """A clause's bar for the reason column, with the term that sets it when known: "0.383
+    (salience baseline)" says that a method must beat salience, not only the centre."""
+    source = clause.get("bar_set_by")
+    return f"{clause['bar']:.3f}" + (f" ({source})" if source else "")
 
 
 def _verdict(clauses: list[dict], unusable: pd.DataFrame, n_used: int) -> tuple[str, list[str]]:
@@ -595,9 +614,9 @@ def _verdict(clauses: list[dict], unusable: pd.DataFrame, n_used: int) -> tuple[
             value = clause["strict_low"] if clause["control"] else clause["strict_high"]
             relation = "clears" if clause["control"] else "below"
             failing.append(f"{described}: {bound} bound {value:.3f} (Bonferroni over "
-                           f"{len(_GATE_CHECKS)} tests) {relation} the bar {clause['bar']:.3f}")
+                           f"{len(_GATE_CHECKS)} tests) {relation} the bar {_bar_text(clause)}")
         elif clause["decides"] == "open":
-            open_reasons.append(f"{described}: interval straddles the bar {clause['bar']:.3f}")
+            open_reasons.append(f"{described}: interval straddles the bar {_bar_text(clause)}")
     if failing:
         return "fails", failing
     if open_reasons:
@@ -607,9 +626,10 @@ def _verdict(clauses: list[dict], unusable: pd.DataFrame, n_used: int) -> tuple[
 
 _RATE_PREFIXES = ("lesion", "cue", *(f"{c}_{t}" for c in CONTROL_MODELS for t in ("lesion", "cue")))
 GATE_COLUMNS = (["method", "label", "verdict", "passes", "lesion_rate", "lesion_ci_low",
-                 "lesion_ci_high", "lesion_chance", "centre_lesion_rate", "lesion_bar",
+                 "lesion_ci_high", "lesion_chance", "centre_lesion_rate",
+                 "salience_lesion_rate", "lesion_bar", "lesion_bar_set_by",
                  "lesion_ceiling", "cue_rate", "cue_ci_low", "cue_ci_high", "cue_chance",
-                 "centre_cue_rate", "cue_bar", "cue_ceiling"]
+                 "centre_cue_rate", "salience_cue_rate", "cue_bar", "cue_bar_set_by", "cue_ceiling"]
                 + [f"{c}_{t}_{k}" for c in CONTROL_MODELS for t in ("lesion", "cue")
                    for k in ("rate", "ci_low", "ci_high")]
                 + ["n", "n_replicates", "replicates_used", "replicates_excluded",
@@ -618,13 +638,18 @@ GATE_COLUMNS = (["method", "label", "verdict", "passes", "lesion_rate", "lesion_
                 + [f"{prefix}_sd" for prefix in _RATE_PREFIXES])
 
 
-def _centre_rates(rows: pd.DataFrame) -> dict[str, float]:
-    """The centre baseline's peak-in-lesion and peak-on-cue rates on the lesion model's frames
-    (the baseline does not depend on the model); 0 when the rows hold no centre baseline."""
-    centre = rows[(rows["method"] == "centre") & (rows["model"] == "lesion")]
+# The model-free maps whose rates on the same frames are part of every bar (``_method_rates``).
+BAR_BASELINES = ("centre", "salience")
+
+
+def _baseline_rates(rows: pd.DataFrame, method: str) -> dict[str, float]:
+    """A baseline map's (``BAR_BASELINES``) peak-in-lesion and peak-on-cue rates on the lesion
+    model's frames (the baseline does not depend on the model); 0 when the rows hold no such
+    baseline (tables written before it existed)."""
+    baseline = rows[(rows["method"] == method) & (rows["model"] == "lesion")]
     rates = {}
     for target, column in (("lesion", "peak_inside_lesion"), ("cue", "peak_on_cue")):
-        hits, n, _ = _count(centre, column)
+        hits, n, _ = _count(baseline, column)
         rates[target] = hits / n if n else 0.0
     return rates
 
@@ -678,7 +703,8 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
                 if model in ("lesion", "shortcut"):
                     low, high = stats.wilson_interval(hits, n, level)
                     row.update({f"{target}_ci_low": low, f"{target}_ci_high": high})
-            row.update({"centre_lesion_rate": _centre_rates(of_seed)["lesion"],
+            row.update({"centre_lesion_rate": _baseline_rates(of_seed, "centre")["lesion"],
+                        "salience_lesion_rate": _baseline_rates(of_seed, "salience")["lesion"],
                         "lesion_bar": bars["lesion"], "cue_bar": bars["cue"],
                         "lesion_ceiling": _ceiling(of_method[of_method["model"] == "lesion"], "lesion_node_inside"),
                         "cue_ceiling": _ceiling(of_method[of_method["model"] == "lesion"], "cue_node_inside"),
@@ -687,7 +713,7 @@ def gate_replicate_table(case_rows: pd.DataFrame, model_facts: pd.DataFrame, *, 
     keep = ["method", "label", "gate_seed", "models_ok", "point_reading", "why", "lesion_rate",
             "lesion_ci_low", "lesion_ci_high", "cue_rate", "cue_ci_low", "cue_ci_high",
             "untrained_lesion_rate", "untrained_cue_rate", "shuffled_lesion_rate",
-            "shuffled_cue_rate", "centre_lesion_rate", "lesion_bar", "cue_bar",
+            "shuffled_cue_rate", "centre_lesion_rate", "salience_lesion_rate", "lesion_bar", "cue_bar",
             "lesion_ceiling", "cue_ceiling", "n"]
     return pd.DataFrame(rows)[keep]
 

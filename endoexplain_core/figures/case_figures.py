@@ -11,9 +11,9 @@ before anything is drawn, among high-score images (scaled score >= threshold), C
 - consensus: all five CAM peaks inside; maximise the mean IoU;
 - remaining ties: the smallest sample id.
 Each row's title counts its own CAM peaks outside the lesion (``row_title``).
-The drawn maps (five CAMs, centre baseline, random heatmap) are recomputed from the checkpoint
-and checked against the table by ``analysis.case_maps.redraw_cases``; this module only selects
-and draws.
+The drawn maps (five CAMs, centre baseline, random heatmap, salience baseline) are recomputed
+from the checkpoint and checked against the table by ``analysis.case_maps.redraw_cases``; this
+module only selects and draws.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def format_score(score: float) -> str:
     return ">0.999" if score > 0.999 else "<0.001" if score < 0.001 else f"{score:.3f}"
 
 
-PANEL_TITLES = {"random": "Random", "centre": "Centre"}   # Figure 3's narrow columns
+PANEL_TITLES = {"random": "Random", "centre": "Centre", "salience": "Salience"}   # Figure 3's narrow columns
 
 
 def _panel_note(info: dict) -> str:
@@ -140,7 +140,7 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
 
     ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in
     [0, 1]), mask (bool/float (S, S)), maps (method -> float (S, S) in [0, 1]; the CAMs and,
-    when present, the centre baseline and random heatmap), tops (method -> bool (S, S) top
+    when present, the centre, random and salience baselines), tops (method -> bool (S, S) top
     area; optional), rows (method -> {"iou", "constant_map", "peak_outside_mask",
     "distance"}). Each role of ``roles`` is one row, lettered A, B, C..., titled with its role
     and score; a role with no case gets a full-width note saying why instead of empty panels.
@@ -200,7 +200,8 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                   "the lesion; k px at the input size (a CAM is upsampled from the target layer's "
                   "coarse grid, so several CAMs can share one peak). The small box at the lower left "
                   "of some frames is the scope-position overlay of the frame, not an annotation. "
-                  "Random: random heatmap; Centre: centre baseline. Maps "
+                  "Random: random heatmap; Centre: centre baseline; Salience: the frame's smoothed "
+                  "gradient magnitude (no model). Maps "
                   "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
                   + ("\n" + HIRESCAM_NOTE if "hirescam" in methods else "")
                   + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),

@@ -14,10 +14,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from endoexplain_core.methods import METHOD_COLOURS, method_label
+from endoexplain_core.methods import BASELINE_METHODS, EXTENDED_BASELINE_METHODS, METHOD_COLOURS, method_label
 from endoexplain_core.figures import style
 
 ALPHA_FLOOR_BITS = float(np.log2(0.01 / 1.01))  # lambda_E of a map with no lesion saliency
+MODEL_FREE_METHODS = BASELINE_METHODS + EXTENDED_BASELINE_METHODS   # drawn dashed, thinner
 
 
 def _colour(method: str) -> str:
@@ -35,7 +36,7 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
         ax.axvline(level, color="0.6", linewidth=0.6, linestyle=":")
     values = auc.set_index("method")["auc_iou"]
     for method, part in curves.groupby("method", sort=False):
-        baseline = method in ("random", "centre", "dog")
+        baseline = method in MODEL_FREE_METHODS
         ax.plot(part["iou_threshold"], part["mean_iou"], color=_colour(method),
                 linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
                 label=f"{method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
@@ -160,7 +161,7 @@ def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = "", not_validated=()
     gate's dagger."""
     fig, axes = plt.subplots(1, 2, figsize=(style.DOUBLE_COLUMN_INCHES - 0.4, 3.0), layout="constrained")
     for method, part in sweep.groupby("method", sort=False):
-        baseline = method in ("random", "centre", "dog")
+        baseline = method in MODEL_FREE_METHODS
         for ax, column in zip(axes, ("mean_iou", "mean_energy")):
             ax.plot(part["fraction"] * 100, part[column], color=_colour(method),
                     linestyle="--" if baseline else "-", marker="o", markersize=2.5,

@@ -20,7 +20,7 @@ from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.artefacts import read_table
 from endoexplain_core import files, numerics, presentation
 from endoexplain_core.analysis.adjusted_model import interval_unbounded
-from endoexplain_core.methods import CAM_METHODS, method_label
+from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, method_label
 from endoexplain_core.presentation import ARCH_LABELS
 
 SUMMARY_NAME = "summary.md"
@@ -81,7 +81,7 @@ def _gate_lines(figures_dir: Path) -> list[str]:
     if gate is None:
         return ["**Validity gate**: not run."]
     replicates = read_table(figures_dir, "table_validity_gate_replicates")
-    gate = gate[gate["method"].isin(list(CAM_METHODS) + ["random", "centre"])]
+    gate = gate[gate["method"].isin([*CAM_METHODS, *BASELINE_METHODS])]
     spread = {}
     if replicates is not None:   # a replicate whose models missed their accuracy rule: (excluded)
         for method, rows in replicates.groupby("method", sort=False):
@@ -218,7 +218,7 @@ def _gate_labels(gate: pd.DataFrame | None) -> dict[str, str]:
     ``table_validity_gate``, did not pass; no mark without a gate table)."""
     not_validated = () if gate is None else tuple(
         m for m, v in zip(gate["method"], gate["verdict"]) if m in CAM_METHODS and v != "passes")
-    return {m: method_label(m, not_validated) for m in (*CAM_METHODS, "random", "centre")}
+    return {m: method_label(m, not_validated) for m in (*CAM_METHODS, *BASELINE_METHODS)}
 
 
 def _rate_list(rows: pd.DataFrame, labels: dict[str, str], value: str, low: str, high: str,
@@ -264,7 +264,7 @@ def _over_seeds_clause(over_seeds: pd.DataFrame | None, labels: dict[str, str]) 
         return ""
     rows = over_seeds[pd.to_numeric(over_seeds["n_seeds"], errors="coerce") >= 2]
     cams = rows[rows["method"].isin(CAM_METHODS)]
-    references = rows[rows["method"].isin(["centre", "random"])]
+    references = rows[rows["method"].isin(list(BASELINE_METHODS))]
     baselines = f"; baselines: {_over_seeds_list(references, labels)}" if len(references) else ""
     return (f"Over the {seeds} learned seeds of the primary's architecture, each on its own "
             f"high-score images ({int(rows['n_images'].max())} images in all), the CAM peak falls "
@@ -286,7 +286,7 @@ def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str],
     if cams.empty:
         return (f"{RQ_TITLES[1]} {over}In one checkpoint's audit (the primary) no audit image reached "
                 "the score threshold, so panel A is empty: not estimable.")
-    references = panel[panel["method"].isin(["centre", "random"])]
+    references = panel[panel["method"].isin(list(BASELINE_METHODS))]
     baselines = (f"; baselines: {_rate_list(references, labels, 'peak_failure', 'peak_failure_ci_low', 'peak_failure_ci_high')}"
                  if len(references) else "")
     return (f"{RQ_TITLES[1]} {over}One checkpoint's audit (the primary, on the {int(cams['n'].iloc[0])} "
