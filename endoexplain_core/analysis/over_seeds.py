@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from endoexplain_core import artefacts
 from endoexplain_core.analysis import stats, summaries
 from endoexplain_core.methods import MAP_METHODS, method_label
 
@@ -52,6 +53,7 @@ def primary_architecture_seeds(learning: pd.DataFrame, primary_id: str) -> list[
     return chosen.sort_values("seed")["checkpoint_id"].tolist()
 
 
+@artefacts.computed_by
 def table4_per_seed(tables: pd.DataFrame, checkpoint_ids, score_threshold: float,
                     primary_id: str | None = None) -> pd.DataFrame:
     """Table 4 panel A's peak failure of every map method on each checkpoint's own high-score
@@ -140,6 +142,7 @@ def versus_centre(difference: dict, below: int, paired: int, bimodal: bool,
     return verdict, "paired difference from centre, Student t over seeds"
 
 
+@artefacts.computed_by
 def table4_over_seeds(per_seed: pd.DataFrame, level: float = stats.CONFIDENCE_LEVEL) -> pd.DataFrame:
     """Table 4 panel A as an expectation over training seeds, one row per map method.
 
