@@ -173,7 +173,7 @@ def read_table(folder: str | Path, name: str) -> pd.DataFrame | None:
 
 
 # The tables' marks as LaTeX commands: the manuscript compiles with pdflatex, no Unicode font.
-LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u2212": "-", "\u2013": "--",
+LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u00a7": "\\S{}", "\u2212": "-", "\u2013": "--",
                  "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}
 
 

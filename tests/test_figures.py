@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from endoexplain_core import marks, presentation  # noqa: E402
-from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
 from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
                                       extended_figures, faithfulness_figures, style,
                                       training_figures, transfer_figures, workflow_figure)
@@ -205,7 +205,8 @@ def test_figure_specific_fixes(figures):
     assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
     peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]
-    assert len(peak_markers) == 6 and not any(line.get_clip_on() for line in peak_markers)  # 7 maps, 1 constant
+    # 5 CAMs and 3 baselines, one constant
+    assert len(peak_markers) == len(MAP_METHODS) - 1 and not any(line.get_clip_on() for line in peak_markers)
     assert figures["figure3"].get_size_inches()[0] == pytest.approx(7.2)                   # 183 mm
 
     figure4 = figures["figure4"]
@@ -323,20 +324,23 @@ def test_reliability_lines_never_cross_an_empty_bin_and_every_point_has_an_inter
 
 
 def test_every_saved_table_carries_the_footnotes_its_cells_call_for(tmp_path):
-    """Not only the final tables: any table with a dagger, a double dagger, Eigen-CAM* or "not
-    estimable" in its cells gets their notes below the Markdown and LaTeX; a synthetic run's
-    tables say so; a table without marks of a real-data run gets none."""
+    """Not only the final tables: any table with a dagger, a double dagger, a section sign
+    (degenerate maps), Eigen-CAM* or "not estimable" in its cells gets their notes below the
+    Markdown and LaTeX; a synthetic run's tables say so; a table without marks of a real-data
+    run gets none."""
     from endoexplain_core import artefacts, marks
 
-    marked = pd.DataFrame({"label": ["Grad-CAM\u2020", "Eigen-CAM*"], "verdict": ["passes\u2021", "not estimable"]})
+    marked = pd.DataFrame({"label": ["Grad-CAM\u2020", "Eigen-CAM*", "HiResCAM\u2020\u00a7"],
+                           "verdict": ["passes\u2021", "not estimable", "inconclusive"]})
     artefacts.save_table(marked, "marked", tmp_path, synthetic=True)
     markdown = (tmp_path / "marked.md").read_text()
-    notes = [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, marks.EIGEN_FOOTNOTE, marks.NOT_ESTIMABLE_NOTE,
-             marks.SYNTHETIC_FOOTER]
+    notes = [marks.GATE_FOOTNOTE, marks.UNSTABLE_FOOTNOTE, marks.DEGENERATE_FOOTNOTE, marks.EIGEN_FOOTNOTE,
+             marks.NOT_ESTIMABLE_NOTE, marks.SYNTHETIC_FOOTER]
     positions = [markdown.index(presentation.markdown_cell(note)) for note in notes]
     assert positions == sorted(positions) and positions[0] > markdown.index("| Eigen-CAM* |")
     latex = (tmp_path / "marked.tex").read_text()
     assert "\\dag{} not validated" in latex and "Synthetic cohort" in latex
+    assert "HiResCAM\\dag{}\\S{}" in latex and "\\S{} degenerate maps" in latex
     assert list(pd.read_csv(tmp_path / "marked.csv").columns) == ["label", "verdict"]   # CSV: data only
     artefacts.save_table(pd.DataFrame({"method": ["gradcam"], "n": [3]}), "plain", tmp_path)
     assert (tmp_path / "plain.md").read_text().rstrip().endswith("| gradcam | 3 |")

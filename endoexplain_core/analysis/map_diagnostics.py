@@ -1,9 +1,11 @@
 """Map-prior diagnostics and practical identity of CAM methods (tables over a checkpoint).
 
 Per audited checkpoint: each method's prior map on held-out negatives and where its peaks sit
-on the feature grid, and which method pairs are identical in practice (``IDENTITY_RULE``).
+on the feature grid, which method pairs are identical in practice (``IDENTITY_RULE``), and
+which methods' maps are degenerate there (``degenerate_maps``, ``DEGENERACY_RULE``): their
+rates are not read as localisation, whatever the gate says.
 Method: docs/statistics_and_gate.md, "Map diagnostics: position prior, use of the lesion,
-practical identity".
+practical identity" and "Degenerate maps".
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pandas as pd
 import torch
 
 from endoexplain_core.kernels import cams, map_priors, metrics
+from endoexplain_core.marks import DEGENERATE_MARK
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.data.datasets import resize_rgb, to_normalised_tensor
 from endoexplain_core.data.imageio import read_rgb
@@ -251,3 +254,159 @@ def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
     merged["independent_evidence"] = ~(merged["identical_in_practice"]
                                        | merged["identical_by_construction"].astype(bool))
     return merged
+
+
+# --- degenerate maps --------------------------------------------------------------------------
+# A method's maps on one checkpoint are degenerate when any of three measurements says the map
+# shows something other than the image's class evidence (docs/statistics_and_gate.md,
+# "Degenerate maps"). Shares are over the maps with a peak (a constant map has none).
+#
+# Position: fewer interior peaks than a quarter of the interior's share of the grid, i.e. a
+# border-ring peak share above 1 - 0.25 (1 - ring share): 0.91 on a 5x5 grid, 0.94 on 4x4,
+# 0.86 on 8x8. A uniformly placed peak lands in the interior with the interior's share, and the
+# audited lesions lie mostly there, so a map that follows them peaks inside more often, not four
+# times less; a grid without interior cells (h or w <= 2) is never flagged by this rule.
+DEGENERATE_INTERIOR_FRACTION = 0.25
+# Ties: more than half the maps with their maximum shared by several pixels. A bilinearly
+# upsampled CAM has its maximum at one grid node, one pixel, unless the peak lies in the
+# half-cell band along the frame edge, where the upsampling clamps to a plateau, or the map
+# saturates: then the row-major tie-break, not the map, picks the peak pixel.
+DEGENERATE_TIED_SHARE = 0.5
+# Sign: the median per-image Pearson correlation with Grad-CAM (the channel-averaged gradient
+# of the class logit times the activations: the plainest map of the class evidence at the
+# layer) below -0.5. Maps sharing no structure correlate near 0; at -0.5 the map is bright
+# where the evidence is dark on most images, a quarter of its variance the inverted evidence.
+DEGENERATE_PEARSON = -0.5
+DEGENERACY_REFERENCE = "gradcam"
+DEGENERACY_RULE = (f"degenerate maps: border-ring peaks above 1 - {DEGENERATE_INTERIOR_FRACTION} x the "
+                   f"interior's area share, tied maxima on more than {DEGENERATE_TIED_SHARE:.0%} of the "
+                   f"maps, or a median per-image Pearson correlation with Grad-CAM below "
+                   f"{DEGENERATE_PEARSON} (any one)")
+DEGENERACY_COLUMNS = ["checkpoint_id", "method", "label", "grid", "n_maps", "n_with_peak",
+                      "border_ring_share", "border_ring_chance", "border_ring_limit",
+                      "tied_maxima", "tied_share", "tied_limit", "pearson_with_gradcam",
+                      "pearson_limit", "degenerate", "why"]
+
+
+def border_ring_limit(grid: tuple[int, int]) -> float:
+    """The border-ring peak share above which a method's maps are degenerate on an h x w grid:
+    1 - ``DEGENERATE_INTERIOR_FRACTION`` x the interior's share of the cells (1.0, never
+    exceeded, for a grid without interior)."""
+    return 1.0 - DEGENERATE_INTERIOR_FRACTION * (1.0 - map_priors.border_ring_share(grid))
+
+
+def _pearson_with_reference(identity: pd.DataFrame | None, method: str) -> float:
+    """Median per-image Pearson of ``method`` with ``DEGENERACY_REFERENCE`` from a
+    ``practical_identity`` table (either order of the pair); NaN without one."""
+    if identity is None or method == DEGENERACY_REFERENCE:
+        return np.nan
+    pair = identity[((identity["first"] == method) & (identity["second"] == DEGENERACY_REFERENCE))
+                    | ((identity["first"] == DEGENERACY_REFERENCE) & (identity["second"] == method))]
+    return float(pair["median_pearson"].iloc[0]) if len(pair) else np.nan
+
+
+def degenerate_maps(cases: pd.DataFrame, identity: pd.DataFrame | None = None,
+                    methods=CAM_METHODS) -> pd.DataFrame:
+    """One row per checkpoint x method: are the audited maps proper maps (``DEGENERACY_RULE``)?
+
+    ``cases``: audit rows of one or more checkpoints (``constant_map``, ``max_multiplicity``
+    and the diagnostic columns ``peak_border_ring``, ``feature_grid_height`` / ``_width``;
+    without them the position rule is not read). ``identity``: ``practical_identity`` rows of
+    the same checkpoints (with a ``checkpoint_id`` column when ``cases`` holds several), the
+    source of each method's median per-image Pearson correlation with Grad-CAM; None leaves
+    the sign rule unread (NaN). Grad-CAM is the reference of the sign rule, so only the
+    position and tie rules apply to it. Columns ``DEGENERACY_COLUMNS``: the three
+    measurements beside their limits (shares over the ``n_with_peak`` maps with a peak),
+    ``degenerate`` (any rule fires) and ``why`` (each rule that fired, in words; "" if none).
+    """
+    checkpoints = list(dict.fromkeys(cases["checkpoint_id"]))
+    if identity is not None and "checkpoint_id" not in identity.columns and len(checkpoints) > 1:
+        raise ValueError("identity rows need a checkpoint_id column when cases hold several checkpoints")
+    rows = []
+    for checkpoint_id in checkpoints:
+        of_checkpoint = cases[cases["checkpoint_id"] == checkpoint_id]
+        pairs = (identity[identity["checkpoint_id"] == checkpoint_id]
+                 if identity is not None and "checkpoint_id" in identity.columns else identity)
+        for method in methods:
+            of_method = of_checkpoint[of_checkpoint["method"] == method]
+            if of_method.empty:
+                continue
+            rows.append(_degeneracy_row(checkpoint_id, method, of_method,
+                                        _pearson_with_reference(pairs, method)))
+    return pd.DataFrame(rows, columns=DEGENERACY_COLUMNS)
+
+
+def _degeneracy_row(checkpoint_id: str, method: str, of_method: pd.DataFrame, pearson: float) -> dict:
+    """``degenerate_maps``'s row of one method on one checkpoint."""
+    with_peak = of_method[~of_method["constant_map"].astype(bool)]
+    n_peak = len(with_peak)
+    if "feature_grid_height" in of_method.columns and "peak_border_ring" in of_method.columns:
+        grid = (int(of_method["feature_grid_height"].iloc[0]), int(of_method["feature_grid_width"].iloc[0]))
+        chance, limit = map_priors.border_ring_share(grid), border_ring_limit(grid)
+        border = float(with_peak["peak_border_ring"].astype(bool).mean()) if n_peak else np.nan
+        grid_text = f"{grid[0]}x{grid[1]}"
+    else:
+        chance = limit = border = np.nan
+        grid_text = ""
+    tied = int((with_peak["max_multiplicity"] > 1).sum())
+    tied_share = tied / n_peak if n_peak else np.nan
+    why = []
+    if border > limit:
+        why.append(f"{border:.0%} of peaks on the border ring (limit {limit:.0%}: interior peaks below "
+                   f"{DEGENERATE_INTERIOR_FRACTION:g} of the interior's {1 - chance:.0%} area share)")
+    if tied_share > DEGENERATE_TIED_SHARE:
+        why.append(f"{tied} of {n_peak} maps with tied maxima (limit: more than {DEGENERATE_TIED_SHARE:.0%})")
+    if pearson < DEGENERATE_PEARSON:
+        why.append(f"median per-image Pearson with Grad-CAM {pearson:.2f} (limit {DEGENERATE_PEARSON:g}): "
+                   "anti-correlated with the class evidence")
+    return {"checkpoint_id": checkpoint_id, "method": method, "label": method_label(method),
+            "grid": grid_text, "n_maps": len(of_method), "n_with_peak": n_peak,
+            "border_ring_share": border, "border_ring_chance": chance, "border_ring_limit": limit,
+            "tied_maxima": tied, "tied_share": tied_share, "tied_limit": DEGENERATE_TIED_SHARE,
+            "pearson_with_gradcam": pearson, "pearson_limit": DEGENERATE_PEARSON,
+            "degenerate": bool(why), "why": "; ".join(why)}
+
+
+def degenerate_methods(degeneracy: pd.DataFrame, checkpoint_id: str | None = None) -> list[str]:
+    """Methods ``degenerate_maps`` flags (on ``checkpoint_id``; None: the table's only one)."""
+    if checkpoint_id is None:
+        ids = degeneracy["checkpoint_id"].unique()
+        if len(ids) > 1:
+            raise ValueError(f"degeneracy rows of several checkpoints {list(ids)}: name one")
+    else:
+        degeneracy = degeneracy[degeneracy["checkpoint_id"] == checkpoint_id]
+    return [str(m) for m in degeneracy.loc[degeneracy["degenerate"].astype(bool), "method"]]
+
+
+def mark_degenerate(table: pd.DataFrame, degeneracy: pd.DataFrame | None, *,
+                    method_column: str = "method", label_column: str | None = "label") -> pd.DataFrame:
+    """Copy of one checkpoint's ``table`` with a ``maps`` column and ``DEGENERATE_MARK`` on the
+    labels of degenerate methods (``degenerate_methods``).
+
+    ``maps`` per row: "degenerate" / "proper" for a checked CAM method, "not checked" for a
+    CAM without a degeneracy row, "reference" for other rows (baselines, random deletion);
+    ``degeneracy`` None returns ``table`` unchanged. The footnote printed beside a marked table
+    is ``marks.DEGENERATE_FOOTNOTE`` (``marks.notes_for``)."""
+    if degeneracy is None:
+        return table
+    table = table.copy()
+    flagged = set(degenerate_methods(degeneracy))
+    checked = set(degeneracy["method"])
+    methods = table[method_column].astype(str)
+    table["maps"] = ["degenerate" if m in flagged else "proper" if m in checked else
+                     "not checked" if m in CAM_METHODS else "reference" for m in methods]
+    if label_column and label_column in table.columns:
+        table[label_column] = [f"{label}{DEGENERATE_MARK}" if m in flagged else label
+                               for label, m in zip(table[label_column], methods)]
+    return table
+
+
+def describe_degeneracy(degeneracy: pd.DataFrame) -> str:
+    """The degeneracy table in words: which methods are degenerate on which checkpoint and why."""
+    flagged = degeneracy[degeneracy["degenerate"].astype(bool)]
+    rule = f"Rule ({DEGENERACY_RULE})."
+    if flagged.empty:
+        return f"No CAM method's maps are degenerate on {', '.join(degeneracy['checkpoint_id'].unique())}. {rule}"
+    return (" ".join(f"{method_label(row.method)} on {row.checkpoint_id} is degenerate: {row.why}."
+                     for row in flagged.itertuples())
+            + f" Its rates are not read as localisation, whatever the gate's verdict. {rule}")

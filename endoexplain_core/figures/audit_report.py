@@ -16,10 +16,10 @@ import pandas as pd
 import torch
 
 from endoexplain_core import marks
-from endoexplain_core.analysis import case_maps, summaries, validity_gate
+from endoexplain_core.analysis import case_maps, map_diagnostics, summaries, validity_gate
 
 from endoexplain_core.figures import case_figures
-from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.models import networks
 
 # sample ids -> {sample_id: (uint8 (H, W, 3) RGB, bool (H, W) mask)}, decoded at the input size
@@ -53,13 +53,17 @@ class AuditSummary:
 def audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, model: torch.nn.Module,
                   layer_name: str, *, arch: str, score_threshold: float, replicates: int, seed: int,
                   gate: pd.DataFrame | None = None, mark_gate: bool = True,
-                  methods: Sequence[str] | None = None) -> AuditSummary:
+                  methods: Sequence[str] | None = None,
+                  degeneracy: pd.DataFrame | None = None) -> AuditSummary:
     """The numbers of one checkpoint's audit (``table``: ``audit_schema.read_audit_table``'s rows).
 
     ``replicates``/``seed``: the image bootstrap of the summary's intervals. ``mark_gate``: add
     the validity-gate column and daggers from ``gate`` (03's table; None: "not run"); False
     leaves the summary unmarked (a model audited outside a run has no gate of its own).
     ``methods``: the CAM methods to report (None: all); baselines are always kept.
+    ``degeneracy``: this checkpoint's ``map_diagnostics.degenerate_maps`` rows; its degenerate
+    methods get the ``maps`` column's "degenerate" and ``marks.DEGENERATE_MARK`` on their labels
+    (None: no ``maps`` column).
     """
     summary = summaries.spatial_audit_summary(table, random_deletion, score_threshold, replicates=replicates, seed=seed)
     if methods is not None:
@@ -67,6 +71,7 @@ def audit_summary(table: pd.DataFrame, random_deletion: pd.DataFrame, model: tor
         summary = summary[summary["method"].isin(kept)].reset_index(drop=True)
     if mark_gate:
         summary = validity_gate.mark_table(summary, gate)
+    summary = map_diagnostics.mark_degenerate(summary, degeneracy)
     identical = networks.identical_methods(model, layer_name)
     return AuditSummary(summary=summary, formatted=summaries.format_spatial_audit_summary(summary),
                         ties=summaries.tie_counts(table), identical=identical,
@@ -83,7 +88,8 @@ def table4_files(summary: AuditSummary) -> dict[str, pd.DataFrame]:
 def describe_table4(summary: AuditSummary, table: pd.DataFrame, gate: pd.DataFrame | None, *,
                     score_threshold: float) -> str:
     """What Table 4 holds, in words: the panels' sizes (an empty panel A said so), the
-    temperature behind the scores, how constant maps count, and the gate's verdict line."""
+    temperature behind the scores, how constant maps count, the gate's verdict line and, when
+    the summary is marked (``maps`` column), the degenerate methods."""
     n_a, n_b = summary.n_high_score, summary.n_audited
     if gate is None:
         gate_line = "The validity gate has not been run."
@@ -97,7 +103,18 @@ def describe_table4(summary: AuditSummary, table: pd.DataFrame, gate: pd.DataFra
         summaries.temperature_statement(table),
         "Every map is scored on the same images: a constant map (no peak) counts as a peak failure; "
         "'Constant maps' says how many, and the last column gives the rate over maps with a peak.",
-        gate_line])
+        gate_line] + _degenerate_line(summary.summary))
+
+
+def _degenerate_line(table4: pd.DataFrame) -> list[str]:
+    """The degenerate-maps footnote naming the marked methods ([] when none is, or unchecked)."""
+    if "maps" not in table4.columns:
+        return []
+    flagged = table4.loc[table4["maps"] == "degenerate", "method"].drop_duplicates()
+    if flagged.empty:
+        return ["No CAM method's maps are degenerate on this checkpoint (table_map_degeneracy)."]
+    return [marks.DEGENERATE_FOOTNOTE + " Marked: "
+            + ", ".join(method_label(m) for m in flagged) + "."]
 
 
 def describe_ties(ties: pd.DataFrame) -> str:
