@@ -28,6 +28,7 @@ from endoexplain_core.kernels import grid
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.marks import NOT_VALIDATED_MARK
 from endoexplain_core.models import networks, training
+from endoexplain_core.numerics import resolve_device
 from endoexplain_core.progress import progress_bar
 
 GATE_MODELS = ("lesion", "shortcut", "untrained", "shuffled")
@@ -172,57 +173,119 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     return correct / len(labels)
 
 
-def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
-                     settings: GateSettings, seed: int) -> nn.Module:
-    """Train ``arch`` from scratch on planted frames; return it in eval mode.
-
-    The study's recipe (zero-initialised head, AdamW, linear warm-up then cosine decay,
-    label-smoothed cross-entropy), ``settings.section.steps`` optimiser steps of ``batch_size`` frames
-    drawn without replacement per pass (seeded). Random flips keep the position of the planted
-    evidence from being learnt as a fixed location.
-    """
+def initial_gate_model(arch: str, seed: int,
+                       init_state: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """A gate model before training: ``arch`` on ``seed`` (``training.seed_everything``) or, with
+    ``init_state`` (a 2-class state dict of ``arch``, loaded strictly), those weights; either way
+    with the zero-initialised head of the study's recipe, so a fine-tuned model learns its
+    planted task from the same start of the head as one trained from scratch."""
     training.seed_everything(seed)
     model = networks.build_model(arch)
+    if init_state is not None:
+        model.load_state_dict(init_state, strict=True)
     training.zero_init_head(model)
+    return model
+
+
+def gate_optimiser(model: nn.Module, settings: GateSettings):
+    """(optimiser, scheduler, loss function) of the gate's recipe: AdamW at the section's
+    learning rate, linear warm-up then cosine decay over ``steps``, label-smoothed
+    cross-entropy."""
     optimiser = torch.optim.AdamW(model.parameters(), lr=settings.section.learning_rate,
                                   weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimiser, training.cosine_with_warmup(settings.section.warmup_steps, settings.section.steps))
-    loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+    return optimiser, scheduler, nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
+
+
+def gate_training_step(model: nn.Module, recipe, inputs: torch.Tensor, labels: torch.Tensor,
+                       flips: torch.Tensor, *, arch: str, channels_last: bool,
+                       device: torch.device) -> float:
+    """One optimiser step of the gate's recipe on one batch; returns the loss.
+
+    ``recipe``: ``gate_optimiser``'s triple; ``inputs``: normalised float32 (B, 3, S, S) on the
+    CPU; ``labels``: int64 (B,); ``flips``: bool (2,), horizontal / vertical flip of the whole
+    batch. A non-finite loss raises ``training.NonFiniteLossError`` before the step.
+    """
+    optimiser, scheduler, loss_function = recipe
+    if flips[0]:
+        inputs = inputs.flip(-1)
+    if flips[1]:
+        inputs = inputs.flip(-2)
+    loss = loss_function(model(training.to_device(inputs, device, channels_last)), labels.to(device))
+    if not torch.isfinite(loss):
+        raise training.NonFiniteLossError(f"validity-gate model ({arch}) loss became "
+                                          f"{loss.item()}; lower the gate learning rate")
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    optimiser.step()
+    scheduler.step()
+    return float(loss.detach())
+
+
+def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
+                     settings: GateSettings, seed: int, *,
+                     init_state: dict[str, torch.Tensor] | None = None,
+                     device: torch.device = torch.device("cpu")) -> nn.Module:
+    """Train ``arch`` on planted frames; return it in eval mode, on the CPU.
+
+    The study's recipe (zero-initialised head, AdamW, linear warm-up then cosine decay,
+    label-smoothed cross-entropy: ``gate_training_step``), ``settings.section.steps`` optimiser
+    steps of ``batch_size`` frames drawn without replacement per pass (seeded). Random flips keep
+    the position of the planted evidence from being learnt as a fixed location. From scratch, or
+    with ``init_state`` fine-tuned from those weights (``initial_gate_model``). ``device``: where
+    the steps run (default the CPU, with deterministic kernels).
+    """
+    model = initial_gate_model(arch, seed, init_state).to(device)
+    recipe = gate_optimiser(model, settings)
     generator = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.int64)
     model.train()
-    with (training.deterministic_algorithms(torch.device("cpu")),
+    with (training.deterministic_algorithms(device),
           training.optimiser_memory_format(model, settings.channels_last)):
         # the gate trains nine such models: a bar per model says where a 15-minute stage is
         for _ in progress_bar(range(settings.section.steps), desc=f"gate model {arch} (seed {seed})", unit="step"):
             if len(order) < settings.section.batch_size:
                 order = torch.cat([order, torch.randperm(len(labels), generator=generator)])
             batch, order = order[:settings.section.batch_size], order[settings.section.batch_size:]
-            inputs = _normalise(images[batch])
             flips = torch.rand(2, generator=generator) < 0.5
-            if flips[0]:
-                inputs = inputs.flip(-1)
-            if flips[1]:
-                inputs = inputs.flip(-2)
-            loss = loss_function(model(training.to_device(inputs, torch.device("cpu"), settings.channels_last)),
-                                 labels[batch])
-            if not torch.isfinite(loss):
-                raise training.NonFiniteLossError(f"validity-gate model ({arch}) loss became "
-                                                  f"{loss.item()}; lower the gate learning rate")
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            scheduler.step()
-    with training.deterministic_algorithms(torch.device("cpu")):
+            gate_training_step(model, recipe, _normalise(images[batch]), labels[batch], flips,
+                               arch=arch, channels_last=settings.channels_last, device=device)
+    with training.deterministic_algorithms(device):
         # Eval-mode BatchNorm statistics of the final weights (as in 01_training): the moving
         # averages of a few hundred steps from scratch still describe earlier weights.
         count = settings.batchnorm_recalibration_images
         training.recalibrate_batchnorm(
             model, ((_normalise(images[start:start + settings.section.batch_size]), None, None)
                     for start in range(0, min(count, len(labels)), settings.section.batch_size)),
-            count, torch.device("cpu"))
-    return model.eval()
+            count, device)
+    return model.cpu().eval()
+
+
+def time_training_step(arch: str, settings: GateSettings, *,
+                       init_state: dict[str, torch.Tensor] | None = None,
+                       device: torch.device = torch.device("cpu"), seed: int = 0) -> float:
+    """Seconds of one optimiser step of ``train_gate_model``'s recipe on one batch of planted
+    lesion frames at ``settings.image_size``, after one untimed step (the first step also pays
+    for allocations and kernel selection). What ``endoexplain gate`` multiplies into its
+    estimate before the work starts."""
+    images, labels = task_frames("lesion", settings.section.batch_size, settings.image_size, seed)
+    model = initial_gate_model(arch, seed, init_state).to(device).train()
+    recipe = gate_optimiser(model, settings)
+    inputs, no_flip = _normalise(images), torch.zeros(2, dtype=torch.bool)
+    with (training.deterministic_algorithms(device),
+          training.optimiser_memory_format(model, settings.channels_last)):
+        timings = []
+        for _ in range(2):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            gate_training_step(model, recipe, inputs, labels, no_flip, arch=arch,
+                               channels_last=settings.channels_last, device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timings.append(time.perf_counter() - started)
+    return timings[-1]
 
 
 def untrained_seed(replicate_seed: int, draw: int) -> int:
@@ -232,7 +295,9 @@ def untrained_seed(replicate_seed: int, draw: int) -> int:
 
 
 def build_gate_models(arch: str, settings: GateSettings, seed: int,
-                      shared_control: tuple[nn.Module, int] | None = None, *, batch_size: int
+                      shared_control: tuple[nn.Module, int] | None = None, *, batch_size: int,
+                      init_state: dict[str, torch.Tensor] | None = None,
+                      device: torch.device = torch.device("cpu")
                       ) -> tuple[dict[str, nn.Module], pd.DataFrame]:
     """The gate models of one replicate (``seed``) and a table of their training facts
     (accuracies measured ``batch_size`` frames per forward pass): lesion, shortcut, shuffled,
@@ -243,6 +308,11 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
     training this replicate's own (the profile's ``shuffled_control_per_replicate`` off); its
     held-out accuracy is still measured on this replicate's frames, its training accuracy is
     NaN (these training frames are not its own).
+
+    ``init_state``: a 2-class state dict of ``arch`` the trained models (lesion, shortcut and the
+    shuffled control, so that the control differs from the lesion model only in its labels) are
+    fine-tuned from (``train_gate_model``); the untrained networks stay random initialisations.
+    None: every model from scratch. ``device``: where the optimiser steps run.
 
     Returns ({model name: model}, DataFrame with columns gate_seed, model (the kind:
     ``GATE_MODELS``), draw (the untrained initialisation's number, 0 for the others), task,
@@ -274,7 +344,8 @@ def build_gate_models(arch: str, settings: GateSettings, seed: int,
             (model, trained_with), (task, _, label_text) = shared_control, recipes[name]
         else:
             task, labels, label_text = recipes[name]
-            model = train_gate_model(arch, data[task][0], labels, settings, seed)
+            model = train_gate_model(arch, data[task][0], labels, settings, seed,
+                                     init_state=init_state, device=device)
         own_frames = trained_with == seed or name == "untrained"
         train_acc = (accuracy(model, data[task][0], recipes.get(name, (task, data[task][1]))[1],
                               batch_size=batch_size) if own_frames else float("nan"))
@@ -309,7 +380,7 @@ def model_kind(name: str) -> str:
 
 def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir: str | Path, *,
                       arch: str, layer_name: str, settings: GateSettings, seed: int,
-                      top_fraction: float, batch_size: int) -> pd.DataFrame:
+                      top_fraction: float, batch_size: int, device: str = "cpu") -> pd.DataFrame:
     """Audit every gate model of replicate ``seed`` on its pool; return case rows with the cue
     columns added.
 
@@ -318,6 +389,7 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
     ``peak_defined`` (not a constant map), ``peak_inside_lesion`` and
     ``peak_on_cue`` (float 1/0; 0 for a constant map), ``cue_area_fraction``, and the
     resolution ceilings ``lesion_node_inside`` / ``cue_node_inside`` at the layer's CAM grid.
+    ``device``: where the maps are computed (``audit.audit_checkpoint``).
     """
     output_dir = Path(output_dir)
     cue_masks = {case["sample_id"]: case["cue_mask"] for case in pool}
@@ -337,7 +409,8 @@ def audit_gate_models(models: dict[str, nn.Module], pool: list[dict], output_dir
             table_path=output_dir / f"{checkpoint_id}.parquet",
             random_deletion_path=output_dir / f"{checkpoint_id}_random_deletion.parquet",
             top_fraction=top_fraction, repetitions=settings.section.random_deletion_repetitions,
-            batch_size=batch_size, total=len(cases))
+            batch_size=batch_size, device=device, total=len(cases))
+        model.cpu()   # the next model's audit needs the device memory, not this one
         table = audit_schema.read_audit_table(output_dir / f"{checkpoint_id}.parquet")
         draw = int(name.split("_")[1]) if "_" in name else 0
         tables.append(table.assign(gate_seed=seed, model=model_kind(name), draw=draw))
@@ -753,14 +826,20 @@ def gate_stability(clauses: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
 
 def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
              layer_name: str | None = None, top_fraction: float, batch_size: int,
-             progress=None) -> dict:
+             progress=None, init_state: dict[str, torch.Tensor] | None = None,
+             device: str = "cpu", on_replicate=None) -> dict:
     """Build, audit and judge the gate models of every replicate at ``arch``'s target layer.
 
     Writes the per-model audit tables under ``<output_dir>/seed_<seed>/``. Returns a dict with
     ``gate`` (``gate_table``), ``clauses`` (``gate_clause_table``), ``replicates`` (``gate_replicate_table``), ``stability``
     (``gate_stability``), ``models`` (model facts of every replicate), ``cases`` (case
     rows), ``layer`` (target layer name), ``settings`` (dict) and ``seconds``. ``progress``:
-    optional callable(message) told when each replicate starts.
+    optional callable(message) told when each replicate starts. ``init_state``: fine-tune the
+    trained models from these 2-class weights of ``arch`` (``build_gate_models``; default None:
+    from scratch, as notebook 03). ``device``: ``cpu`` | ``cuda`` | ``auto``, where the models are
+    trained and audited (default the CPU, as notebook 03). ``on_replicate``: optional
+    callable(seed, models, pool, layer_name) called once a replicate's models are audited
+    (``endoexplain gate`` draws its example maps from it; the models are not kept otherwise).
     """
     started = time.perf_counter()
     cases, facts = [], []
@@ -768,14 +847,18 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     for index, seed in enumerate(settings.section.replicate_seeds):
         if progress is not None:
             progress(f"gate replicate {index + 1}/{len(settings.section.replicate_seeds)} (seed {seed})")
-        models, model_facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size)
+        models, model_facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size,
+                                                init_state=init_state, device=resolve_device(device))
         if not settings.section.shuffled_control_per_replicate and shared_control is None:
             shared_control = (models["shuffled"], seed)
         layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
         pool = gate_pool(settings.section.pool_images, settings.image_size, seed + 2)
         cases.append(audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
                                        layer_name=layer_name, settings=settings, seed=seed,
-                                       top_fraction=top_fraction, batch_size=batch_size))
+                                       top_fraction=top_fraction, batch_size=batch_size,
+                                       device=device))
+        if on_replicate is not None:
+            on_replicate(seed, models, pool, layer_name)
         facts.append(model_facts)
     cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
     judged = {"margin": settings.section.margin, "level": settings.level}
