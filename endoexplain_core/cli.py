@@ -158,15 +158,17 @@ LOCK_NAME = ".endoexplain-audit.lock"
 
 
 @contextlib.contextmanager
-def output_folder_lock(out: Path, wait_seconds: float = 0.0):
+def output_folder_lock(out: Path, wait_seconds: float = 0.0, holders: str = "audit"):
     """Hold the exclusive lock ``<out>/.endoexplain-audit.lock`` for the block
-    (``files.exclusive_lock``); another holder past ``wait_seconds``: ``CommandError``."""
+    (``files.exclusive_lock``); another holder past ``wait_seconds``: ``CommandError``.
+    ``audit`` and ``gate`` take the same lock, so neither writes into a folder the other is
+    writing; ``holders`` names who that may be in the message."""
 
     try:
         with files.exclusive_lock(out / LOCK_NAME, wait_seconds):
             yield out
     except files.LockHeld as held:
-        raise CommandError(f"another endoexplain audit is writing into {out} ({held.holder}); wait "
+        raise CommandError(f"another endoexplain {holders} is writing into {out} ({held.holder}); wait "
                            f"for it to finish, or pass --wait-for-lock SECONDS to queue behind it") from None
 
 
@@ -333,14 +335,24 @@ def run_audit(args: argparse.Namespace) -> dict:
     except ValueError as error:
         raise CommandError(str(error)) from error
     probe_model(model, layer, layer_name, args.image_size)
+    gate = None
+    if args.gate:
+        from endoexplain_core import gate_command
+
+        gate = gate_command.read_gate_folder(args.gate, arch=args.arch, target_layer=layer_name,
+                                             image_size=args.image_size)
     # Only now is anything created: every refusal above leaves the disk as it was.
-    out = check_output_folder(args.out, {"--images": args.images, "--masks": args.masks})
+    if (Path(args.out) / GATE_RECORD_NAME).is_file():
+        raise CommandError(f"--out {args.out} holds a gate ({GATE_RECORD_NAME}); write the audit "
+                           f"to a folder of its own")
+    inputs = {"--images": args.images, "--masks": args.masks}
+    out = check_output_folder(args.out, {**inputs, "--gate": args.gate} if args.gate else inputs)
     with output_folder_lock(out, args.wait_for_lock):
         staging = staging_folder(out)
         try:
             try:
                 record = _audit_into(args, staging, methods, temperature, calibration_note, cases,
-                                     model, weights_sha, layer_name, layer)
+                                     model, weights_sha, layer_name, layer, gate)
             except OSError as error:  # a full disk or quota while staging: --out is untouched
                 raise CommandError(f"stopped by an OS error, nothing was moved into {out} (its "
                                    f"previous files and {RECORD_NAME} are unchanged): "
@@ -367,6 +379,8 @@ def _os_error_text(error: OSError, staging: Path, out: Path) -> str:
 
 
 RECORD_NAME = "audit.json"
+GATE_RECORD_NAME = "gate.json"        # the commit record of an ``endoexplain gate`` folder
+RECORD_NAMES = (RECORD_NAME, GATE_RECORD_NAME)
 
 
 def staging_folder(out: Path) -> Path:
@@ -379,15 +393,16 @@ def staging_folder(out: Path) -> Path:
     return staging
 
 
-def commit_outputs(staging: Path, out: Path, record: dict) -> list[Path]:
-    """Move every file of ``staging`` into ``out``, then write ``audit.json`` last: the commit
-    record, listing each file's SHA-256 (``files``). The previous record is removed first, so
-    a run stopped while moving leaves a folder without a record, never a record that vouches
-    for other files. Returns the final paths."""
+def commit_outputs(staging: Path, out: Path, record: dict, record_name: str = RECORD_NAME) -> list[Path]:
+    """Move every file of ``staging`` into ``out``, then write ``record_name`` (``audit.json``,
+    or ``gate.json`` for a gate) last: the commit record, listing each file's SHA-256
+    (``files``). The previous record is removed first, so a run stopped while moving leaves a
+    folder without a record, never a record that vouches for other files. Returns the final
+    paths."""
     staged = sorted(p for p in staging.rglob("*") if p.is_file())
     record["files"] = {str(p.relative_to(staging)): files.sha256_file(p) for p in staged}
-    previous = _listed_files(out)
-    (out / RECORD_NAME).unlink(missing_ok=True)
+    previous = _listed_files(out, record_name)
+    (out / record_name).unlink(missing_ok=True)
     final = []
     for path in staged:
         target = out / path.relative_to(staging)
@@ -399,7 +414,7 @@ def commit_outputs(staging: Path, out: Path, record: dict) -> list[Path]:
     for name in sorted(set(previous) - set(record["files"])):
         (out / name).unlink(missing_ok=True)
     shown = {k: v for k, v in record.items() if k != "written"}
-    final.append(files.write_text_atomic(out / RECORD_NAME, json.dumps(shown, indent=1)))
+    final.append(files.write_text_atomic(out / record_name, json.dumps(shown, indent=1)))
     return final
 
 
@@ -413,12 +428,14 @@ def _inside(folder: Path, name: str) -> bool:
             and (folder / relative).resolve().is_relative_to(folder.resolve()))
 
 
-def _listed_files(folder: Path) -> dict[str, str]:
-    """The files a folder's ``audit.json`` lists (name -> SHA-256), only names inside the
-    folder; {} when there is no readable record."""
+def _listed_files(folder: Path, record_name: str | None = None) -> dict[str, str]:
+    """The files a folder's record lists (name -> SHA-256), only names inside the folder; {}
+    when there is no readable record. ``record_name``: ``audit.json`` or ``gate.json`` (None:
+    the one the folder holds, ``record_in``)."""
+    record_name = record_name or record_in(folder)
     try:
-        listed = json.loads(files.read_bounded(folder / RECORD_NAME, MAX_RECORD_BYTES,
-                                               RECORD_NAME)).get("files")
+        listed = json.loads(files.read_bounded(folder / record_name, MAX_RECORD_BYTES,
+                                               record_name)).get("files")
     except (OSError, ValueError, AttributeError):
         return {}
     if not isinstance(listed, dict):
@@ -426,20 +443,34 @@ def _listed_files(folder: Path) -> dict[str, str]:
     return {str(name): digest for name, digest in listed.items() if _inside(folder, str(name))}
 
 
+def record_in(folder: Path) -> str:
+    """The commit record a folder holds: ``gate.json`` for a gate folder, else ``audit.json``
+    (also when it holds neither: the name the problems then mention)."""
+    return GATE_RECORD_NAME if (Path(folder) / GATE_RECORD_NAME).is_file() else RECORD_NAME
+
+
 def verify_folder(folder: str | Path) -> list[str]:
-    """Problems of an audit folder against its commit record (empty: ``audit.json`` lists at
-    least one file, every listed file is inside the folder and there with its SHA-256, and every
-    file of the folder is listed; hidden files such as the lock are not outputs)."""
+    """Problems of an audit or gate folder against its commit record (empty: ``audit.json`` or
+    ``gate.json`` lists at least one file, every listed file is inside the folder and there
+    with its SHA-256, and every file of the folder is listed; hidden files such as the lock are
+    not outputs). A folder with both records is a problem: each would vouch for other files."""
     folder = Path(folder)
-    record_path = folder / RECORD_NAME
-    if not record_path.is_file():
-        return [f"{folder} has no {RECORD_NAME}: an interrupted audit, or not an audit folder"]
+    present = [name for name in RECORD_NAMES if (folder / name).is_file()]
+    if not present:
+        return [f"{folder} has no {RECORD_NAME} or {GATE_RECORD_NAME}: an interrupted audit or "
+                f"gate, or not such a folder"]
+    if len(present) > 1:
+        return [f"{folder} holds both {RECORD_NAME} and {GATE_RECORD_NAME}: an audit and a gate "
+                f"must each have a folder of their own"]
+    record_name = present[0]
+    record_path = folder / record_name
     try:
-        listed = json.loads(files.read_bounded(record_path, MAX_RECORD_BYTES, RECORD_NAME)).get("files")
+        listed = json.loads(files.read_bounded(record_path, MAX_RECORD_BYTES, record_name)).get("files")
     except (OSError, ValueError, AttributeError) as error:
         return [f"{record_path} is not a readable audit record ({files.short_text(str(error))})"]
     if not isinstance(listed, dict) or not listed:
         return [f"{record_path} lists no files: it vouches for nothing"]
+    writer = "gate" if record_name == GATE_RECORD_NAME else "audit"
     problems = []
     for name, digest in sorted(listed.items()):
         if not _inside(folder, str(name)):
@@ -449,21 +480,22 @@ def verify_folder(folder: str | Path) -> list[str]:
         if not path.is_file():
             problems.append(f"{name}: missing")
         elif files.sha256_file(path) != digest:
-            problems.append(f"{name}: changed since the audit wrote it")
+            problems.append(f"{name}: changed since the {writer} wrote it")
     present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
                and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
-    for name in sorted(present - set(listed) - {RECORD_NAME}):
-        problems.append(f"{name}: not listed in {RECORD_NAME} (not written by this audit)")
+    for name in sorted(present - set(listed) - {record_name}):
+        problems.append(f"{name}: not listed in {record_name} (not written by this {writer})")
     return problems
 
 
 def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float,
                 calibration_note: str, cases: list[Case], model, weights_sha: str,
-                layer_name: str, layer) -> dict:
+                layer_name: str, layer, gate=None) -> dict:
     """The body of ``run_audit``, run while ``out`` is locked: the command's steps in their
-    order, each writing into the staging folder that is committed as a whole."""
+    order, each writing into the staging folder that is committed as a whole. ``gate``: (gate
+    table, gate record) of ``--gate`` (``gate_command.read_gate_folder``), or None."""
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import audit_schema
+    from endoexplain_core.analysis import audit_schema, validity_gate
     from endoexplain_core.data.imageio import read_image_and_mask
     from endoexplain_core.figures import audit_report, style
     from endoexplain_core.numerics import resolve_device
@@ -478,19 +510,24 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     report = audit_report.audit_summary(
         table, audit_schema.read_random_deletion(deletion_path), model, layer_name, arch=args.arch,
         score_threshold=args.score_threshold, replicates=args.bootstrap_replicates, seed=args.seed,
-        mark_gate=False, methods=methods)  # a model outside a run: no validity gate of its own
+        # With --gate, the notebooks' marking (validity_gate.mark_table: a verdict column and a
+        # dagger on every method that did not pass); without, no gate of its own: unmarked.
+        gate=gate[0] if gate else None, mark_gate=gate is not None, methods=methods)
+    not_validated = tuple(validity_gate.failing_methods(gate[0])) if gate else ()
     by_id = {case.sample_id: case for case in cases}
     selection, figure, iou_check = audit_report.case_figure(
         table, model, layer,
         lambda ids: {sid: read_image_and_mask(by_id[sid].image_path, by_id[sid].mask_path,
                                               decode_size=args.image_size) for sid in ids},
         score_threshold=args.score_threshold, top_fraction=args.top_fraction,
-        image_size=args.image_size, batch_size=args.batch_size, device=device)
+        image_size=args.image_size, batch_size=args.batch_size, device=device,
+        not_validated=not_validated)
     written = [table_path, deletion_path]
     written += artefacts.save_table(report.summary, "table4_summary", out)
     written += artefacts.save_table(report.formatted, "table4_summary_formatted", out)
     written += artefacts.save_table(report.ties, "map_ties", out)
-    written += artefacts.save_figure(figure, "case_figure", out)
+    written += artefacts.save_figure(figure, "case_figure", out,
+                                     footer=validity_gate.FIGURE_GATE_NOTE if not_validated else "")
     written += artefacts.save_table(iou_check, "case_figure_iou_check", out, float_format="{:.4f}")
     import matplotlib.pyplot as plt
 
@@ -513,12 +550,55 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
         "identical_by_construction": [list(g) for g in report.identical],
         "statement": report.identical_statement,
         "audit_seconds": summary["seconds"],
+        "validity_gate": _gate_entry(args.gate, gate, not_validated),
     }
     if args.report == "html":
         write_html_report(out, record, report.formatted, report.ties, iou_check,
                           out / "case_figure.png",
                           [Path(p) for p in written] + [out / RECORD_NAME])
     return record
+
+
+def _gate_entry(folder: str | None, gate, not_validated) -> dict:
+    """What ``audit.json`` and the report say about the validity gate: the ``--gate`` folder,
+    its verdicts and record hash and the methods marked not validated; without a gate, that no
+    method is validated and the command that would validate them."""
+    if gate is None:
+        return {"folder": None, "not_validated": list(_all_cam_methods()),
+                "note": "no method is validated: no --gate folder was given (run endoexplain gate "
+                        "--arch ARCH --image-size PX --out GATE_DIR, then audit with --gate GATE_DIR)"}
+    table, record = gate
+    return {"folder": str(folder), "gate_json_sha256": files.sha256_file(Path(folder) / GATE_RECORD_NAME),
+            "verdicts": dict(zip(table["method"], table["verdict"])),
+            "not_validated": list(not_validated),
+            "replicate_seeds": record.get("replicate_seeds"), "steps": record.get("steps"),
+            "init_weights_sha256": record.get("init_weights_sha256")}
+
+
+def _all_cam_methods() -> tuple[str, ...]:
+    from endoexplain_core.methods import CAM_METHODS
+
+    return CAM_METHODS
+
+
+def gate_line(record: dict) -> str:
+    """The report's first line: which methods the gate validated, or that none is and how to
+    run the gate."""
+    entry = record["validity_gate"]
+    if entry["folder"] is None:
+        arch, layer = html.escape(record["arch"]), html.escape(record["target_layer"])
+        return (f"No method is validated: this audit was run without a validity gate, so none of "
+                f"its CAM maps is shown to find planted evidence at {arch} {layer}, "
+                f"{record['image_size']} px. Run <code>endoexplain gate --arch {arch} "
+                f"--target-layer {layer} --image-size {record['image_size']} --out GATE_DIR</code>, "
+                f"then this audit with <code>--gate GATE_DIR</code>.")
+    from endoexplain_core.methods import method_label
+
+    passed = [method_label(m) for m, v in entry["verdicts"].items() if v == "passes"]
+    marked = [method_label(m) for m in entry["not_validated"]]
+    return (f"Validity gate <code>{html.escape(entry['folder'])}</code>: validated "
+            f"{html.escape(', '.join(passed) or 'no method')}; not validated (&dagger;): "
+            f"{html.escape(', '.join(marked) or 'none')}.")
 
 
 def _write_case_tables(args: argparse.Namespace, name: str, temperature: float,
@@ -584,6 +664,9 @@ def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figur
         return frame.to_html(index=False, escape=True, border=0, na_rep="\u2013")
 
     figure = base64.b64encode(figure_png.read_bytes()).decode("ascii")
+    from endoexplain_core.marks import GATE_FOOTNOTE
+
+    gate_note = f" {html.escape(GATE_FOOTNOTE)}" if record["validity_gate"]["not_validated"] and record["validity_gate"]["folder"] else ""
     settings = {key: record[key] for key in (
         "endoexplain_version", "arch", "weights", "weights_sha256", "target_layer", "positive_class", "image_size",
         "temperature", "calibration", "score_threshold", "top_fraction",
@@ -596,6 +679,7 @@ def write_html_report(out: Path, record: dict, formatted, ties, iou_check, figur
 <html lang="en"><head><meta charset="utf-8">
 <title>endoExplain audit: {html.escape(record['checkpoint_id'])}</title>
 <style>{REPORT_CSS}</style></head><body>
+<p class="gate"><strong>{gate_line(record)}</strong></p>
 <h1>endoExplain audit of <code>{html.escape(record['checkpoint_id'])}</code></h1>
 <p>{record['n_audited']} of {record['n_pairs']} image-mask pairs audited;
 {record['n_empty_masks_excluded']} excluded because the mask is empty after thresholding at 128
@@ -608,7 +692,7 @@ scored on the same images: a constant map (no peak) counts as a peak failure.</p
 <h2>Settings</h2><table>{settings_rows}</table>
 <h2>Summary (Table 4 layout)</h2>{table_html(formatted)}
 <p class="note">Panel A: images with score &ge; threshold; panel B: all audited images.
-Eigen-CAM* is class-agnostic.</p>
+Eigen-CAM* is class-agnostic.{gate_note}</p>
 <h2>Map diagnostics</h2><p>{html.escape(record['statement'])}</p>{table_html(ties)}
 <h2>Rule-selected cases</h2>
 <p>Selected: {html.escape(json.dumps(record['selected_cases']))}</p>
@@ -654,12 +738,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_protocol_arguments(audit.add_argument_group("protocol"))
     _add_run_arguments(audit.add_argument_group("run"))
     audit.set_defaults(handler=run_audit)
+    from endoexplain_core import gate_command
+
+    gate = commands.add_parser(
+        "gate", help="validate the CAM methods on planted truth at your architecture, layer and size",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Notebook 03's validity gate at your architecture, target layer and input size: per\n"
+            "replicate, models trained on planted frames (a lesion model, a shortcut model on a\n"
+            "dye cue, a shuffled-label control, untrained networks) are audited, and each CAM\n"
+            "method passes, fails or is inconclusive. The estimated time is printed before the\n"
+            "training starts. Then: endoexplain audit ... --gate DIR marks what did not pass."),
+        epilog=(
+            "outputs in --out: table_validity_gate{,_clauses,_replicates,_stability,_models}\n"
+            ".{csv,md,tex}, gate_cases.parquet, replicates/seed_<k>/ (the models' audit tables),\n"
+            "example_maps.{png,pdf}, gate.json (the commit record), report.html\n\n"
+            "example:\n"
+            "  endoexplain gate --arch resnet18 --image-size 128 --out gate_out/\n"
+            "  endoexplain audit --arch resnet18 --image-size 128 --weights model.safetensors \\\n"
+            "      --images frames/ --masks masks/ --gate gate_out/ --out audit_out/\n\n"
+            "exit codes: 0 done, 2 refused with a one-line reason, 1 unexpected error"))
+    gate_command.add_arguments(gate)
+    gate.set_defaults(handler=gate_command.run)
     verify = commands.add_parser(
-        "verify", help="check an audit folder's files against its audit.json record",
-        description="Check every file listed in DIR/audit.json (the record an audit writes last) "
-                    "against its SHA-256. Exit 0: all match; 2: a file is missing or changed, or "
-                    "there is no record (an interrupted audit).")
-    verify.add_argument("folder", metavar="DIR", help="an endoexplain audit --out folder")
+        "verify", help="check an audit or gate folder's files against its record",
+        description="Check every file listed in DIR/audit.json or DIR/gate.json (the record an "
+                    "audit or gate writes last) against its SHA-256. Exit 0: all match; 2: a file "
+                    "is missing or changed, or there is no record (an interrupted run).")
+    verify.add_argument("folder", metavar="DIR", help="an endoexplain audit or gate --out folder")
     verify.set_defaults(handler=run_verify)
     return parser
 
@@ -734,6 +840,10 @@ def _add_run_arguments(run) -> None:
                           "(default 0: refuse at once)")
     run.add_argument("--report", default="html", choices=("html", "none"),
                      help="write the self-contained report.html (default html)")
+    run.add_argument("--gate", default=None, metavar="DIR",
+                     help="an endoexplain gate folder made at this --arch, --target-layer and "
+                          "--image-size: every CAM method it did not pass gets a dagger (not "
+                          "validated); without it, no method is validated")
 
 
 def run_verify(args: argparse.Namespace) -> str:
@@ -744,7 +854,7 @@ def run_verify(args: argparse.Namespace) -> str:
         more = f" (and {len(problems) - UNPAIRED_SHOWN} more)" if len(problems) > UNPAIRED_SHOWN else ""
         raise CommandError(f"{args.folder} does not match its record: {shown}{more}")
     listed = len(_listed_files(Path(args.folder)))
-    return f"{listed} files match {Path(args.folder) / RECORD_NAME}"
+    return f"{listed} files match {Path(args.folder) / record_in(Path(args.folder))}"
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -778,6 +888,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "audit":
         result = (f"{result['n_audited']} images audited ({result['n_empty_masks_excluded']} "
                   f"empty masks excluded); outputs in {args.out}")
+    elif args.command == "gate":
+        result = ("; ".join(f"{method} {verdict}" for method, verdict in result["verdicts"].items())
+                  + f" ({result['seconds']:.0f} s); outputs in {args.out}")
     print(printable(f"endoexplain {args.command}: {result}"))
     return 0
 
