@@ -45,7 +45,9 @@ def test_report_saves_every_table_and_figure_records_files_and_shows_in_order(tm
     assert (tmp_path / "figures" / "figure_a.png").stat().st_size > 0
     assert not plt.fignum_exists(figure.number)                               # shown once, then closed
     sidecar = json.loads((tmp_path / "figures" / "provenance" / "table_a.json").read_text())
-    assert set(sidecar) == {"artefact", "kind", "files", "stage", "execution_count"}   # named, not stack-walked
+    # named, not stack-walked: the computing function only when a marked function made the table
+    assert set(sidecar) == {"artefact", "kind", "files", "stage", "execution_count", "computed_by"}
+    assert sidecar["computed_by"] is None
     assert [type(item).__name__ for item in shown] == ["Figure", "Markdown", "DataFrame", "Markdown"]
     assert shown[0] is figure and shown[1].data == "first view" and shown[3].data == "the finding"
 
