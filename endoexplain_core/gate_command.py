@@ -21,12 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from endoexplain_core import __version__, files
-from endoexplain_core.cli import (GATE_RECORD_NAME, MAX_RECORD_BYTES, RECORD_NAME, REPORT_CSS,
-                                  CommandError, _check_methods, _os_error_text,
-                                  check_output_folder, commit_outputs, load_user_model,
-                                  output_folder_lock, probe_model, record_in, staging_folder,
-                                  verify_folder)
+import endoexplain_core
+from endoexplain_core import files
+from endoexplain_core.front_door import (GATE_RECORD_NAME, MAX_RECORD_BYTES, RECORD_NAME, REPORT_CSS,
+                                         CommandError, _check_methods, _os_error_text,
+                                         check_output_folder, commit_outputs, load_user_model,
+                                         output_folder_lock, probe_model, record_in, staging_folder,
+                                         verify_folder)
 
 GATE_TABLE = "table_validity_gate"      # the name notebook 03 gives it; read_gate_table reads it
 GPU_ADVISED_SECONDS = 3600.0            # on the CPU above this estimate the command advises a GPU
@@ -310,7 +311,7 @@ def _gate_into(args: argparse.Namespace, out: Path, settings, methods, init_stat
     plt.close(examples["figure"])
     gate = tables[GATE_TABLE]
     record = {
-        "command": "endoexplain gate", "endoexplain_version": __version__, "arch": args.arch,
+        "command": "endoexplain gate", "endoexplain_version": endoexplain_core.__version__, "arch": args.arch,
         "target_layer": result["layer"], "image_size": args.image_size,
         "methods_judged": list(methods), "replicate_seeds": settings.section.replicate_seeds,
         "steps": args.steps, "train_images": args.train_images, "val_images": args.val_images,

@@ -19,7 +19,7 @@ CORE = Path(__file__).resolve().parent.parent / "endoexplain_core"
 LAYERS = ["foundation", "kernels", "data", "models", "analysis", "figures", "pipeline", "entry"]
 FOUNDATION = {"config", "methods", "marks", "presentation", "artefacts", "numerics", "files", "progress",
               "run_layout", "__init__"}
-ENTRY = {"__main__", "cli"}
+ENTRY = {"__main__", "cli", "front_door", "gate_command"}
 
 
 def layer_of(module: str) -> str:

@@ -321,7 +321,9 @@ def test_a_failed_run_leads_with_the_stage_its_error_and_what_is_missing(tmp_pat
     # The brief is read from what this run finished, not the earlier run's summary.md
     assert "STALE SENTENCE" not in page
     brief = page[page.index("In brief (what this run finished)"):page.index("<h2>Figures</h2>")]
-    assert "RQ1, high score, where does the map look?</strong> On the 9 audit images" in brief
+    assert ("RQ1, high score, where does the map look?</strong> No estimate over seeds (stage "
+            "05_robustness did not finish in this run): One checkpoint's audit (the primary, on the "
+            "9 audit images") in brief
     assert "RQ2, does it persist?</strong> could not be computed (stage 05_robustness did not finish" in brief
     assert "RQ4, transfer:</strong> could not be computed (stage 06_transfer did not finish in this run)" in brief
     # a table of a stage that finished (here: none for the gate) is missing, not blamed on 05

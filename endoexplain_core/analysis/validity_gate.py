@@ -264,11 +264,13 @@ def train_gate_model(arch: str, images: torch.Tensor, labels: torch.Tensor,
 
 def time_training_step(arch: str, settings: GateSettings, *,
                        init_state: dict[str, torch.Tensor] | None = None,
-                       device: torch.device = torch.device("cpu"), seed: int = 0) -> float:
+                       device: torch.device = torch.device("cpu")) -> float:
     """Seconds of one optimiser step of ``train_gate_model``'s recipe on one batch of planted
-    lesion frames at ``settings.image_size``, after one untimed step (the first step also pays
+    lesion frames at ``settings.image_size`` (the first replicate's seed: a timing, not a
+    result), after one untimed step (the first step also pays
     for allocations and kernel selection). What ``endoexplain gate`` multiplies into its
     estimate before the work starts."""
+    seed = settings.section.replicate_seeds[0]
     images, labels = task_frames("lesion", settings.section.batch_size, settings.image_size, seed)
     model = initial_gate_model(arch, seed, init_state).to(device).train()
     recipe = gate_optimiser(model, settings)

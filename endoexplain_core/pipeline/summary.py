@@ -274,11 +274,14 @@ def _over_seeds_clause(over_seeds: pd.DataFrame | None, labels: dict[str, str]) 
 
 
 def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str],
-                  over_seeds: pd.DataFrame | None = None) -> str:
+                  over_seeds: pd.DataFrame | None = None, over_seeds_missing: str = "") -> str:
     """Where the peak falls: over the seeds (``table4_over_seeds``) first, then the primary's
-    Table 4 panel A, labelled one checkpoint's audit."""
+    Table 4 panel A, labelled one checkpoint's audit. ``over_seeds_missing``: why the
+    over-seeds table is absent (a stage that did not finish), said instead of a seed count."""
     over = _over_seeds_clause(over_seeds, labels)
-    if not over:
+    if not over and over_seeds is None and over_seeds_missing:
+        over = f"No estimate over seeds ({over_seeds_missing}): "
+    elif not over:
         over = ("No estimate over seeds (fewer than two learned seeds of the primary's architecture "
                 "with a panel A): ")
     panel = table4[(table4["panel"] == "A") & table4["peak_failure"].notna()]
@@ -470,7 +473,8 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
         lines.append(f"**Classifier**: could not be computed ({why('table_s1_training')}).")
     table4 = read("table4_spatial_audit")
     over_seeds = read("table4_over_seeds")
-    lines.append(_rq1_sentence(table4, labels, over_seeds) if table4 is not None
+    lines.append(_rq1_sentence(table4, labels, over_seeds, why("table4_over_seeds") if unavailable else "")
+                 if table4 is not None
                  else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
     robustness = ("table_threshold_sensitivity", "table4_over_seeds", "table_lesion_tertiles")
     lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness), labels["gradcam"]))
