@@ -203,3 +203,34 @@ def test_the_miss_majority_counts_maps_that_have_a_peak():
              "iou": 0.0, "constant_map": i >= 2, "peak_lesion_distance": 20.0 if i < 2 else np.nan}
             for i, m in enumerate(CAM_METHODS)]
     assert case_figures.select_figure3_cases(pd.DataFrame(rows), 0.9, image_size=100)["miss"] == "x"
+
+
+@pytest.mark.parametrize("drawn_rows", [0, 1])
+def test_figure3_keeps_its_rows_under_the_caption(tmp_path, drawn_rows):
+    """The smoke cases: no row or one row drawn, the others not drawn, every map method (the
+    salience baseline too) and the full caption. Constrained layout must not collapse the rows
+    (it warns "axes sizes collapsed to zero" when the caption leaves them no height)."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from endoexplain_core import artefacts
+    from endoexplain_core.methods import MAP_METHODS
+
+    size = 32
+    mask = np.zeros((size, size), bool)
+    mask[10:20, 10:20] = True
+    maps = {m: np.random.default_rng(i).random((size, size)) for i, m in enumerate(MAP_METHODS)}
+    rows = {m: {"iou": 0.2, "constant_map": False, "peak_outside_mask": i % 2 == 0, "distance": 3.0}
+            for i, m in enumerate(MAP_METHODS)}
+    drawn = [{"role": "miss", "sample_id": "case_1", "score": 0.95, "rgb": np.full((size, size, 3), 0.5),
+              "mask": mask, "maps": maps, "rows": rows}][:drawn_rows]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = case_figures.draw_figure3(drawn, top_fraction=0.2)
+        artefacts.save_figure(fig, "figure3_cases", tmp_path, dpi=40)
+    drawn_axes = [ax for ax in fig.get_axes() if ax.get_images()]
+    assert len(drawn_axes) == (1 + len(MAP_METHODS)) * drawn_rows
+    assert all(ax.get_position().height > 0.05 for ax in drawn_axes)
+    plt.close(fig)

@@ -154,9 +154,16 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
     methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
     n_columns = 1 + len(methods)
     heights = [1.0 if role in by_role else 0.18 for role in roles]
-    fig = plt.figure(figsize=(FIGURE3_WIDTH_INCHES, 0.55 + 1.45 * sum(heights)), layout="constrained")
+    # ids are file names; escaped, not parse_math=False: Matplotlib's wrap measures words as mathtext
+    ids = [f"{chr(ord('A') + index)} = {as_written(by_role[role]['sample_id'])}"
+           for index, role in enumerate(roles) if role in by_role]
+    caption = _figure3_caption(methods, ids, top_fraction)
+    # The caption's wrapped lines get their own height: a short figure (one drawn row) with a
+    # long caption otherwise squeezes the panels to nothing under constrained layout.
+    caption_inches = _wrapped_line_count(caption, FIGURE3_WIDTH_INCHES, 6.5) * 6.5 * 1.3 / 72
+    fig = plt.figure(figsize=(FIGURE3_WIDTH_INCHES, 0.55 + 1.45 * sum(heights) + caption_inches),
+                     layout="constrained")
     subfigures = np.atleast_1d(fig.subfigures(len(roles), 1, height_ratios=heights))
-    ids = []
     for index, (subfigure, role) in enumerate(zip(subfigures, roles)):
         letter = chr(ord("A") + index)
         title = ROLE_TITLES.get(role, role.capitalize())
@@ -168,8 +175,6 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                     transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
         case = by_role[role]
-        # ids are file names; escaped, not parse_math=False: Matplotlib's wrap measures words as mathtext
-        ids.append(f"{letter} = {as_written(case['sample_id'])}")
         title = row_title(role, case["rows"])
         subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {title} (scaled score {format_score(case['score'])})",
                            x=0.0, ha="left", fontsize=8, fontweight="bold")
@@ -194,19 +199,31 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
         colour_bar = last_row[0].colorbar(scale, ax=last_row[1], shrink=0.7, pad=0.01, aspect=12)
         colour_bar.set_label("map value", fontsize=6)
         colour_bar.ax.tick_params(labelsize=6)
-    fig.supxlabel(f"Cyan: lesion contour; dashed white: the map's top {top_fraction:.0%} area; "
-                  "white \u00d7: peak (first maximum); in / out k px: the peak inside the lesion or "
-                  "k pixels from it; constant: a constant map has no peak; IoU of the top area with "
-                  "the lesion; k px at the input size (a CAM is upsampled from the target layer's "
-                  "coarse grid, so several CAMs can share one peak). The small box at the lower left "
-                  "of some frames is the scope-position overlay of the frame, not an annotation. "
-                  "Random: random heatmap; Centre: centre baseline; Salience: the frame's smoothed "
-                  "gradient magnitude (no model). Maps "
-                  "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
-                  + ("\n" + HIRESCAM_NOTE if "hirescam" in methods else "")
-                  + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""),
-                  fontsize=6.5, x=0.0, ha="left", wrap=True)
+    fig.supxlabel(caption, fontsize=6.5, x=0.0, ha="left", wrap=True)
     return fig
+
+
+def _figure3_caption(methods, ids: list[str], top_fraction: float) -> str:
+    """Figure 3's caption: the marks, the baselines, the scale, the notes its methods call for
+    and the drawn cases' ids."""
+    return (f"Cyan: lesion contour; dashed white: the map's top {top_fraction:.0%} area; "
+            "white \u00d7: peak (first maximum); in / out k px: the peak inside the lesion or "
+            "k pixels from it; constant: a constant map has no peak; IoU of the top area with "
+            "the lesion; k px at the input size (a CAM is upsampled from the target layer's "
+            "coarse grid, so several CAMs can share one peak). The small box at the lower left "
+            "of some frames is the scope-position overlay of the frame, not an annotation. "
+            "Random: random heatmap; Centre: centre baseline; Salience: the frame's smoothed "
+            "gradient magnitude (no model). Maps "
+            "min-max normalised on one inferno scale (dark = 0, yellow = 1). "
+            + ("\n" + HIRESCAM_NOTE if "hirescam" in methods else "")
+            + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""))
+
+
+def _wrapped_line_count(text: str, width_inches: float, fontsize: float) -> int:
+    """Lines ``text`` takes when wrapped to ``width_inches`` at ``fontsize`` points (about 0.52 em
+    per character, DejaVu Sans, as ``artefacts.wrap_to_width`` assumes)."""
+    characters = max(20, int(width_inches * 72 / (0.52 * fontsize)))
+    return sum(max(1, -(-len(line) // characters)) for line in text.split("\n"))
 
 
 def _draw_map_panel(ax, method: str, case: dict, grey: np.ndarray, mask: np.ndarray) -> None:
