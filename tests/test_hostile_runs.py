@@ -23,12 +23,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from endoexplain_core import files
 from endoexplain_core.pipeline import orchestrator, tasks, verdicts
 from tests.test_pipeline import (REPO, SLEEPING_STAGE, TOY_STAGES, WRITE_TABLE, start, statuses,
-                                 write_notebook)
+                                 toy_project, write_notebook)
 from tests.toy_run import ToyShared
 
 SIGTERM_RECORDED = ("run_all: interrupted (SIGTERM); provenance.json and index.html say so, and "
@@ -37,14 +36,7 @@ SIGTERM_RECORDED = ("run_all: interrupted (SIGTERM); provenance.json and index.h
 
 @pytest.fixture()
 def project(tmp_path):
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    write_notebook(notebooks / "00_first.ipynb", WRITE_TABLE.format(stage="first"))
-    write_notebook(notebooks / "01_second.ipynb", WRITE_TABLE.format(stage="second"))
-    profile = tmp_path / "tiny.yaml"
-    profile.write_text(yaml.safe_dump({"shared": {"value": 1},
-                                       "stages": {"00_first": {}, "01_second": {}}}))
-    return tmp_path
+    return toy_project(tmp_path)[0]
 
 
 def run_all(root: Path, *extra: str) -> int:

@@ -41,8 +41,8 @@ WRITE_TABLE = ("from pathlib import Path\n"
                "(Path(figures_dir) / 'table_{stage}.csv').write_text(f'value\\n{{value}}\\n')\n")
 
 
-@pytest.fixture()
-def project(tmp_path):
+def toy_project(tmp_path):
+    """Two stages that each write one table, and a tiny profile: (root, notebooks, profile)."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     write_notebook(notebooks / "00_first.ipynb", WRITE_TABLE.format(stage="first"))
@@ -51,6 +51,11 @@ def project(tmp_path):
     profile.write_text(yaml.safe_dump({"shared": {"value": 1},
                                        "stages": {"00_first": {}, "01_second": {}}}))
     return tmp_path, notebooks, profile
+
+
+@pytest.fixture()
+def project(tmp_path):
+    return toy_project(tmp_path)
 
 
 class ToySecondStage(config.StageSettings):
