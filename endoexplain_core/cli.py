@@ -23,7 +23,8 @@ from typing import Sequence
 import endoexplain_core
 from endoexplain_core import files  # light: hashes and atomic writes (torch loads lazily below)
 from endoexplain_core.front_door import (  # noqa: F401 (also the commands' names for tests and users)
-    _same_bytes, CommandError, GATE_RECORD_NAME, LOCK_NAME, MAX_RECORD_BYTES, RECORD_NAME,
+    _same_bytes, add_run_arguments, CommandError, GATE_RECORD_NAME, LOCK_NAME, MAX_RECORD_BYTES,
+    RECORD_NAME,
     RECORD_NAMES, REPORT_CSS, _check_methods, _listed_files, _os_error_text,
     check_output_folder, check_weight_tensors, commit_outputs, load_user_model, output_folder_lock,
     probe_model, record_in, staging_folder, verify_folder)
@@ -535,15 +536,9 @@ def _add_protocol_arguments(protocol) -> None:
 
 def _add_run_arguments(run) -> None:
     """Where and how the audit runs: output folder, device, batch, lock, report."""
-    run.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    add_run_arguments(run, device_help="where to run (default auto: CUDA when available)",
+                      batch_help="images per CAM/deletion batch (memory only; default 16)")
     run.add_argument("--name", default=None, help="model name in the tables (default: weights file stem)")
-    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                     help="where to run (default auto: CUDA when available)")
-    run.add_argument("--batch-size", type=int, default=16, metavar="N",
-                     help="images per CAM/deletion batch (memory only; default 16)")
-    run.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
-                     help="when another audit is writing into --out, wait this long for it "
-                          "(default 0: refuse at once)")
     run.add_argument("--report", default="html", choices=("html", "none"),
                      help="write the self-contained report.html (default html)")
     run.add_argument("--gate", default=None, metavar="DIR",

@@ -315,3 +315,14 @@ th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:left}
 th{background:#f2f2f2} img{max-width:100%} .note{color:#555;font-size:0.9em}
 code{background:#f5f5f5;padding:0 0.2em}
 """
+
+
+def add_run_arguments(run, *, device_help: str, batch_help: str) -> None:
+    """The options every writing command shares (``audit``, ``gate``): ``--out``, ``--device``,
+    ``--batch-size`` and ``--wait-for-lock`` (the lock both commands take on ``--out``)."""
+    run.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=device_help)
+    run.add_argument("--batch-size", type=int, default=16, metavar="N", help=batch_help)
+    run.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                     help="when another audit or gate is writing into --out, wait this long for "
+                          "it (default 0: refuse at once)")

@@ -24,6 +24,7 @@ from pathlib import Path
 import endoexplain_core
 from endoexplain_core import files
 from endoexplain_core.front_door import (GATE_RECORD_NAME, MAX_RECORD_BYTES, RECORD_NAME, REPORT_CSS,
+                                         add_run_arguments,
                                          CommandError, _check_methods, _os_error_text,
                                          check_output_folder, commit_outputs, load_user_model,
                                          output_folder_lock, probe_model, record_in, staging_folder,
@@ -75,17 +76,11 @@ def add_arguments(gate: argparse.ArgumentParser) -> None:
     power.add_argument("--untrained-initialisations", type=int, default=4, metavar="N",
                        help="untrained networks per replicate (default 4)")
     run = gate.add_argument_group("run")
-    run.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
-    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                     help="where the models are trained and audited (default auto: CUDA when "
-                          "available)")
-    run.add_argument("--batch-size", type=int, default=16, metavar="N",
-                     help="frames per optimiser step and per CAM batch (default 16)")
+    add_run_arguments(run, device_help="where the models are trained and audited (default auto: "
+                                       "CUDA when available)",
+                      batch_help="frames per optimiser step and per CAM batch (default 16)")
     run.add_argument("--top-fraction", type=float, default=0.20, metavar="F",
                      help="fraction of pixels in a map's top area (default 0.20)")
-    run.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
-                     help="when another audit or gate is writing into --out, wait this long "
-                          "(default 0: refuse at once)")
 
 
 def gate_settings(args: argparse.Namespace):
