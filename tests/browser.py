@@ -116,11 +116,13 @@ def render_in_chromium(page: Path) -> dict:
 
 
 def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3,
-                screenshots: dict[int, Path] | None = None, size: tuple[int, int] = (1300, 1100)) -> list:
-    """Load ``page`` from disk in a ``size`` (width, height) window, then evaluate each
-    JavaScript expression in turn (a promise is awaited), waiting ``wait_seconds`` after each;
-    return their values. ``screenshots``: expression index -> PNG path, captured after that
-    expression ran (index -1: right after the page loaded)."""
+                screenshots: dict[int, Path] | None = None, size: tuple[int, int] = (1300, 1100),
+                fragment: str = "") -> list:
+    """Load ``page`` from disk in a ``size`` (width, height) window, its address ending in
+    ``fragment`` ("#..." or ""), then evaluate each JavaScript expression in turn (a promise is
+    awaited), waiting ``wait_seconds`` after each; return their values. ``screenshots``:
+    expression index -> PNG path, captured after that expression ran (index -1: right after the
+    page loaded)."""
     binary = chromium_binary()
     screenshots = screenshots or {}
     values = []
@@ -134,7 +136,7 @@ def run_in_page(page: Path, expressions: list[str], wait_seconds: float = 0.3,
             browser.send("Emulation.setDeviceMetricsOverride", {"width": size[0], "height": size[1],
                                                                 "deviceScaleFactor": 1, "mobile": False},
                          session=session)
-            browser.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+            browser.send("Page.navigate", {"url": page.resolve().as_uri() + fragment}, session=session)
             browser.wait_event("Page.loadEventFired")
 
             def capture(index: int) -> None:
