@@ -422,17 +422,87 @@ def test_practical_identity_flags_pairs_over_the_thresholds():
     assert flags.loc["hirescam", "same_peak_share"] == 0.5 and flags.loc["hirescam", "peak_disagreements"] == 1
 
 
-def test_a_pair_whose_peaks_part_on_one_image_is_not_identical_in_practice():
-    """Medians over the thresholds, but the peaks differ on one image (the peak verdicts can
-    differ there): two pieces of evidence. A constant map's image does not count either way."""
-    agreement = pd.DataFrame({"sample_id": ["a", "b", "c", "d"], "first": "gradcam", "second": "gradcampp",
-                              "pearson": [0.999, 0.999, 0.999, np.nan], "top_iou": [0.95, 0.95, 0.95, np.nan],
-                              "same_peak": [1.0, 1.0, 0.0, np.nan]})
+def test_a_pair_is_identical_in_practice_by_correlation_and_peak_outcome_share():
+    """Median Pearson >= 0.98 and the same peak outcome on >= 95% of the images: one piece of
+    evidence even when the peak pixels part on a few images (the default run's Grad-CAM vs
+    Grad-CAM++: 108 of 110 shared peaks, 0.99997). Below either bar: two pieces of evidence.
+    Without outcomes a parted peak counts as a different outcome; a constant map's image counts
+    for neither."""
+    n = 40
+    agreement = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)], "first": "gradcam",
+                              "second": "gradcampp", "pearson": 0.999, "top_iou": 0.95,
+                              "same_peak": [0.0, 0.0] + [1.0] * (n - 3) + [np.nan]})
     row = map_diagnostics.practical_identity(agreement).iloc[0]
-    assert row["peak_disagreements"] == 1 and not row["identical_in_practice"] and row["independent_evidence"]
-    agreement.loc[2, "same_peak"] = 1.0
-    row = map_diagnostics.practical_identity(agreement).iloc[0]
-    assert row["peak_disagreements"] == 0 and row["identical_in_practice"]
+    assert row["peak_disagreements"] == 2 and row["n_outcome"] == n - 1
+    assert row["same_outcome_share"] == pytest.approx(37 / 39) and not row["identical_in_practice"]
+    outcomes = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)] * 2,
+                             "method": ["gradcam"] * n + ["gradcampp"] * n,
+                             "peak_outside": [False] * n + [True] + [False] * (n - 1)})
+    row = map_diagnostics.practical_identity(agreement, outcomes=outcomes).iloc[0]
+    assert row["outcome_disagreements"] == 1 and row["same_outcome_share"] == pytest.approx(39 / 40)
+    assert row["identical_in_practice"] and not row["independent_evidence"]
+    assert row["identical_maps"] == "Grad-CAM = Grad-CAM++"
+    below = map_diagnostics.practical_identity(agreement.assign(pearson=0.97), outcomes=outcomes).iloc[0]
+    assert not below["identical_in_practice"] and below["independent_evidence"]
+
+
+def _identity_rows(identical_pairs, by_construction=()):
+    """``practical_identity``-like rows of every CAM pair, identical in practice where listed."""
+    from itertools import combinations
+    rows = [{"first": a, "second": b, "pair": f"{a} vs {b}", "median_pearson": 0.5, "n_outcome": 10,
+             "outcome_disagreements": 3, "same_outcome_share": 0.7,
+             "identical_in_practice": (a, b) in identical_pairs,
+             "identical_by_construction": (a, b) in by_construction} for a, b in combinations(CAM_METHODS, 2)]
+    return pd.DataFrame(rows)
+
+
+def test_identity_groups_are_connected_components_of_identical_pairs():
+    """Grad-CAM ~ Grad-CAM++ and Grad-CAM++ ~ Eigen-CAM chain into one group (components, so
+    the groups never overlap); a by-construction pair joins the groups as well."""
+    identity = _identity_rows({("gradcam", "gradcampp"), ("gradcampp", "eigencam")})
+    groups = map_diagnostics.identity_groups(identity)
+    assert groups == [("gradcam", "gradcampp", "eigencam")]
+    assert map_diagnostics.group_label(groups[0]) == "Grad-CAM = Grad-CAM++ = Eigen-CAM*"
+    both = _identity_rows({("gradcam", "gradcampp")}, by_construction={("xgradcam", "hirescam")})
+    assert map_diagnostics.identity_groups(both) == [("gradcam", "gradcampp"), ("xgradcam", "hirescam")]
+    assert map_diagnostics.identity_groups(_identity_rows(set())) == []
+    table4 = pd.DataFrame({"method": [*CAM_METHODS, "random"]})
+    marked = map_diagnostics.mark_identity_groups(table4, groups).set_index("method")["identical_maps"]
+    assert marked["eigencam"] == marked["gradcam"] == "Grad-CAM = Grad-CAM++ = Eigen-CAM*"
+    assert marked["xgradcam"] == "" and marked["random"] == ""
+
+
+def test_no_pair_inside_a_group_is_independent_evidence_and_the_statement_names_the_group():
+    """The chained pair Grad-CAM vs Eigen-CAM fails the rule itself but sits in the group: not
+    independent evidence, in the identity table and in the paired tests."""
+    n = 20
+    ids = [f"s{i}" for i in range(n)]
+    frames = []
+    for first, second, pearson in (("gradcam", "gradcampp", 0.999), ("gradcam", "eigencam", 0.9),
+                                   ("gradcampp", "eigencam", 0.99), ("gradcam", "xgradcam", 0.1),
+                                   ("gradcampp", "xgradcam", 0.1), ("xgradcam", "eigencam", 0.1)):
+        frames.append(pd.DataFrame({"sample_id": ids, "first": first, "second": second, "pearson": pearson,
+                                    "top_iou": 0.5, "same_peak": 1.0}))
+    identity = map_diagnostics.practical_identity(pd.concat(frames, ignore_index=True))
+    pairs = identity.set_index(["first", "second"])
+    assert not pairs.loc[("gradcam", "eigencam"), "identical_in_practice"]
+    assert not pairs.loc[("gradcam", "eigencam"), "independent_evidence"]
+    assert pairs.loc[("gradcam", "xgradcam"), "independent_evidence"]
+    statement = map_diagnostics.identity_statement(identity)
+    assert statement.startswith("Grad-CAM = Grad-CAM++ = Eigen-CAM* on this checkpoint")
+    assert "weakest pair Grad-CAM vs Eigen-CAM*: median Pearson 0.900" in statement and "not 3" in statement
+    paired = pd.DataFrame({"first": ["gradcam", "gradcam"], "second": ["eigencam", "xgradcam"],
+                           "identical_by_construction": [False, False]})
+    flagged = map_diagnostics.flag_pairs(paired, identity).set_index("second")
+    assert not flagged.loc["eigencam", "independent_evidence"] and flagged.loc["xgradcam", "independent_evidence"]
+    assert flagged.loc["eigencam", "identical_maps"] == "Grad-CAM = Grad-CAM++ = Eigen-CAM*"
+
+
+def test_peak_outcomes_count_a_constant_map_as_outside():
+    cases = pd.DataFrame({"sample_id": ["a", "a", "b"], "method": ["gradcam", "random", "gradcam"],
+                          "peak_outside_mask": [False, False, False], "constant_map": [True, False, False]})
+    outcomes = map_diagnostics.peak_outcomes(cases)
+    assert outcomes["peak_outside"].tolist() == [True, False] and set(outcomes["method"]) == {"gradcam"}
 
 
 def test_pearson_per_map_is_nan_for_constant_maps():

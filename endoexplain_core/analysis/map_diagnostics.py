@@ -23,11 +23,20 @@ from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.data.datasets import resize_rgb, to_normalised_tensor
 from endoexplain_core.data.imageio import read_rgb
 
-IDENTITY_PEARSON = 0.99
-IDENTITY_TOP_IOU = 0.90
-IDENTITY_RULE = (f"identical in practice: median per-image Pearson >= {IDENTITY_PEARSON} or "
-                 f"median top-20% IoU >= {IDENTITY_TOP_IOU} between the two methods' maps, and the "
-                 "same peak pixel on every audited image")
+# Identity in practice (docs/statistics_and_gate.md, "Map diagnostics", 3). Table 4 reads a
+# method's peak outcome (inside or outside the lesion) per image, so two methods are one piece
+# of evidence when their maps look alike AND give the same peak outcome almost everywhere:
+# Pearson 0.98 leaves 4% of the pixel variance unexplained (two maps of the same evidence on a
+# coarse grid, upsampled); 95% same outcome bounds the difference of their peak-failure rates by
+# 0.05, less than the half-width of a Wilson 95% interval at a rate of 0.5 on under 384 images.
+IDENTITY_PEARSON = 0.98
+IDENTITY_OUTCOME_SHARE = 0.95
+IDENTITY_RULE = (f"identical in practice: median per-image Pearson >= {IDENTITY_PEARSON} between the "
+                 f"two methods' maps and the same peak outcome (inside or outside the lesion, a "
+                 f"constant map outside, as in Table 4) on >= {IDENTITY_OUTCOME_SHARE:.0%} of the audited "
+                 "images; groups are the connected components of these pairs and of the pairs "
+                 "identical by construction")
+IDENTITY_GROUP_COLUMN = "identical_maps"
 
 
 def feature_grid(model: torch.nn.Module, layer: torch.nn.Module, image_size: int,
@@ -156,50 +165,136 @@ def map_agreement(maps: dict[str, torch.Tensor], sample_ids, top_fraction: float
     return pd.concat(frames, ignore_index=True)
 
 
-def practical_identity(agreement: pd.DataFrame, identical_groups=(),
-                       pearson: float = IDENTITY_PEARSON, top_iou: float = IDENTITY_TOP_IOU
+def peak_outcomes(cases: pd.DataFrame, methods=CAM_METHODS) -> pd.DataFrame:
+    """Per image and method of one checkpoint's audit table: sample_id, method, peak_outside
+    (the peak outside the lesion, a constant map counted as outside: Table 4's failure)."""
+    rows = cases[cases["method"].isin(list(methods))]
+    outside = rows["peak_outside_mask"].astype(bool) | rows["constant_map"].astype(bool)
+    return pd.DataFrame({"sample_id": rows["sample_id"].to_numpy(), "method": rows["method"].to_numpy(),
+                         "peak_outside": outside.to_numpy()})
+
+
+def _same_outcome(agreement: pd.DataFrame, outcomes: pd.DataFrame | None) -> pd.Series:
+    """1/0 per ``map_agreement`` row: the two methods' peak outcomes agree on that image. From
+    ``outcomes`` (``peak_outcomes``) when given (NaN where either is missing); without them a
+    shared peak pixel counts as the same outcome and a parted peak as a different one (NaN for
+    a constant map), which never understates disagreement."""
+    if outcomes is None:
+        return agreement["same_peak"].astype(float)
+    by_image = outcomes.set_index(["sample_id", "method"])["peak_outside"]
+    first = by_image.reindex(list(zip(agreement["sample_id"], agreement["first"]))).to_numpy(dtype=float)
+    second = by_image.reindex(list(zip(agreement["sample_id"], agreement["second"]))).to_numpy(dtype=float)
+    same = np.where(np.isnan(first) | np.isnan(second), np.nan, (first == second).astype(float))
+    return pd.Series(same, index=agreement.index)
+
+
+def practical_identity(agreement: pd.DataFrame, identical_groups=(), outcomes: pd.DataFrame | None = None,
+                       pearson: float = IDENTITY_PEARSON, outcome_share: float = IDENTITY_OUTCOME_SHARE
                        ) -> pd.DataFrame:
-    """Per method pair, columns: first, second, pair, n, median_pearson, median_top_iou,
-    n_constant_pairs (left out of the medians), same_peak_share, peak_disagreements,
-    identical_by_construction, identical_in_practice (the medians' rule and no peak
-    disagreement), independent_evidence (False when either identity holds)."""
+    """Per method pair (``IDENTITY_RULE``), columns: first, second, pair, n, median_pearson,
+    median_top_iou, n_constant_pairs (left out of the medians), same_peak_share,
+    peak_disagreements, n_outcome, same_outcome_share, outcome_disagreements,
+    identical_by_construction, identical_in_practice (median Pearson >= ``pearson`` and the
+    same peak outcome on >= ``outcome_share`` of the images), identical_maps (the label of the
+    ``identity_groups`` group holding both, "" when they are in different groups) and
+    independent_evidence (False for every pair inside one group, chained pairs included).
+
+    ``outcomes``: ``peak_outcomes`` of the same images (None: outcome agreement read from the
+    shared peak pixel, see ``_same_outcome``)."""
+    agreement = agreement.assign(same_outcome=_same_outcome(agreement, outcomes))
     rows = []
     for (first, second), group in agreement.groupby(["first", "second"], sort=False):
         median_pearson = float(group["pearson"].median())   # NaN (constant maps) skipped
-        median_iou = float(group["top_iou"].median())
-        by_construction = any(first in g and second in g for g in identical_groups)
-        peak_disagreements = int((group["same_peak"] == 0).sum())   # NaN (constant) not counted
-        in_practice = bool((median_pearson >= pearson or median_iou >= top_iou) and peak_disagreements == 0)
+        same_outcome = group["same_outcome"].dropna()
+        share = float(same_outcome.mean()) if len(same_outcome) else np.nan
         rows.append({"first": first, "second": second,
                      "pair": f"{method_label(first)} vs {method_label(second)}", "n": len(group),
-                     "median_pearson": median_pearson, "median_top_iou": median_iou,
+                     "median_pearson": median_pearson, "median_top_iou": float(group["top_iou"].median()),
                      "n_constant_pairs": int(group["top_iou"].isna().sum()),
                      "same_peak_share": float(group["same_peak"].mean()),
-                     "peak_disagreements": peak_disagreements,
-                     "identical_by_construction": by_construction,
-                     "identical_in_practice": in_practice,
-                     "independent_evidence": not (by_construction or in_practice)})
-    return pd.DataFrame(rows)
+                     "peak_disagreements": int((group["same_peak"] == 0).sum()),   # NaN not counted
+                     "n_outcome": len(same_outcome), "same_outcome_share": share,
+                     "outcome_disagreements": int((same_outcome == 0).sum()),
+                     "identical_by_construction": any(first in g and second in g for g in identical_groups),
+                     "identical_in_practice": bool(median_pearson >= pearson and share >= outcome_share)})
+    identity = pd.DataFrame(rows)
+    group_of = {m: group_label(g) for g in identity_groups(identity) for m in g}
+    identity[IDENTITY_GROUP_COLUMN] = [group_of.get(a, "") if group_of.get(a) == group_of.get(b) else ""
+                                       for a, b in zip(identity["first"], identity["second"])]
+    identity["independent_evidence"] = identity[IDENTITY_GROUP_COLUMN] == ""
+    return identity
+
+
+def identity_groups(identity: pd.DataFrame, methods=CAM_METHODS) -> list[tuple[str, ...]]:
+    """Groups of two or more methods whose maps are one piece of evidence on the checkpoint:
+    the connected components of the pairs ``identical_in_practice`` or
+    ``identical_by_construction`` in a ``practical_identity`` table (components, not cliques,
+    so the groups never overlap; a chained pair is in the group and its numbers are printed
+    by ``identity_statement``). Each group and the groups are in ``methods`` order."""
+    parent = {m: m for m in methods}
+
+    def root(method: str) -> str:
+        while parent[method] != method:
+            method = parent[method]
+        return method
+    joined = identity[identity["identical_in_practice"].astype(bool)
+                      | identity["identical_by_construction"].astype(bool)]
+    for first, second in zip(joined["first"], joined["second"]):
+        if first in parent and second in parent:
+            parent[root(second)] = root(first)
+    components: dict[str, list[str]] = {}
+    for method in methods:
+        components.setdefault(root(method), []).append(method)
+    return [tuple(group) for group in components.values() if len(group) > 1]
+
+
+def group_label(group) -> str:
+    """"Grad-CAM = Grad-CAM++ = Eigen-CAM*": the display labels of one identity group."""
+    return " = ".join(method_label(m) for m in group)
+
+
+def mark_identity_groups(table: pd.DataFrame, groups, *, method_column: str = "method") -> pd.DataFrame:
+    """Copy of ``table`` with ``IDENTITY_GROUP_COLUMN``: the ``group_label`` of the method's
+    identity group ("" for a method in no group and for baselines), so a table shows methods
+    whose maps are one piece of evidence as one group."""
+    label_of = {m: group_label(g) for g in groups for m in g}
+    return table.assign(**{IDENTITY_GROUP_COLUMN: table[method_column].astype(str).map(label_of).fillna("")})
+
+
+def _weakest_pair(identity: pd.DataFrame, group) -> pd.Series:
+    """The pair of ``group`` with the lowest same-outcome share (then Pearson)."""
+    inside = identity[identity["first"].isin(group) & identity["second"].isin(group)]
+    return inside.sort_values(["same_outcome_share", "median_pearson"], na_position="first").iloc[0]
 
 
 def identity_statement(identity: pd.DataFrame) -> str:
-    """One sentence naming the practically identical pairs (or saying there are none)."""
-    flagged = identity[identity["identical_in_practice"]]
-    if flagged.empty:
-        return f"No two CAM methods are identical in practice on this checkpoint ({IDENTITY_RULE})."
-    pairs = "; ".join(f"{row.pair} (Pearson {row.median_pearson:.3f}, top-20% IoU {row.median_top_iou:.2f})"
-                      for row in flagged.itertuples())
-    return (f"Identical in practice on this checkpoint ({IDENTITY_RULE}): {pairs}. "
-            "Each such pair is not independent evidence.")
+    """One sentence per ``identity_groups`` group (or that there is none) with its weakest
+    pair's numbers and why it counts as one piece of evidence."""
+    groups = identity_groups(identity)
+    if not groups:
+        return f"No two CAM methods are identical on this checkpoint ({IDENTITY_RULE})."
+    parts = []
+    for group in groups:
+        weakest = _weakest_pair(identity, group)
+        how = ("identical by construction" if weakest["identical_by_construction"] else
+               f"weakest pair {weakest['pair']}: median Pearson {weakest['median_pearson']:.3f}, same peak "
+               f"outcome on {int(weakest['n_outcome'] - weakest['outcome_disagreements'])} of "
+               f"{int(weakest['n_outcome'])} images")
+        parts.append(f"{group_label(group)} on this checkpoint ({how}): one piece of evidence, "
+                     f"not {len(group)}, never independent evidence")
+    return "; ".join(parts) + f". Rule: {IDENTITY_RULE}."
 
 
 def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, images: torch.Tensor,
                                sample_ids, *, top_fraction: float, batch_size: int,
-                               identical_groups=()) -> tuple[pd.DataFrame, pd.DataFrame]:
+                               identical_groups=(), cases: pd.DataFrame | None = None
+                               ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Practical identity and the Grad-CAM++ epsilon share of one checkpoint on ``images``.
 
-    ``images``: normalised (N, 3, S, S) on the model's device. Returns (``practical_identity``
-    table, per-image DataFrame sample_id, gradcampp_epsilon_share).
+    ``images``: normalised (N, 3, S, S) on the model's device. ``cases``: the checkpoint's
+    audit table, whose peak outcomes (``peak_outcomes``) the identity rule reads (None: the
+    shared peak pixel stands in). Returns (``practical_identity`` table, per-image DataFrame
+    sample_id, gradcampp_epsilon_share).
     """
     sample_ids = list(sample_ids)
     collected = {m: [] for m in CAM_METHODS}
@@ -212,7 +307,8 @@ def checkpoint_map_diagnostics(model: torch.nn.Module, layer: torch.nn.Module, i
         activation, gradient = cams.activation_and_gradient(model, layer, batch, target_class=1)
         shares.append(map_priors.gradcampp_epsilon_share(activation, gradient).cpu())
     maps = {m: torch.cat(v) for m, v in collected.items()}
-    identity = practical_identity(map_agreement(maps, sample_ids, top_fraction), identical_groups)
+    outcomes = peak_outcomes(cases) if cases is not None else None
+    identity = practical_identity(map_agreement(maps, sample_ids, top_fraction), identical_groups, outcomes)
     epsilon = pd.DataFrame({"sample_id": sample_ids,
                             "gradcampp_epsilon_share": torch.cat(shares).numpy()})
     return identity, epsilon
@@ -223,7 +319,7 @@ def describe_epsilon(epsilon: pd.DataFrame) -> str:
     share = epsilon["gradcampp_epsilon_share"]
     return (f"Grad-CAM++ epsilon share (per map, share of denominators where the 1e-6 epsilon dominates): "
             f"median {share.median():.3f}, max {share.max():.3f} over {len(epsilon)} maps. "
-            "Pairs flagged independent_evidence = False below are not independent evidence.")
+            "Pairs flagged independent_evidence = False below (one identity group) are not independent evidence.")
 
 
 def audited_grid(table: pd.DataFrame) -> tuple[int, int]:
@@ -246,13 +342,17 @@ def describe_priors(priors: pd.DataFrame, negatives: pd.DataFrame, grid: tuple[i
 
 
 def flag_pairs(paired: pd.DataFrame, identity: pd.DataFrame) -> pd.DataFrame:
-    """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice`` and
-    ``independent_evidence`` added from ``practical_identity`` (matched on first, second)."""
-    flags = identity[["first", "second", "identical_in_practice"]]
-    merged = paired.merge(flags, on=["first", "second"], how="left")
+    """Paired-test rows (``summaries.paired_tests``) with ``identical_in_practice``,
+    ``identical_maps`` and ``independent_evidence`` from ``practical_identity`` (matched on
+    first, second): a pair inside one identity group, or identical by construction, is never
+    independent evidence."""
+    flags = identity[["first", "second", "identical_in_practice", IDENTITY_GROUP_COLUMN, "independent_evidence"]]
+    merged = paired.merge(flags.rename(columns={"independent_evidence": "_independent"}),
+                          on=["first", "second"], how="left")
     merged["identical_in_practice"] = merged["identical_in_practice"].fillna(False).astype(bool)
-    merged["independent_evidence"] = ~(merged["identical_in_practice"]
-                                       | merged["identical_by_construction"].astype(bool))
+    merged[IDENTITY_GROUP_COLUMN] = merged[IDENTITY_GROUP_COLUMN].fillna("")
+    merged["independent_evidence"] = (merged.pop("_independent").fillna(True).astype(bool)
+                                      & ~merged["identical_by_construction"].astype(bool))
     return merged
 
 
