@@ -91,6 +91,22 @@ def test_method_facts_read_the_gate_verdict_and_the_degeneracy_rule():
     assert {f["verdict"] for f in unread.values()} == {"not run"}
 
 
+def test_a_run_s_method_facts_come_from_its_figures_folder(tmp_path):
+    """The browser reads the gate table and the browsed checkpoint's degeneracy rows as 03 and
+    04 write them; without the degeneracy table it applies the rule to the pool's own rows."""
+    table, _ = hand_table()
+    hand_gate().to_csv(tmp_path / "table_validity_gate.csv", index=False)
+    degeneracy = map_diagnostics.degenerate_maps(table)
+    other = degeneracy.assign(checkpoint_id="resnet34_s1129", degenerate=True, why="another checkpoint")
+    pd.concat([degeneracy, other]).to_csv(tmp_path / case_browser.DEGENERACY_TABLE, index=False)
+    read = case_browser.checkpoint_method_facts(tmp_path, "efficientnet_b0_s1129", None)
+    assert read == hand_methods(table)                       # the other checkpoint's rows are not read
+    (tmp_path / case_browser.DEGENERACY_TABLE).unlink()
+    assert case_browser.checkpoint_method_facts(tmp_path, "efficientnet_b0_s1129", table) == read
+    unread = case_browser.checkpoint_method_facts(None, "efficientnet_b0_s1129", None)
+    assert unread == case_browser.method_facts(None, None)
+
+
 def test_case_rows_keep_each_map_and_say_why_it_is_degenerate_on_the_case():
     table, random = hand_table()
     records = {r["sample_id"]: r for r in case_browser.case_rows(table, random, "etis", 0.90, hand_methods(table))}
