@@ -197,6 +197,20 @@ def test_format_spatial_audit_summary_prints_estimates_with_intervals_and_dashes
     assert shown.loc[("B", "Centre baseline"), "Logit drop"] == "\u2013"
     assert presentation.estimate_with_ci(0.5, 0.25, 0.75, digits=2) == "0.50 (0.25 to 0.75)"
     assert presentation.estimate_with_ci(float("nan"), 0.1, 0.2, missing="\u2013") == "\u2013"
+    assert "Identical maps" not in shown.columns
+
+
+def test_table4_shows_practically_identical_methods_as_one_group():
+    """Table 4 as printed carries each method's identity group (map_diagnostics), so Grad-CAM,
+    Grad-CAM++ and Eigen-CAM read as one piece of evidence, baselines and XGrad-CAM as none."""
+    from endoexplain_core.analysis import map_diagnostics
+
+    table = summaries.spatial_audit_summary(crafted_table(SCORES, FAILURES), random_deletion_rows(6), 0.90,
+                                            replicates=50, seed=SEED)
+    grouped = map_diagnostics.mark_identity_groups(table, [("gradcam", "gradcampp", "eigencam")])
+    shown = summaries.format_spatial_audit_summary(grouped).set_index(["Panel", "Map"])["Identical maps"]
+    assert shown[("A", "Eigen-CAM*")] == shown[("B", "Grad-CAM")] == "Grad-CAM = Grad-CAM++ = Eigen-CAM*"
+    assert shown[("A", "XGrad-CAM")] == "" and shown[("A", "Random heatmap")] == ""
 
 
 def test_adjusted_model_table_always_returns_the_terms():

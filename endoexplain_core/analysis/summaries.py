@@ -17,6 +17,7 @@ import pandas as pd
 
 from endoexplain_core import presentation
 from endoexplain_core.analysis import calibration, stats
+from endoexplain_core.analysis.map_diagnostics import IDENTITY_GROUP_COLUMN
 from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, RANDOM_DELETION
 from endoexplain_core.methods import method_label
 
@@ -185,7 +186,9 @@ def temperature_statement(table: pd.DataFrame) -> str:
 
 
 def format_spatial_audit_summary(table: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """Table 4 as printed: panel, map label, n, and each outcome as "estimate (CI)"."""
+    """Table 4 as printed: panel, map label, n, each outcome as "estimate (CI)", and the
+    identity group of a method whose maps are one piece of evidence with others ("Identical
+    maps", when ``table`` carries ``map_diagnostics.mark_identity_groups``' column)."""
     shown = pd.DataFrame({"Panel": table["panel"], "Map": table["label"], "n": table["n"]})
     for outcome, title in (("peak_failure", "Peak failure"), ("iou", "Top-20% IoU"),
                            ("energy_in_mask", "Energy in mask"), ("logit_drop", "Logit drop")):
@@ -197,6 +200,8 @@ def format_spatial_audit_summary(table: pd.DataFrame, digits: int = 3) -> pd.Dat
         shown["Constant maps"] = table["n_constant"].to_numpy()
         shown["Peak failure, maps with a peak"] = [
             "\u2013" if v != v else f"{v:.{digits}f}" for v in table["peak_failure_defined"]]
+    if IDENTITY_GROUP_COLUMN in table.columns:  # map_diagnostics.mark_identity_groups
+        shown["Identical maps"] = table[IDENTITY_GROUP_COLUMN].fillna("").to_numpy()
     return shown.reset_index(drop=True)
 
 
