@@ -105,9 +105,12 @@ def markdown_table(table: pd.DataFrame, index: bool = False) -> str:
 
 def estimate_with_ci(estimate, low, high, digits: int = 3, *, missing: str = "") -> str:
     """An estimate and its interval as a reader sees it: ``"0.471 (0.395 to 0.547)"``;
-    ``missing`` for a NaN estimate, an empty place for a NaN bound."""
+    ``missing`` for a NaN estimate; ``"0.183 (CI n/a)"`` when a bound is NaN (one image has no
+    interval: never "0.183 ( to )")."""
     if pd.isna(estimate):
         return missing
+    if pd.isna(low) or pd.isna(high):
+        return f"{number_text(estimate, digits)} (CI n/a)"
     return f"{number_text(estimate, digits)} ({number_text(low, digits)} to {number_text(high, digits)})"
 
 

@@ -193,28 +193,35 @@ def test_a_figure_without_failing_methods_carries_no_mark(figures):
 
 def test_figure_specific_fixes(figures):
     figure2_b = figures["figure2"].axes[1]
-    assert [t.get_text() for t in figure2_b.get_xticklabels()] == ["0.80", "0.85", "0.90"]  # no empty tick
-    assert any("n=0" in t.get_text() for t in figure2_b.texts)
+    # every threshold a tick, its eligible n under it (never "n=110n=110" above the panel)
+    assert [t.get_text() for t in figure2_b.get_xticklabels()] == ["0.80\nn = 70", "0.85\nn = 64",
+                                                                  "0.90\nn = 59", "0.95\nn = 0"]
+    assert not figure2_b.texts                                            # no n printed above
     assert figure2_b.get_ylim()[1] > 1.0                                 # points at 1.0 not clipped
+    figure2_a = figures["figure2"].axes[0]
+    assert figure2_a.get_legend().get_bbox_to_anchor().bounds == figure2_a.bbox.bounds   # inside A
+    assert "LayerCAM" not in " ".join(t.get_text() for t in figures["figure2"].findobj(Text))
     no_eligible = figures["figure2_no_eligible"].axes[1]
     assert any("n = 0 at every threshold" in t.get_text() for t in no_eligible.texts)
 
     figure3_text = " ".join(t.get_text() for t in figures["figure3"].findobj(Text))
     assert "IoU 0.30\nconstant" in figure3_text and "$\\mathbf{C}$  Consensus: not drawn" in figure3_text
     assert "$\\mathbf{A}$  High-score miss: not drawn" in figure3_text and "\\u2013" not in figure3_text and "score >0.999" in figure3_text
-    assert "out 7 px" in figure3_text and "B = 0a1b2c3d" in figure3_text
+    assert "out 7 px" in figure3_text and "0a1b2c3d" not in figure3_text      # the caption is outside
+    assert "tied peaks" in figure3_text
     assert any(ax.get_label() == "<colorbar>" for ax in figures["figure3"].axes)
-    peak_markers = [line for ax in figures["figure3"].axes for line in ax.lines if line.get_marker() == "x"]
-    # 5 CAMs and 3 baselines, one constant
-    assert len(peak_markers) == len(MAP_METHODS) - 1 and not any(line.get_clip_on() for line in peak_markers)
+    panels = [ax for ax in figures["figure3"].axes if any(line.get_marker() == "x" for line in ax.lines)]
+    # 5 CAMs and 3 baselines, one constant; every marker drawn unclipped
+    assert len(panels) == len(MAP_METHODS) - 1
+    assert not any(line.get_clip_on() for ax in panels for line in ax.lines if line.get_marker() == "x")
     assert figures["figure3"].get_size_inches()[0] == pytest.approx(7.2)                   # 183 mm
 
     figure4 = figures["figure4"]
     titles = [ax.get_title(loc="left") for ax in figure4.axes]
     assert "no eligible image: ResNet-34" in titles[0].replace("\n", " ") and "n = 59 images" in titles[1]
-    assert "n = 150 images" in titles[2] and "(logits)" in figure4.axes[2].get_ylabel()
+    assert "n = 150 images" in titles[2] and "z/T" in figure4.axes[2].get_ylabel()
     assert {t.get_color() for ax in figure4.axes for t in ax.get_xticklabels()} == {"black"}
-    legend = " ".join(t.get_text() for t in figure4.legends[0].get_texts())
+    legend = " ".join(t.get_text() for t in figure4.axes[2].get_legend().get_texts())
     assert "ResNet-34" in legend                                          # still in the legend once
     footnote = figure4._supxlabel.get_text()
     assert "identical by construction" in footnote and "ResNet-34 s1129" in footnote

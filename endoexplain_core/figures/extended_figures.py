@@ -35,10 +35,10 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
     for level in (0.3, 0.5, 0.7):
         ax.axvline(level, color="0.6", linewidth=0.6, linestyle=":")
     values = auc.set_index("method")["auc_iou"]
-    for method, part in curves.groupby("method", sort=False):
+    for position, (method, part) in enumerate(curves.groupby("method", sort=False)):
         baseline = method in MODEL_FREE_METHODS
-        ax.plot(part["iou_threshold"], part["mean_iou"], color=_colour(method),
-                linestyle="--" if baseline else "-", linewidth=1.0 if baseline else 1.4,
+        ax.plot(part["iou_threshold"], part["mean_iou"], linewidth=1.0 if baseline else 1.4,
+                **style.method_line(method, _colour(method), position=position, every=3),
                 label=f"{method_label(method, not_validated)} (AUC {values.get(method, np.nan):.3f})")
     ax.set_xlabel("Binarisation threshold t (map \u2265 t)")
     ax.set_ylabel("Mean IoU with the lesion mask")
@@ -47,7 +47,17 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
     n = int(curves["n"].max())
     ax.set_title(title or f"IoU against threshold (n = {n} images)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    wide = curves.pivot_table(index="iou_threshold", columns="method", values="mean_iou", sort=False)
+    style.footnote(fig, "Line style and marker tell the methods apart; markers on every third "
+                   "threshold, staggered." + _coinciding_note(wide, not_validated))
     return fig
+
+
+def _coinciding_note(wide: pd.DataFrame, not_validated, tolerance: float = 0.01) -> str:
+    """" A and B nearly coincide (largest difference d)." for the curves within ``tolerance``."""
+    pairs = style.near_coincident(wide, tolerance)
+    return "".join(f" {method_label(a, not_validated)} and {method_label(b, not_validated)} nearly "
+                   f"coincide (largest difference {gap:.3f})." for a, b, gap in pairs)
 
 
 def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", not_validated=()):
@@ -150,9 +160,11 @@ def c_score_heatmap(c_scores: pd.DataFrame, methods, *, title: str = "", not_val
 # What the C-Score's references mean (a reader otherwise takes centre 1.00 for the best method).
 C_SCORE_NOTE = ("C-Score: confidence-weighted mean soft IoU between the maps of different correctly "
                 "classified images (1 = the same map on every image). The centre baseline is one "
-                "fixed map, so it scores 1 by construction; the random heatmap scores about 0.8 "
-                "because pooling to 64 x 64 pixels averages its noise towards a flat map. A high "
-                "C-Score means maps that look alike across images, not maps on the lesion.")
+                "fixed map, so it scores 1 by construction. The random heatmap is drawn with one fixed "
+                "seed, so it is the same map on every image, and pooling to 64 x 64 pixels averages "
+                "its noise towards a flat map: it ranks above every CAM by construction, not because "
+                "it explains anything. A high C-Score means maps that look alike across images, not "
+                "maps on the lesion.")
 
 
 def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = "", not_validated=()):
@@ -163,9 +175,8 @@ def top_k_sweep_figure(sweep: pd.DataFrame, *, title: str = "", not_validated=()
     for method, part in sweep.groupby("method", sort=False):
         baseline = method in MODEL_FREE_METHODS
         for ax, column in zip(axes, ("mean_iou", "mean_energy")):
-            ax.plot(part["fraction"] * 100, part[column], color=_colour(method),
-                    linestyle="--" if baseline else "-", marker="o", markersize=2.5,
-                    label=method_label(method, not_validated))
+            ax.plot(part["fraction"] * 100, part[column], linewidth=1.0 if baseline else 1.3,
+                    **style.method_line(method, _colour(method)), label=method_label(method, not_validated))
     for ax, letter, label in zip(axes, "AB", ("Mean IoU of the top-k set", "Share of top-k saliency in the lesion")):
         style.panel_title(ax, letter)
         ax.axvline(20, color="0.6", linewidth=0.6, linestyle=":")

@@ -63,11 +63,9 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
         for method, rows in part.groupby("method", sort=False):
             rows = rows.sort_values("fraction")
             x = 100 * rows["fraction"].to_numpy()
-            reference = method == "random"
-            colour = REFERENCE_COLOUR if reference else _colour(method)
+            colour = REFERENCE_COLOUR if method == "random" else _colour(method)
             label = " = ".join(method_label(m, not_validated) for m in [method, *groups.get(method, [])])
-            ax.plot(x, rows["drop"], marker="o", markersize=3, color=colour,
-                    linestyle="--" if reference else "-", label=label)
+            ax.plot(x, rows["drop"], label=label, **style.method_line(method, colour))
             ax.fill_between(x, rows["ci_low"], rows["ci_high"], color=colour, alpha=0.12, linewidth=0)
         ax.axhline(0, color="grey", linewidth=0.6)
         ax.set_xscale("log")
@@ -78,6 +76,12 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
     axes[0].set_ylabel("Drop of z/T (mean, 95% CI)")
     axes[1].legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     note = " 'A = B': identical curves, drawn once." if groups else ""
+    shown = curves[~curves["method"].isin(hidden)]
+    wide = shown.pivot_table(index=["order", "fraction"], columns="method", values="drop", sort=False)
+    tolerance = 0.02 * float(np.nanmax(np.abs(wide.to_numpy()))) if wide.size else 0.0
+    note += "".join(f" {method_label(a, not_validated)} and {method_label(b, not_validated)} nearly "
+                    f"coincide (largest difference {gap:.3f}): told apart by line style and marker."
+                    for a, b, gap in style.near_coincident(wide, tolerance))
     style.footnote(fig, EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map). z/T: the "
                    "temperature-scaled logit difference; a drop is its decrease after imputation "
                    "(ROAD: removed pixels filled from their neighbours). A negative LeRF drop: "

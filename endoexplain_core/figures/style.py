@@ -132,3 +132,46 @@ def footer_lines(*lines: str) -> str:
     """The figure footer of ``artefacts.save_figure``: the non-empty lines, one per line (e.g.
     the gate's mark note and the synthetic-cohort line)."""
     return "\n".join(line for line in lines if line)
+
+
+# Line style and marker per map method, so that two methods whose curves nearly coincide
+# (Grad-CAM and Grad-CAM++ correlate at 0.99997 on a run's primary) both stay visible: the
+# second is dashed with open markers drawn over the first's filled ones.
+METHOD_LINES = {"gradcam": ("-", "o", True), "gradcampp": ((0, (4, 2)), "s", False),
+                "xgradcam": ("-.", "^", True), "hirescam": (":", "D", False),
+                "eigencam": ((0, (1, 1, 3, 1)), "v", True), "layercam": ("-", "P", True),
+                "random": ("--", "x", True), "centre": ("--", "+", True),
+                "salience": ("--", "*", True), "dog": ("--", "1", True)}
+
+
+def method_line(method: str, colour: str, *, position: int = 0, every: int = 1) -> dict:
+    """``Axes.plot`` keyword arguments of ``method``'s curve: its line style and marker
+    (``METHOD_LINES``; open markers for the second of a look-alike pair), drawn on every
+    ``every``-th point starting at ``position % every``, so that curves lying on each other
+    show their markers side by side."""
+    linestyle, marker, filled = METHOD_LINES.get(method, ("-", "o", True))
+    return {"color": colour, "linestyle": linestyle, "marker": marker, "markersize": 3.5 if filled else 4.5,
+            "markerfacecolor": colour if filled else "none", "markeredgewidth": 0.9,
+            "markevery": (position % every, every) if every > 1 else None}
+
+
+def near_coincident(wide, tolerance: float) -> list[tuple[str, str, float]]:
+    """(first, second, largest |difference|) for each pair of columns of ``wide`` (one column per
+    method, rows the points of its curve) that differ by at most ``tolerance`` everywhere:
+    curves a reader cannot tell apart, named in the figure's note."""
+    methods = list(wide.columns)
+    pairs = []
+    for i, first in enumerate(methods):
+        for second in methods[i + 1:]:
+            gap = float((wide[first] - wide[second]).abs().max())
+            if gap <= tolerance:
+                pairs.append((first, second, gap))
+    return pairs
+
+
+def without_layercam(gate_note: str) -> str:
+    """The gate's figure note for a figure that draws no LayerCAM: its sentence on the maps the
+    gate does not test names only the reference maps (Figure 2 carried a note on LayerCAM,
+    which it does not plot)."""
+    return gate_note.replace("LayerCAM and the reference maps are not tested",
+                             "The reference maps are not tested")
