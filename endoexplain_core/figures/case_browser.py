@@ -220,7 +220,8 @@ tbody tr { cursor: pointer; } tbody tr:hover, tbody tr.current { background: #ee
 .b-const, .b-deg { color: #777; font-style: italic; font-weight: normal; }
 .uncounted { color: #999; }
 #cases td { white-space: nowrap; }
-#cases td:nth-child(-n+2) { white-space: normal; max-width: 11em; overflow-wrap: anywhere; }
+#cases td:nth-child(-n+2) { white-space: normal; max-width: 11em; overflow-wrap: break-word; }
+#cases td:first-child { min-width: 8em; }
 #detail { border: 2px solid #888; border-radius: 4px; padding: 0.5em; margin: 0.6em 0; }
 #detail h2 { font-size: 1.1em; }
 #detail-body { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
@@ -319,9 +320,9 @@ function show(index) {
     const r = c.maps[m];
     const flags = [...r.degenerate_here, METHODS[m] && METHODS[m].degenerate ? 'degenerate on this checkpoint: ' + METHODS[m].why : '',
                    !r.constant && r.peak_ties <= 1 && r.boundary_ties > 1 ? `${r.boundary_ties} pixels tied at the top-area boundary` : '',
-                   r.border_ring && !r.degenerate_here.some(w => w.includes('ring')) ? 'peak on the border ring' : '',
+                   !r.constant && r.border_ring && !r.degenerate_here.some(w => w.includes('ring')) ? 'peak on the border ring' : '',
                    IDENTICAL[m] || ''].filter(Boolean).join('; ');
-    return `<tr><td>${esc(LABELS[m])}</td><td>${badge(c, m)}</td><td>${r.peak ? r.peak.join(', ') : ''}</td><td>${num(r.distance, 1)}</td>`
+    return `<tr><td>${esc(LABELS[m])}</td><td>${badge(c, m)}</td><td>${r.constant ? '' : r.peak.join(', ')}</td><td>${num(r.distance, 1)}</td>`
       + `<td>${num(r.iou)}</td><td>${num(r.energy)}</td><td>${num(r.logit_drop)}</td><td>${esc(flags)}</td></tr>`;
   }).join('');
   $('random-reference').textContent = reference;
