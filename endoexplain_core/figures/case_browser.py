@@ -4,7 +4,9 @@
 image of the HyperKvasir pool and of each external cohort, filters, and per case a JPEG strip
 of the frame and every map of ``MAP_METHODS``. Numbers come from the audit tables; the strips'
 maps are recomputed in the audit's batches (``audit_inputs.prepared_batches``), and the peak
-marker is the table's peak. Method: docs/maps_and_scores.md, "Figures".
+marker is the table's peak. The filters count the CAMs the validity gate passes and leave out
+maps degenerate on the case (``method_facts``, ``degenerate_here``) unless the reader ticks them
+in; a case's address (``#cohort=...&case=...``) opens it. Method: docs/maps_and_scores.md, "Figures".
 """
 
 from __future__ import annotations
