@@ -93,8 +93,10 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert "lesion-specific reliance" not in lines[4]  # no LSR table in this run
     assert "ETIS-LaribPolypDB 0.08 (0.06 to 0.10) (centre 0.08)" in lines[5]
     assert "its 95% CI lies above the centre baseline's IoU in 1 of 2" in lines[5]
-    assert lines[6] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not and "
-                        "are printed as UNSTABLE; 1 could not be rerun.")
+    assert lines[6] == ("**Stability**: 2 of 4 headline verdicts held under a perturbed seed; 1 did not: each "
+                        "is listed as UNSTABLE under \"Stability under a perturbed seed\" below, and its method's "
+                        "rows carry \u2021 in the headline tables here and in the record's final tables; 1 could "
+                        "not be rerun.")
     assert lines[7].startswith("**Data**: every number comes from the synthetic cohort the package generates")
     assert len(summary.verdict_lines(tmp_path, synthetic=False)) == 7
     save("table_threshold_sensitivity", {"score_threshold": [0.8, 0.95, 0.8], "method": ["gradcam", "gradcam", "random"],
@@ -135,7 +137,8 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     assert "**Table 4 over seeds** (panel A of each of the 3 learned seeds" in headline
     assert "bimodal: read by the share below centre" in headline
     (tmp_path / "table4_over_seeds.csv").unlink()
-    assert "filling in ordinary tissue of the same shape) is 7.20 (7.00 to 7.40) scaled-logit units (n 68 images)" in lines[4]
+    assert ("filling in ordinary tissue of the same shape) is 7.20 (7.00 to 7.40) in units of the "
+            "temperature-scaled logit difference z / T") in lines[4] and "(n 68 images)" in lines[4]
     save("table4_spatial_audit", {"panel": ["A"] * 7, "method": [*CAM_METHODS, "random", "centre"],
                                   "n": [27] * 7, "peak_failure": [None] * 7, "logit_drop": [None] * 7})
     (tmp_path / "table_s_faithfulness_lsr.csv").unlink()

@@ -18,9 +18,11 @@ import pandas as pd
 
 from endoexplain_core.run_layout import RunLayout
 from endoexplain_core.artefacts import read_table
-from endoexplain_core import files, numerics, presentation
+from endoexplain_core import files, marks, numerics, presentation
+from endoexplain_core.analysis import map_diagnostics, stability
 from endoexplain_core.analysis.adjusted_model import interval_unbounded
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, method_label
+from endoexplain_core.models.training import PRIMARY_TIE_AUPRC
 from endoexplain_core.presentation import ARCH_LABELS
 
 SUMMARY_NAME = "summary.md"
@@ -48,6 +50,27 @@ def _with_ci(estimate, low, high, digits: int = 3) -> str:
     return presentation.estimate_with_ci(estimate, low, high, digits, missing="n/a")
 
 
+# The stability table's parts -> the headline table whose rows they mark (as notebook 09 marks
+# the final tables): a gate verdict that did not hold marks its method everywhere.
+GATE_PART = "validity gate"
+SELECTION_PART = "primary selection"
+UNSTABLE_PARTS = {"gate": (GATE_PART,), "table4": (GATE_PART, stability.TABLE4_PART),
+                  "table5": (GATE_PART, "Table 5 term vs Grad-CAM")}
+
+
+def unstable_methods(figures_dir: Path, where: str) -> set[str]:
+    """Subjects whose verdict did not hold (``table_verdict_stability``) among the parts that
+    mark headline table ``where`` (``UNSTABLE_PARTS``; "primary": the primary selection)."""
+    table = read_table(figures_dir, "table_verdict_stability")
+    parts = (SELECTION_PART,) if where == "primary" else UNSTABLE_PARTS[where]
+    return {s for part in parts for s in stability.unstable_subjects(table, part)}
+
+
+def _marked(label: str, method: str, unstable: set[str]) -> str:
+    """``label`` with ``marks.UNSTABLE_MARK`` when ``method`` is among the ``unstable``."""
+    return f"{label}{marks.UNSTABLE_MARK}" if method in unstable else label
+
+
 def _primary_row(training: pd.DataFrame) -> pd.Series:
     """The primary checkpoint's row of ``table_s1_training``."""
     return training[training["primary"].astype(str).str.lower() == "true"].iloc[0]
@@ -69,7 +92,8 @@ def _training_lines(figures_dir: Path) -> list[str]:
     lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = validation AUPRC >= "
              f"{_number(learning['min_val_auprc'].iloc[0])} and Grad-CAM and Eigen-CAM non-constant on "
              f">= 95% of the audited images; non-constant maps: the smaller of their two shares):", ""] + [presentation.markdown_table(table)]
-    lines += ["", f"**Primary** {primary['checkpoint_id']}: test AUPRC "
+    primary_id = _marked(primary["checkpoint_id"], primary["checkpoint_id"], unstable_methods(figures_dir, "primary"))
+    lines += ["", f"**Primary** {primary_id}: test AUPRC "
               f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])}, "
               f"accuracy at 0.5 {_with_ci(primary['test_accuracy_at_0.5'], primary['test_accuracy_at_0.5_ci_low'], primary['test_accuracy_at_0.5_ci_high'])} "
               f"(n = {int(primary['n_test'])} test images; 95% CIs)."]
@@ -88,8 +112,9 @@ def _gate_lines(figures_dir: Path) -> list[str]:
             spread[method] = " / ".join(
                 _number(v, 2) + ("" if str(ok).lower() == "true" else " (excluded)")
                 for v, ok in zip(rows["cue_rate"], rows["models_ok"]))
+    unstable = unstable_methods(figures_dir, "gate")
     table = pd.DataFrame({
-        "map": gate["method"].map(method_label),
+        "map": [_marked(method_label(m), m, unstable) for m in gate["method"]],
         "verdict": gate["verdict"],
         "lesion model: peak in lesion": [_with_ci(r, lo, hi) for r, lo, hi in
                                          zip(gate["lesion_rate"], gate["lesion_ci_low"], gate["lesion_ci_high"])],
@@ -133,11 +158,14 @@ def _table4_lines(figures_dir: Path) -> list[str]:
              "failure, Wilson 95% CIs conditional on this checkpoint):", ""]
     if panel.empty:
         return lines[:1] + ["", "Panel A is empty in this run."]
+    unstable = unstable_methods(figures_dir, "table4")
     shown = pd.DataFrame({
-        "map": panel["label"],
+        "map": [_marked(label, m, unstable) for label, m in zip(panel["label"], panel["method"])],
         "peak outside lesion": [_with_ci(r, lo, hi) for r, lo, hi in
                                 zip(panel["peak_failure"], panel["peak_failure_ci_low"], panel["peak_failure_ci_high"])],
         "constant maps": panel["n_constant"].astype(int).astype(str)})
+    if map_diagnostics.IDENTITY_GROUP_COLUMN in panel.columns:   # one piece of evidence per group
+        shown["identical maps"] = panel[map_diagnostics.IDENTITY_GROUP_COLUMN].fillna("").to_numpy()
     return lines + [presentation.markdown_table(shown)]
 
 
@@ -170,8 +198,11 @@ def _table5_lines(figures_dir: Path) -> list[str]:
     if table5 is None:
         return ["**Table 5**: not run."]
     rows = table5[table5["term"].str.contains("versus Grad-CAM", regex=False)]
+    unstable = {method_label(m) for m in unstable_methods(figures_dir, "table5")}
     parts = []
     for row in rows.itertuples():
+        if row.term.split(" versus ")[0] in unstable:
+            row = row._replace(term=row.term.replace(" versus ", f"{marks.UNSTABLE_MARK} versus ", 1))
         if not bool(row.estimable) or pd.isna(row.odds_ratio):
             parts.append(f"{row.term}: not estimable")
         elif interval_unbounded(row.ci_low, row.ci_high):
@@ -341,10 +372,36 @@ def _rq2_sentence(threshold: pd.DataFrame | None, over_seeds: pd.DataFrame | Non
     return f"{RQ_TITLES[2]} " + _capitalised("; ".join(parts)) + " (95% CIs)."
 
 
+# The units of RQ3's numbers: the audit's deletions and LSR measure different things.
+LOGIT_DROP_UNIT = "drop of the positive-class logit, not temperature-scaled, pixels set to the normalised mean"
+LSR_UNIT = ("units of the temperature-scaled logit difference z / T, the zone filled in by noisy linear "
+            "imputation: not the unit of the deletions above")
+
+
+def _lesion_reference(priors: pd.DataFrame | None) -> str:
+    """Deleting the lesion itself beside each CAM's top 20% on the same images
+    (``table_s_map_priors``), and the share of the lesion's effect the maps carry ("" without
+    the table or a positive lesion drop)."""
+    if priors is None or priors.empty or not priors["lesion_logit_drop_mean"].notna().any():
+        return ""
+    lesion = float(priors["lesion_logit_drop_mean"].iloc[0])
+    text = (f"deleting the lesion itself drops the same logit by {_number(lesion, 2)} on average over the "
+            f"{int(priors['n_positive'].iloc[0])} audited images (table_s_map_priors)")
+    drops = priors["cam_top_logit_drop_mean"].dropna()
+    if lesion > 0 and len(drops):
+        low, high = drops.min() / lesion, drops.max() / lesion
+        share = _number(low, 2) if abs(high - low) < 0.005 else f"{_number(low, 2)} to {_number(high, 2)}"
+        text += (f", so the CAMs' top 20% carries {share} of the lesion's effect there (each CAM's mean "
+                 "drop over its maps with a peak, divided by the lesion's)")
+    return text
+
+
 def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
-                  labels: dict[str, str], missing: str) -> str:
+                  labels: dict[str, str], missing: str, priors: pd.DataFrame | None = None) -> str:
     """Deleting each map's top area against deleting the same area at random (Table 4 panel A),
-    and lesion-specific reliance (filling in the lesion against ordinary tissue)."""
+    each in its unit (``LOGIT_DROP_UNIT``), with deleting the lesion itself beside them
+    (``_lesion_reference``), and lesion-specific reliance (filling in the lesion against
+    ordinary tissue, ``LSR_UNIT``)."""
     parts = []
     panel_empty = False
     if table4 is not None:
@@ -354,8 +411,8 @@ def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
         panel_empty = cams.empty
         if len(cams) and len(random_rows):
             control = random_rows.iloc[0]
-            text = ("in one checkpoint's audit (the primary, Table 4 panel A) the logit drop after "
-                    "deleting the top area of each map is "
+            text = (f"in one checkpoint's audit (the primary, Table 4 panel A) the logit drop ({LOGIT_DROP_UNIT}) "
+                    "after deleting the top 20% of each map is "
                     f"{_rate_list(cams, labels, 'logit_drop', 'logit_drop_ci_low', 'logit_drop_ci_high')}, "
                     "after deleting the same area at random "
                     f"{_with_ci(control['logit_drop'], control['logit_drop_ci_low'], control['logit_drop_ci_high'], 2)}")
@@ -365,11 +422,14 @@ def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
                 text += (f"; {len(above)} of {len(cams)} maps' intervals lie above the random control's"
                          + (f" ({', '.join(above)})" if above else ""))
             parts.append(text)
+            reference = _lesion_reference(priors)
+            if reference:
+                parts.append(reference)
     if lsr is not None and len(lsr):
         row = lsr.iloc[0]
         parts.append("lesion-specific reliance (evidence lost filling in the lesion zone minus "
                      "filling in ordinary tissue of the same shape) is "
-                     f"{_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} scaled-logit units "
+                     f"{_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} in {LSR_UNIT} "
                      f"(n {int(row['n'])} images)")
     if not parts:
         reason = "panel A is empty: not estimable" if panel_empty else f"could not be computed ({missing})"
@@ -395,13 +455,86 @@ BRIEF_TABLES = {"table_validity_gate": "03_validity_gate", "table_s1_training": 
                 "table_threshold_sensitivity": "05_robustness",
                 "table4_over_seeds": "05_robustness", "table_lesion_tertiles": "05_robustness",
                 "table_s_faithfulness_lsr": "08_faithfulness", "table_transfer": "06_transfer",
-                "table_verdict_stability": "05_robustness"}
+                "table_verdict_stability": "05_robustness", "table4_map_identity": "04_spatial_audit",
+                "table_s_map_priors": "04_spatial_audit", "table_source_category": "02_calibration"}
 
 # The paper's four research questions, each answered by one sentence of the brief.
 RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
              2: "**RQ2, does it persist?**",
              3: "**RQ3, do the maps cover what the model uses?**",
              4: "**RQ4, transfer:**"}
+
+
+def _selection_clause(training: pd.DataFrame) -> str:
+    """How the primary was chosen (``training.select_primary``): a tie when other non-control
+    runs of its architecture are within ``PRIMARY_TIE_AUPRC`` of the best validation AUPRC,
+    broken by the lowest seed; otherwise the best AUPRC with the runner-up beside it."""
+    if not {"arch", "seed", "control", "val_auprc"} <= set(training.columns):
+        return ""
+    primary = _primary_row(training)
+    runs = training[(training["arch"] == primary["arch"]) & (training["control"] == "none")]
+    runs = runs.sort_values("seed", kind="mergesort")
+    best = runs["val_auprc"].max()
+    tied = runs[runs["val_auprc"] >= best - PRIMARY_TIE_AUPRC]
+    scores = ", ".join(f"{r.checkpoint_id} {_number(r.val_auprc)}" for r in tied.itertuples())
+    if len(tied) > 1 and primary["checkpoint_id"] in set(tied["checkpoint_id"]):
+        return (f" It was selected in a tie: {len(tied)} seeds of {ARCH_LABELS.get(primary['arch'], primary['arch'])} "
+                f"are within {PRIMARY_TIE_AUPRC:g} of the best validation AUPRC ({scores}), and the tie is "
+                "broken by the lowest seed (training.select_primary), so a validation resample selects it "
+                "whenever the tie persists, not because it scores higher.")
+    others = runs[runs["checkpoint_id"] != primary["checkpoint_id"]]
+    runner_up = (f"; the next, {others.iloc[others['val_auprc'].argmax()]['checkpoint_id']}, "
+                 f"{_number(others['val_auprc'].max())}" if len(others) else "")
+    return (f" It was selected on validation AUPRC ({_number(primary['val_auprc'])}{runner_up}; "
+            f"runs within {PRIMARY_TIE_AUPRC:g} of the best tie, the lowest seed wins).")
+
+
+def _identity_sentence(identity: pd.DataFrame) -> str | None:
+    """The primary's groups of practically identical maps (``map_diagnostics.identity_groups``
+    of ``table4_map_identity``) as one sentence; None when every method stands alone."""
+    identity = identity.assign(**{c: identity[c].astype(str).str.lower() == "true"
+                                  for c in ("identical_in_practice", "identical_by_construction")})
+    groups = map_diagnostics.identity_groups(identity)
+    if not groups:
+        return None
+    named = "; ".join(f"{map_diagnostics.group_label(g)} ({len(g)} methods, one piece of evidence)" for g in groups)
+    return (f"**Identical maps**: on the primary {named}: their maps are practically identical on this "
+            f"checkpoint (median per-image Pearson >= {map_diagnostics.IDENTITY_PEARSON} and the same peak "
+            f"outcome on >= {map_diagnostics.IDENTITY_OUTCOME_SHARE:.0%} of the audited images, or identical by "
+            "construction; table4_map_identity), so their rates above are never independent evidence "
+            "and agreeing rates among them confirm nothing.")
+
+
+def _sources_sentence(sources: pd.DataFrame) -> str:
+    """Where the primary's errors at the decision threshold come from (``table_source_category``):
+    per kind of error, its total and the source category with the most of them."""
+    parts = []
+    for target, column, kind in ((0, "false_positives", "false positives"), (1, "false_negatives", "false negatives")):
+        rows = sources[sources["target"] == target]
+        total = int(rows[column].sum()) if len(rows) else 0
+        if total == 0:
+            parts.append(f"no {kind}")
+            continue
+        top = rows.loc[rows[column].idxmax()]
+        count = int(top[column])
+        parts.append(f"{'all' if count == total else count} of the {total} {kind} "
+                     f"{'are' if count > 1 else 'is'} {top['source']} frames"
+                     + ("" if count == total else f" ({count / total:.0%})"))
+    return ("**Errors by source category** (the primary at the decision threshold, table_source_category): "
+            + "; ".join(parts) + ".")
+
+
+def _stability_sentence(stability_table: pd.DataFrame) -> str:
+    """How many headline verdicts held, and where the ones that did not are marked."""
+    held = stability_table["held"].map(lambda v: str(v).lower())
+    open_count = int((~held.isin(["true", "false"])).sum())
+    unstable = int((held == "false").sum())
+    where = (f"; {unstable} did not: each is listed as UNSTABLE under \"Stability under a perturbed "
+             f"seed\" below, and its method's rows carry {marks.UNSTABLE_MARK} in the headline tables here "
+             "and in the record's final tables" if unstable else "; none failed")
+    return (f"**Stability**: {_share(int((held == 'true').sum()), len(stability_table))} headline "
+            f"verdicts held under a perturbed seed{where}"
+            + (f"; {open_count} could not be rerun" if open_count else "") + ".")
 
 
 def _classifier_sentence(training: pd.DataFrame, learning: pd.DataFrame | None) -> str:
@@ -411,7 +544,8 @@ def _classifier_sentence(training: pd.DataFrame, learning: pd.DataFrame | None) 
     auprc = primary[["test_auprc", "test_auprc_ci_low", "test_auprc_ci_high"]].tolist()
     level = "" if _no_interval(*auprc) else ", 95% CI"   # no "95% CI" beside "no interval"
     text = (f"**Classifier**: the primary {primary['checkpoint_id']} scores test AUPRC "
-            f"{_with_ci(*auprc)} (n = {int(primary['n_test'])} held-out test images{level}).")
+            f"{_with_ci(*auprc)} (n = {int(primary['n_test'])} held-out test images{level})."
+            + _selection_clause(training))
     if learning is None:
         return text
     matrix = learning[learning["control"] == "none"]
@@ -476,21 +610,22 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     lines.append(_rq1_sentence(table4, labels, over_seeds, why("table4_over_seeds") if unavailable else "")
                  if table4 is not None
                  else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
+    identity = read("table4_map_identity")
+    if identity is not None and _identity_sentence(identity):
+        lines.append(_identity_sentence(identity))
     robustness = ("table_threshold_sensitivity", "table4_over_seeds", "table_lesion_tertiles")
     lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness), labels["gradcam"]))
     lines.append(_rq3_sentence(table4, read("table_s_faithfulness_lsr"), labels,
-                               why("table4_spatial_audit", "table_s_faithfulness_lsr")))
+                               why("table4_spatial_audit", "table_s_faithfulness_lsr"), read("table_s_map_priors")))
     transfer = read("table_transfer")
     lines.append(_rq4_sentence(transfer, labels["gradcam"]) if transfer is not None
                  else f"{RQ_TITLES[4]} could not be computed ({why('table_transfer')}).")
-    stability = read("table_verdict_stability")
-    if stability is not None:
-        held = stability["held"].map(lambda v: str(v).lower())
-        open_count = int((~held.isin(["true", "false"])).sum())
-        lines.append(f"**Stability**: {_share(int((held == 'true').sum()), len(stability))} headline "
-                     f"verdicts held under a perturbed seed; {int((held == 'false').sum())} did not "
-                     "and are printed as UNSTABLE"
-                     + (f"; {open_count} could not be rerun" if open_count else "") + ".")
+    sources = read("table_source_category")
+    if sources is not None:
+        lines.append(_sources_sentence(sources))
+    verdict_stability = read("table_verdict_stability")
+    if verdict_stability is not None:
+        lines.append(_stability_sentence(verdict_stability))
     elif unavailable:
         lines.append(f"**Stability**: could not be computed ({why('table_verdict_stability')}).")
     if synthetic:
