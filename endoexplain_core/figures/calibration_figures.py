@@ -133,7 +133,7 @@ def draw_reliability(ax, reliability: pd.DataFrame, ece_intervals: pd.DataFrame 
     ax.set_ylabel("Observed frequency of target")
     _draw_bin_counts(ax, reliability)
     if short:
-        ax.legend(frameon=False, loc="upper left", fontsize=6.5, handlelength=1.2,
+        ax.legend(frameon=False, loc="best", fontsize=6.5, handlelength=1.2,   # clear of the points
                   borderaxespad=0.2)
         return
     title = f"open: bin of < {MIN_BIN_COUNT} images; bars: Wilson 95% CI"
