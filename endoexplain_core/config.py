@@ -321,7 +321,8 @@ class SpatialAuditSettings(StageSettings):
 
 class ValidityGateSettings(StageSettings):
     uses_shared: ClassVar[tuple[str, ...]] = ("seed", "image_size", "device", "architectures",
-                                              "top_fraction", "channels_last")
+                                              "top_fraction", "channels_last", "scheduler",
+                                              "allow_insecure_scheduler")
     train_images: int = Field(256, ge=8, le=MAX_IMAGES, description="planted training frames per gate model")
     val_images: int = Field(64, ge=8, le=MAX_IMAGES, description="held-out planted frames for the accuracy rule")
     pool_images: int = Field(48, ge=8, le=MAX_IMAGES, description="common audited pool (polyp + separate cue)")

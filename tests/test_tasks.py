@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from endoexplain_core.analysis import audit
+from endoexplain_core import config
+from endoexplain_core.analysis import audit, validity_gate
 from endoexplain_core.methods import MAP_METHODS
 from endoexplain_core.models import training
 from endoexplain_core.pipeline import tasks
@@ -221,3 +222,34 @@ def test_killed_worker_task_is_retried_and_gives_identical_tables(tmp_path):
     assert not table.duplicated(["sample_id", "method"]).any() and len(table) == 7 * len(MAP_METHODS)
     assert not list((tmp_path / "dask").glob("*.partial"))
     assert np.isfinite(table["iou"]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control_per_replicate", [True, False])
+def test_gate_replicates_as_tasks_give_the_sequential_tables(tmp_path, control_per_replicate):
+    """Gate replicates are independent draws: on a local cluster (one task per replicate, or
+    after the first when one shuffled control is reused) the case rows, model facts and gate
+    table equal the plain loop's."""
+    section = config.ValidityGateSettings.model_construct(   # tiny, below the profile minima
+        train_images=8, val_images=8, pool_images=4, steps=2, batch_size=4,
+        random_deletion_repetitions=1, replicate_seeds=[1, 2, 3], untrained_initialisations=2,
+        shuffled_control_per_replicate=control_per_replicate)
+    settings = validity_gate.GateSettings(section, image_size=64, channels_last=True)
+    keywords = dict(arch="resnet18", settings=settings, batch_size=4, top_fraction=0.20)
+    sequential = validity_gate.run_gate(tmp_path / "sequential", **keywords)
+    with tasks.TaskRunner("local:2", progress=False) as runner:
+        distributed = validity_gate.run_gate(tmp_path / "dask", task_map=runner.map, **keywords)
+    for key in ("cases", "models", "gate", "clauses"):
+        pd.testing.assert_frame_equal(distributed[key].drop(columns="seconds", errors="ignore"),
+                                      sequential[key].drop(columns="seconds", errors="ignore"))
+    assert sorted(distributed["cases"]["gate_seed"].unique()) == [1, 2, 3]
+    shuffled_seeds = distributed["models"].query("model == 'shuffled'")["trained_with_seed"].tolist()
+    assert shuffled_seeds == ([1, 2, 3] if control_per_replicate else [1, 1, 1])
+
+
+def test_gate_refuses_a_callback_with_tasks(tmp_path):
+    section = config.ValidityGateSettings()
+    settings = validity_gate.GateSettings(section, image_size=64, channels_last=True)
+    with pytest.raises(ValueError, match="on_replicate"):
+        validity_gate.run_gate(tmp_path, arch="resnet18", settings=settings, batch_size=4,
+                               top_fraction=0.2, task_map=lambda *a: [], on_replicate=print)

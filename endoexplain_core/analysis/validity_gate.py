@@ -826,10 +826,40 @@ def gate_stability(clauses: pd.DataFrame, gate: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def gate_replicate(output_dir: str | Path, *, arch: str, settings: GateSettings, seed: int,
+                   layer_name: str | None, top_fraction: float, batch_size: int,
+                   init_state: dict[str, torch.Tensor] | None = None, device: str = "cpu",
+                   shared_control: tuple[nn.Module, int] | None = None, on_replicate=None,
+                   keep_shuffled: bool = False) -> dict:
+    """One gate replicate (``seed``): build its models (``build_gate_models``), audit them on its
+    pool (``audit_gate_models``, tables under ``<output_dir>/seed_<seed>/``) and drop the models.
+
+    An independent draw: what it returns depends only on its arguments, so replicates may run
+    as tasks in any order and on any worker (``run_gate``'s ``task_map``). Returns a dict with
+    ``cases`` (case rows), ``facts`` (model facts), ``layer`` (the resolved target layer name)
+    and, with ``keep_shuffled``, ``shuffled`` ((shuffled-label model, seed), the control later
+    replicates reuse when ``shuffled_control_per_replicate`` is off). ``on_replicate``: as in
+    ``run_gate``.
+    """
+    models, facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size,
+                                      init_state=init_state, device=resolve_device(device))
+    layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
+    pool = gate_pool(settings.section.pool_images, settings.image_size, seed + 2)
+    cases = audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
+                              layer_name=layer_name, settings=settings, seed=seed,
+                              top_fraction=top_fraction, batch_size=batch_size, device=device)
+    if on_replicate is not None:
+        on_replicate(seed, models, pool, layer_name)
+    replicate = {"cases": cases, "facts": facts, "layer": layer_name}
+    if keep_shuffled:
+        replicate["shuffled"] = (models["shuffled"], seed)
+    return replicate
+
+
 def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
              layer_name: str | None = None, top_fraction: float, batch_size: int,
              progress=None, init_state: dict[str, torch.Tensor] | None = None,
-             device: str = "cpu", on_replicate=None) -> dict:
+             device: str = "cpu", on_replicate=None, task_map=None) -> dict:
     """Build, audit and judge the gate models of every replicate at ``arch``'s target layer.
 
     Writes the per-model audit tables under ``<output_dir>/seed_<seed>/``. Returns a dict with
@@ -842,33 +872,43 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
     trained and audited (default the CPU, as notebook 03). ``on_replicate``: optional
     callable(seed, models, pool, layer_name) called once a replicate's models are audited
     (``endoexplain gate`` draws its example maps from it; the models are not kept otherwise).
+    ``task_map``: ``pipeline.tasks.TaskRunner.map`` (or any ``(function, calls, labels) ->
+    results`` in call order) to run the replicates as independent tasks (``gate_replicate``);
+    the tables equal the plain loop's (``None``, the default). When the profile reuses one
+    shuffled control, the first replicate runs here first and the others get its control.
     """
     started = time.perf_counter()
-    cases, facts = [], []
-    shared_control = None
-    for index, seed in enumerate(settings.section.replicate_seeds):
+    if task_map is not None and on_replicate is not None:
+        raise ValueError("run_gate: on_replicate needs the models in this process; it cannot be "
+                         "combined with task_map (replicates on other workers)")
+    seeds = list(settings.section.replicate_seeds)
+    common = dict(output_dir=output_dir, arch=arch, settings=settings, layer_name=layer_name,
+                  top_fraction=top_fraction, batch_size=batch_size, init_state=init_state,
+                  device=device)
+    reuse_control = not settings.section.shuffled_control_per_replicate
+    replicates, shared_control = [], None
+    for index, seed in enumerate(seeds):
+        if task_map is not None and (index > 0 or not reuse_control):
+            break   # the remaining replicates run as tasks below
         if progress is not None:
-            progress(f"gate replicate {index + 1}/{len(settings.section.replicate_seeds)} (seed {seed})")
-        models, model_facts = build_gate_models(arch, settings, seed, shared_control, batch_size=batch_size,
-                                                init_state=init_state, device=resolve_device(device))
-        if not settings.section.shuffled_control_per_replicate and shared_control is None:
-            shared_control = (models["shuffled"], seed)
-        layer_name, _ = networks.resolve_target_layer(models["lesion"], arch, layer_name)
-        pool = gate_pool(settings.section.pool_images, settings.image_size, seed + 2)
-        cases.append(audit_gate_models(models, pool, Path(output_dir) / f"seed_{seed}", arch=arch,
-                                       layer_name=layer_name, settings=settings, seed=seed,
-                                       top_fraction=top_fraction, batch_size=batch_size,
-                                       device=device))
-        if on_replicate is not None:
-            on_replicate(seed, models, pool, layer_name)
-        facts.append(model_facts)
-    cases, facts = pd.concat(cases, ignore_index=True), pd.concat(facts, ignore_index=True)
+            progress(f"gate replicate {index + 1}/{len(seeds)} (seed {seed})")
+        replicate = gate_replicate(seed=seed, shared_control=shared_control, on_replicate=on_replicate,
+                                   keep_shuffled=reuse_control and index == 0, **common)
+        shared_control = replicate.pop("shuffled", shared_control)
+        replicates.append(replicate)
+    remaining = seeds[len(replicates):]
+    if remaining:
+        replicates += task_map(gate_replicate, [{**common, "seed": seed, "shared_control": shared_control}
+                                                for seed in remaining],
+                               [f"gate/seed_{seed}" for seed in remaining])
+    cases = pd.concat([r["cases"] for r in replicates], ignore_index=True)
+    facts = pd.concat([r["facts"] for r in replicates], ignore_index=True)
     judged = {"margin": settings.section.margin, "level": settings.level}
     gate = gate_table(cases, facts, **judged)
     clauses = gate_clause_table(cases, facts, **judged)
     return {"gate": gate, "clauses": clauses, "stability": gate_stability(clauses, gate),
             "replicates": gate_replicate_table(cases, facts, **judged),
-            "models": facts, "cases": cases, "layer": layer_name,
+            "models": facts, "cases": cases, "layer": replicates[0]["layer"],
             "settings": {**asdict(settings), "section": settings.section.model_dump()}, "seconds": round(time.perf_counter() - started, 1)}
 
 
