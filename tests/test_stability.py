@@ -101,9 +101,14 @@ def test_selection_stability_counts_resamples_that_pick_the_primary():
                                   "logit_neg": 0.0, "logit_pos": z}))
     result = stability.selection_stability(pd.concat(rows), "strong", replicates=200, seed=1, tie_auprc=0.01)
     assert result["share_same"] == 1.0 and result["replicates_used"] == 200
+    assert result["tied_share"] == 0.0                                  # won on AUPRC, never by the tie
     tied = stability.selection_stability(pd.concat([rows[0], rows[0].assign(checkpoint_id="twin", seed=0)]),
                                          "strong", replicates=50, seed=1, tie_auprc=0.01)
     assert tied["share_same"] == 0.0 and tied["runner_up"] == "twin"   # ties go to the lowest seed
+    assert tied["tied_share"] == 1.0
+    table = stability.stability_table(gate_stability=None, selection=tied, table4_over_seeds=None,
+                                      table5={}, primary_id="twin")
+    assert "in 100% of them several checkpoints tied" in table.iloc[0]["under_perturbation"]
     # a near-twin a little better on every resample is still tied within 0.01: the lower seed wins
     near = rows[0].assign(checkpoint_id="near", seed=0, logit_pos=strong * 1.0 - 0.0)
     near.loc[near["target"] == 1, "logit_pos"] += 0.05

@@ -32,7 +32,9 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
     ``validation``: logits rows of the candidate checkpoints on the validation split (columns
     checkpoint_id, seed, sample_id, target, logit_neg, logit_pos). Images are resampled with
     replacement ``replicates`` times (replicates without both classes are skipped). Returns
-    {"primary", "share_same", "runner_up", "replicates_used"}.
+    {"primary", "share_same", "runner_up", "replicates_used", "tied_share"}; ``tied_share``: the
+    share of resamples in which more than one checkpoint was within ``tie_auprc`` of the best, so
+    that the tie rule (lowest seed), not a higher AUPRC, made the pick.
     """
     wide = validation.assign(z=validation["logit_pos"] - validation["logit_neg"]).pivot(
         index="sample_id", columns="checkpoint_id", values="z")
@@ -40,18 +42,21 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
     seeds = validation.groupby("checkpoint_id")["seed"].first()
     order = sorted(wide.columns, key=lambda c: int(seeds[c]))   # ties: lowest seed wins
     scores = wide[order].to_numpy()
-    picks = []
+    picks, tied = [], 0
     for rows in stats.bootstrap_indices(len(targets), replicates, seed):
         sample_targets = targets[rows]
         if sample_targets.min() == sample_targets.max():
             continue
         auprc = np.array([average_precision_score(sample_targets, scores[rows, j]) for j in range(len(order))])
         # select_primary's rule: within tie_auprc of the best is a tie, the lowest seed wins
-        picks.append(order[int(np.flatnonzero(auprc >= auprc.max() - tie_auprc)[0])])
+        within = np.flatnonzero(auprc >= auprc.max() - tie_auprc)
+        tied += len(within) > 1
+        picks.append(order[int(within[0])])
     counts = pd.Series(picks).value_counts()
     others = counts.drop(primary_id, errors="ignore")
     return {"primary": primary_id, "share_same": float(counts.get(primary_id, 0) / len(picks)),
-            "runner_up": str(others.index[0]) if len(others) else "", "replicates_used": len(picks)}
+            "runner_up": str(others.index[0]) if len(others) else "", "replicates_used": len(picks),
+            "tied_share": float(tied / len(picks))}
 
 
 def table5_signs(table: pd.DataFrame, score_threshold: float, *, replicates: int,
@@ -113,6 +118,14 @@ def table4_stability_rows(over: pd.DataFrame | None) -> list[dict]:
     return rows
 
 
+def _tie_text(tied_share: float) -> str:
+    """What a pick by the tie rule means: selection by seed order, not a better model."""
+    if not tied_share:
+        return ""
+    return (f"; in {tied_share:.0%} of them several checkpoints tied within the tie margin and the "
+            "lowest seed won: a pick by the tie rule, not evidence of a better model")
+
+
 def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
                     table4_over_seeds: pd.DataFrame | None, table5: dict[str, dict[str, str]],
                     primary_id: str) -> pd.DataFrame:
@@ -135,7 +148,8 @@ def stability_table(*, gate_stability: pd.DataFrame | None, selection: dict,
     share = selection["share_same"]
     rows.append({"part": "primary selection", "subject": primary_id, "verdict": "selected",
                  "under_perturbation": (f"selected in {share:.0%} of {selection['replicates_used']} "
-                                        f"validation resamples (runner-up {selection['runner_up'] or 'none'})"),
+                                        f"validation resamples (runner-up {selection['runner_up'] or 'none'})"
+                                        + _tie_text(selection.get("tied_share", 0.0))),
                  "held": share >= SELECTION_HOLDS_AT})
     rows += table4_stability_rows(table4_over_seeds)
     others = [c for c in table5 if c != primary_id]
