@@ -356,3 +356,25 @@ def test_a_subgroup_without_a_single_hit_is_not_estimable_and_its_crude_gap_keep
     assert none["note"].str.contains("0/12 subgroup, 30/50 reference images", regex=False).all()
     crude = subgroups.crude_gaps(frame, outcomes=("pointing_hit",)).set_index("method").loc["gradcam"]
     assert crude["subgroup_mean"] == 0 and crude["crude_ci_low"] < crude["crude_gap"] < crude["crude_ci_high"] < 0
+
+
+def test_logistic_gap_has_no_overflow_at_extreme_predictors():
+    """A near-separated fit has linear predictors beyond -709, where exp(-x) overflows (a
+    RuntimeWarning in an executed notebook); the g-computation must run without one and give
+    the limits 0 and 1 for the fitted probabilities."""
+    import types
+    import warnings
+
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame({"cluster": np.arange(40), "method": "gradcam", "subgroup": np.repeat([0, 1], 20),
+                          "pointing_hit": (rng.random(40) < 0.5).astype(float)})
+    result, design = subgroups.fit_gee(frame, "pointing_hit", [])
+    names = list(design.column_names)
+    params = np.zeros(len(names))
+    params[names.index("C(method)[gradcam]")] = -1000.0              # reference group: p = 0
+    params[names.index("C(method)[gradcam]:subgroup")] = 2000.0      # subgroup: p = 1
+    extreme = types.SimpleNamespace(params=params, cov_params=lambda: np.eye(len(names)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gap = subgroups.g_computation_gaps(extreme, design, frame, "pointing_hit", ["gradcam"]).iloc[0]
+    assert gap["gap"] == pytest.approx(100.0) and gap["se"] == pytest.approx(0.0)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from patsy import build_design_matrices, dmatrices
 from scipy import stats as scipy_stats
+from scipy.special import expit
 from statsmodels.genmod import families
 from statsmodels.genmod.cov_struct import Exchangeable, Independence
 from statsmodels.genmod.generalized_estimating_equations import GEE
@@ -223,7 +224,9 @@ def g_computation_gaps(result, design_info, frame: pd.DataFrame, outcome: str, m
         for design in designs:
             linear = design @ params
             if OUTCOMES[outcome] == "logistic":
-                probability = 1 / (1 + np.exp(-linear))
+                # expit, not 1 / (1 + exp(-x)): a linear predictor below -709 overflowed exp
+                # (a RuntimeWarning in notebook 08 of the default run); same values, no overflow
+                probability = expit(linear)
                 means.append(probability.mean())
                 gradients.append((probability * (1 - probability)) @ design / len(design))
             else:
