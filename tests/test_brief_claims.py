@@ -157,3 +157,20 @@ def test_practically_identical_maps_are_one_group_in_the_brief_and_table4(run_ta
     assert sum(line.endswith(f"| {GROUP} |") for line in table4.splitlines()) == 3
     alone = _identity_table().assign(identical_in_practice=False)
     assert summary._identity_sentence(alone) is None
+
+
+def test_rq3_says_when_the_primarys_temperature_sits_on_its_bound(run_tables):
+    """z / T with T on the search bound (a perfectly separated validation set) is the bound's
+    number as much as the reliance's: the brief says so beside it, and only then."""
+    lsr = pd.read_csv(run_tables / "table_s_faithfulness_lsr.csv").assign(checkpoint_id="eff_s1")
+    lsr.to_csv(run_tables / "table_s_faithfulness_lsr.csv", index=False)
+    calibration = pd.DataFrame({"checkpoint_id": ["eff_s1", "eff_s1"], "split": ["Validation", "Test"],
+                                "score": "Temperature-scaled", "temperature": 0.05,
+                                "temperature_at_bound": True})
+    calibration.to_csv(run_tables / "table3_calibration.csv", index=False)
+    claim = next(line for line in _brief_and_headline(run_tables)[0].splitlines() if line.startswith("- **RQ3"))
+    assert "T = 0.050 sits on the search bound, so z / T is 20 times the raw logit difference" in claim
+    calibration.assign(temperature=0.8, temperature_at_bound=False).to_csv(
+        run_tables / "table3_calibration.csv", index=False)
+    claim = next(line for line in _brief_and_headline(run_tables)[0].splitlines() if line.startswith("- **RQ3"))
+    assert "search bound" not in claim

@@ -396,8 +396,25 @@ def _lesion_reference(priors: pd.DataFrame | None) -> str:
     return text
 
 
+def _temperature_caveat(calibration: pd.DataFrame | None, checkpoint_id: str) -> str:
+    """A warning beside a z / T number when the checkpoint's temperature stopped on the search
+    bound (``table3_calibration``): T is then set by the bound, not by the validation data (a
+    perfectly separated validation set drives it there), and z / T is z scaled by 1 / T."""
+    if calibration is None or "temperature_at_bound" not in calibration:
+        return ""
+    rows = calibration[(calibration["checkpoint_id"] == checkpoint_id)
+                       & calibration["temperature_at_bound"].astype(bool)]
+    if rows.empty:
+        return ""
+    temperature = float(rows["temperature"].iloc[0])
+    return (f"; the primary's temperature T = {_number(temperature, 3)} sits on the search bound, so "
+            f"z / T is {_number(1 / temperature, 0)} times the raw logit difference and measures the "
+            "bound as much as the reliance")
+
+
 def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
-                  labels: dict[str, str], missing: str, priors: pd.DataFrame | None = None) -> str:
+                  labels: dict[str, str], missing: str, priors: pd.DataFrame | None = None,
+                  calibration: pd.DataFrame | None = None) -> str:
     """Deleting each map's top area against deleting the same area at random (Table 4 panel A),
     each in its unit (``LOGIT_DROP_UNIT``), with deleting the lesion itself beside them
     (``_lesion_reference``), and lesion-specific reliance (filling in the lesion against
@@ -430,7 +447,7 @@ def _rq3_sentence(table4: pd.DataFrame | None, lsr: pd.DataFrame | None,
         parts.append("lesion-specific reliance (evidence lost filling in the lesion zone minus "
                      "filling in ordinary tissue of the same shape) is "
                      f"{_with_ci(row['lsr'], row['ci_low'], row['ci_high'], 2)} in {LSR_UNIT} "
-                     f"(n {int(row['n'])} images)")
+                     f"(n {int(row['n'])} images)" + _temperature_caveat(calibration, row.get("checkpoint_id", "")))
     if not parts:
         reason = "panel A is empty: not estimable" if panel_empty else f"could not be computed ({missing})"
         return f"{RQ_TITLES[3]} {reason}."
@@ -456,7 +473,8 @@ BRIEF_TABLES = {"table_validity_gate": "03_validity_gate", "table_s1_training": 
                 "table4_over_seeds": "05_robustness", "table_lesion_tertiles": "05_robustness",
                 "table_s_faithfulness_lsr": "08_faithfulness", "table_transfer": "06_transfer",
                 "table_verdict_stability": "05_robustness", "table4_map_identity": "04_spatial_audit",
-                "table_s_map_priors": "04_spatial_audit", "table_source_category": "02_calibration"}
+                "table_s_map_priors": "04_spatial_audit", "table_source_category": "02_calibration",
+                "table3_calibration": "02_calibration"}
 
 # The paper's four research questions, each answered by one sentence of the brief.
 RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
@@ -616,7 +634,8 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
     robustness = ("table_threshold_sensitivity", "table4_over_seeds", "table_lesion_tertiles")
     lines.append(_rq2_sentence(*(read(n) for n in robustness), why(*robustness), labels["gradcam"]))
     lines.append(_rq3_sentence(table4, read("table_s_faithfulness_lsr"), labels,
-                               why("table4_spatial_audit", "table_s_faithfulness_lsr"), read("table_s_map_priors")))
+                               why("table4_spatial_audit", "table_s_faithfulness_lsr"), read("table_s_map_priors"),
+                               read("table3_calibration")))
     transfer = read("table_transfer")
     lines.append(_rq4_sentence(transfer, labels["gradcam"]) if transfer is not None
                  else f"{RQ_TITLES[4]} could not be computed ({why('table_transfer')}).")
