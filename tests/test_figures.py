@@ -194,8 +194,8 @@ def test_a_figure_without_failing_methods_carries_no_mark(figures):
 def test_figure_specific_fixes(figures):
     figure2_b = figures["figure2"].axes[1]
     # every threshold a tick, its eligible n under it (never "n=110n=110" above the panel)
-    assert [t.get_text() for t in figure2_b.get_xticklabels()] == ["0.80\nn = 70", "0.85\nn = 64",
-                                                                  "0.90\nn = 59", "0.95\nn = 0"]
+    assert [t.get_text() for t in figure2_b.get_xticklabels()] == ["0.80\n70", "0.85\n64",
+                                                                  "0.90\n59", "0.95\n0"]
     assert not figure2_b.texts                                            # no n printed above
     assert figure2_b.get_ylim()[1] > 1.0                                 # points at 1.0 not clipped
     figure2_a = figures["figure2"].axes[0]

@@ -150,7 +150,7 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
     """Peak-outside-lesion rate (95% CI) vs score threshold per map, baselines dashed; each
     tick says its threshold and the eligible n under it (the n never collide, however narrow the
     panel); methods in ``not_validated`` carry the validity gate's mark; a threshold without an
-    eligible image is a tick with "n = 0" and no point."""
+    eligible image is a tick with the count 0 and no point."""
     counts = sensitivity.groupby("score_threshold")["n_eligible"].max()
     thresholds = np.sort(counts.index[counts > 0].to_numpy())
     order = [m for m in (*CAM_METHODS, *BASELINE_METHODS) if m in set(sensitivity["method"])]
@@ -176,12 +176,13 @@ def draw_threshold_sensitivity(ax, sensitivity: pd.DataFrame, not_validated=(),
                    label=f"primary threshold ({score_threshold:.2f})")
     ax.set_xlim(every.min() - spacing * 0.6, every.max() + spacing * 0.6)
     ax.set_xticks(every)
-    ax.set_xticklabels([f"{t:.2f}\nn = {int(counts.loc[t])}" for t in every])
+    # the bare count under each threshold: "n = 110" four times under a narrow panel touched
+    ax.set_xticklabels([f"{t:.2f}\n{int(counts.loc[t])}" for t in every])
     for tick, t in zip(ax.get_xticklabels(), every):
         if counts.loc[t] == 0:
             tick.set_color("dimgrey")
     ax.set_ylim(-AXIS_MARGIN, 1 + AXIS_MARGIN)
-    ax.set_xlabel("Temperature-scaled score threshold (n: eligible images)")
+    ax.set_xlabel("Temperature-scaled score threshold\n(under each: eligible images n)")
     ax.set_ylabel("Peak outside lesion (95% CI)")
     if len(thresholds) == 0:
         ax.text(0.5, 0.5, "n = 0 at every threshold:\nno image to estimate from",
