@@ -174,3 +174,20 @@ def test_rq3_says_when_the_primarys_temperature_sits_on_its_bound(run_tables):
         run_tables / "table3_calibration.csv", index=False)
     claim = next(line for line in _brief_and_headline(run_tables)[0].splitlines() if line.startswith("- **RQ3"))
     assert "search bound" not in claim
+
+
+def test_figures_name_the_identity_groups_in_their_footer(tmp_path):
+    """Figures 2, 3 and 4 draw the grouped methods side by side: their footer says the group is
+    one piece of evidence, read back from the CSV the run writes (flags as text there)."""
+    from endoexplain_core.analysis import map_diagnostics
+
+    assert map_diagnostics.read_identity_table(tmp_path) is None
+    assert map_diagnostics.identity_footer(None) == ""
+    _identity_table().to_csv(tmp_path / "table4_map_identity.csv", index=False)
+    identity = map_diagnostics.read_identity_table(tmp_path)
+    assert identity["identical_in_practice"].dtype == bool
+    footer = map_diagnostics.identity_footer(identity)
+    assert footer.startswith("Practically identical maps on the primary") and GROUP in footer
+    alone = _identity_table().assign(identical_in_practice=False)
+    alone.to_csv(tmp_path / "table4_map_identity.csv", index=False)
+    assert map_diagnostics.identity_footer(map_diagnostics.read_identity_table(tmp_path)) == ""

@@ -261,6 +261,30 @@ def mark_identity_groups(table: pd.DataFrame, groups, *, method_column: str = "m
     return table.assign(**{IDENTITY_GROUP_COLUMN: table[method_column].astype(str).map(label_of).fillna("")})
 
 
+def with_identity_flags(identity: pd.DataFrame) -> pd.DataFrame:
+    """An identity table read back from CSV, its two identity flags booleans again."""
+    return identity.assign(**{c: identity[c].astype(str).str.lower() == "true"
+                              for c in ("identical_in_practice", "identical_by_construction")})
+
+
+def read_identity_table(figures_dir: str | Path) -> pd.DataFrame | None:
+    """A run's ``table4_map_identity.csv`` (written by 04) with its flags as booleans; None
+    when the run has none."""
+    path = Path(figures_dir) / "table4_map_identity.csv"
+    return with_identity_flags(pd.read_csv(path)) if path.is_file() else None
+
+
+def identity_footer(identity: pd.DataFrame | None) -> str:
+    """A figure's footer line naming the primary's identity groups, so a figure that draws
+    their maps side by side says they are one piece of evidence ("" without a group)."""
+    groups = identity_groups(identity) if identity is not None else []
+    if not groups:
+        return ""
+    named = "; ".join(group_label(g) for g in groups)
+    return (f"Practically identical maps on the primary (table4_map_identity): {named}; "
+            "each group is one piece of evidence, not several.")
+
+
 def _weakest_pair(identity: pd.DataFrame, group) -> pd.Series:
     """The pair of ``group`` with the lowest same-outcome share (then Pearson)."""
     inside = identity[identity["first"].isin(group) & identity["second"].isin(group)]

@@ -510,8 +510,6 @@ def _selection_clause(training: pd.DataFrame) -> str:
 def _identity_sentence(identity: pd.DataFrame) -> str | None:
     """The primary's groups of practically identical maps (``map_diagnostics.identity_groups``
     of ``table4_map_identity``) as one sentence; None when every method stands alone."""
-    identity = identity.assign(**{c: identity[c].astype(str).str.lower() == "true"
-                                  for c in ("identical_in_practice", "identical_by_construction")})
     groups = map_diagnostics.identity_groups(identity)
     if not groups:
         return None
@@ -629,6 +627,8 @@ def verdict_lines(figures_dir: str | Path, synthetic: bool,
                  if table4 is not None
                  else f"{RQ_TITLES[1]} could not be computed ({why('table4_spatial_audit')}).")
     identity = read("table4_map_identity")
+    if identity is not None:
+        identity = map_diagnostics.with_identity_flags(identity)
     if identity is not None and _identity_sentence(identity):
         lines.append(_identity_sentence(identity))
     robustness = ("table_threshold_sensitivity", "table4_over_seeds", "table_lesion_tertiles")
