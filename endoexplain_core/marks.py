@@ -22,9 +22,9 @@ DEGENERATE_MARK = "\u00a7"      # section sign
 CLASS_AGNOSTIC_LABEL = "Eigen-CAM*"
 
 GATE_FOOTNOTE = (f"{NOT_VALIDATED_MARK} not validated by the planted-truth gate at this architecture, "
-                 "layer and input size (table_validity_gate: fails, or inconclusive because an interval "
-                 "straddles its bar, a control reaches the bar, or the replicates disagree; its reason "
-                 "column says which): its peaks are not shown to find planted evidence, so its failure "
+                 "layer and input size (table_validity_gate: fails, or inconclusive because the interval over "
+                 "model draws of a trained model's or a control's rate straddles its bar, or too few "
+                 "gate replicates learned; its reason column says which): its peaks are not shown to find planted evidence, so its failure "
                  "rates say nothing about lesion localisation.")
 UNSTABLE_FOOTNOTE = (f"{UNSTABLE_MARK} unstable: this verdict did not hold under a perturbed seed "
                      "(table_verdict_stability), so it is not a finding either way.")

@@ -229,11 +229,13 @@ def test_figure2_panels_from_run_tables(tmp_path):
                                 "ci_low": [0.1, 0.1, 0.4, 0.3], "ci_high": [0.3, 0.4, 0.8, 0.7]})
     fig = calibration_figures.figure2_calibration_threshold(reliability, sensitivity)
     panel_a, panel_b = fig.axes
-    raw_line = [l for l in panel_a.lines if l.get_label().startswith("Raw score (ECE ")][0]
+    raw_line = [l for l in panel_a.lines if l.get_label().startswith("Raw (ECE ")][0]
     assert list(raw_line.get_xdata()) == pytest.approx([0.97], abs=0.01)   # empty bin skipped (x nudged)
     open_points = [x for l in panel_a.lines if l.get_markerfacecolor() == "white" for x in l.get_xdata()]
     assert sorted(open_points) == pytest.approx([0.05, 0.08, 0.55], abs=0.01)   # bins under 5: open points
-    assert sorted(t.get_text() for t in panel_b.texts) == ["n=12", "n=30"]
+    # each threshold's eligible count under its tick, none printed inside the panel
+    assert [t.get_text() for t in panel_b.get_xticklabels()] == ["0.80\n30", "0.90\n12"]
+    assert not panel_b.texts
     assert panel_b.get_title(loc="left") == "$\\mathbf{B}$  Failure by threshold"
     counts_row = sorted(t.get_text() for t in panel_a.texts)      # scaled-score bin counts
     assert counts_row == ["2", "3", "5", "n:"]
