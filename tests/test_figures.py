@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from endoexplain_core import marks, presentation  # noqa: E402
-from endoexplain_core.methods import CAM_METHODS, MAP_METHODS
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 from endoexplain_core.figures import (calibration_figures, case_figures,  # noqa: E402
                                       extended_figures, faithfulness_figures, style,
                                       training_figures, transfer_figures, workflow_figure)
@@ -408,3 +408,15 @@ def test_figure4_without_a_learned_checkpoint_draws_its_panels_without_a_legend(
                                   left_out=sorted(table["checkpoint_id"].unique()))
     assert not figure.legends
     plt.close(figure)
+
+
+def test_coinciding_curves_are_named_once_per_group():
+    """Four curves on one line are one sentence (the default run's ROAD note listed six pairs),
+    with the largest difference between any two of them; a far curve is left out."""
+    wide = pd.DataFrame({"gradcam": [0.0, 1.0, 2.0], "gradcampp": [0.0, 1.1, 2.0],
+                         "xgradcam": [0.0, 1.0, 2.2], "hirescam": [5.0, 6.0, 7.0],
+                         "eigencam": [5.0, 6.0, 7.05]})
+    note = style.coincidence_note(wide, 0.25, method_label)
+    assert note == (" Grad-CAM, Grad-CAM++ and XGrad-CAM nearly coincide (largest pairwise difference 0.200)."
+                    " HiResCAM and Eigen-CAM* nearly coincide (largest pairwise difference 0.050).")
+    assert style.coincidence_note(wide, 0.01, method_label) == ""

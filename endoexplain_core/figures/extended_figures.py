@@ -55,9 +55,7 @@ def iou_threshold_curves(curves: pd.DataFrame, auc: pd.DataFrame, *, title: str 
 
 def _coinciding_note(wide: pd.DataFrame, not_validated, tolerance: float = 0.01) -> str:
     """" A and B nearly coincide (largest difference d)." for the curves within ``tolerance``."""
-    pairs = style.near_coincident(wide, tolerance)
-    return "".join(f" {method_label(a, not_validated)} and {method_label(b, not_validated)} nearly "
-                   f"coincide (largest difference {gap:.3f})." for a, b, gap in pairs)
+    return style.coincidence_note(wide, tolerance, lambda m: method_label(m, not_validated))
 
 
 def energy_lift_distributions(table: pd.DataFrame, methods, *, title: str = "", not_validated=()):

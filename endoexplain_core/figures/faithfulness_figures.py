@@ -79,9 +79,8 @@ def road_curves_figure(curves: pd.DataFrame, not_validated=()):
     shown = curves[~curves["method"].isin(hidden)]
     wide = shown.pivot_table(index=["order", "fraction"], columns="method", values="drop", sort=False)
     tolerance = 0.02 * float(np.nanmax(np.abs(wide.to_numpy()))) if wide.size else 0.0
-    note += "".join(f" {method_label(a, not_validated)} and {method_label(b, not_validated)} nearly "
-                    f"coincide (largest difference {gap:.3f}): told apart by line style and marker."
-                    for a, b, gap in style.near_coincident(wide, tolerance))
+    coinciding = style.coincidence_note(wide, tolerance, lambda m: method_label(m, not_validated))
+    note += coinciding + (" Told apart by line style and marker." if coinciding else "")
     style.footnote(fig, EIGEN_FOOTNOTE + " Dashed: random heatmap (reference map). z/T: the "
                    "temperature-scaled logit difference; a drop is its decrease after imputation "
                    "(ROAD: removed pixels filled from their neighbours). A negative LeRF drop: "

@@ -169,6 +169,26 @@ def near_coincident(wide, tolerance: float) -> list[tuple[str, str, float]]:
     return pairs
 
 
+def coincidence_note(wide, tolerance: float, label) -> str:
+    """" A, B and C nearly coincide (largest pairwise difference d)." per group of curves of
+    ``wide`` that ``near_coincident`` pairs (connected groups, so four curves on one line are one
+    sentence, not six); ``label``: method -> its display label. "" when no two curves coincide."""
+    pairs = near_coincident(wide, tolerance)
+    group_of = {m: {m} for pair in pairs for m in pair[:2]}
+    for first, second, _ in pairs:
+        merged = group_of[first] | group_of[second]
+        for method in merged:
+            group_of[method] = merged
+    groups = {tuple(m for m in wide.columns if m in g) for g in group_of.values()}
+    sentences = []
+    for group in sorted(groups, key=lambda g: list(wide.columns).index(g[0])):
+        gap = max(d for a, b, d in pairs if a in group and b in group)
+        names = [label(m) for m in group]
+        listed = " and ".join(names) if len(names) == 2 else ", ".join(names[:-1]) + " and " + names[-1]
+        sentences.append(f" {listed} nearly coincide (largest pairwise difference {gap:.3f}).")
+    return "".join(sentences)
+
+
 def without_layercam(gate_note: str) -> str:
     """The gate's figure note for a figure that draws no LayerCAM: its sentence on the maps the
     gate does not test names only the reference maps (Figure 2 carried a note on LayerCAM,
