@@ -88,6 +88,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in text)
 
 
+# Characters Markdown (and the notebook's MathJax) would read as markup in a name from data.
+MARKDOWN_SPECIAL = "\\`*_[]$<>|"
+
+
+def markdown_literal(value) -> str:
+    """``value`` as literal Markdown text (``printable``, every markup character backslash-
+    escaped), so a file name such as "price $5 and $6.png" is shown as written, not as math."""
+    return "".join(f"\\{c}" if c in MARKDOWN_SPECIAL else c for c in printable(str(value)))
+
+
 def markdown_cell(value) -> str:
     """``value`` as one Markdown table cell: ``printable`` with the pipe escaped."""
     return printable(str(value)).replace("|", "\\|")

@@ -4,12 +4,15 @@ an output root inside the data root). Each case failed on c4591d0."""
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 import numpy as np
 import pytest
 
 matplotlib.use("Agg")
 
+from endoexplain_core import presentation  # noqa: E402
 from endoexplain_core.figures import case_figures  # noqa: E402
 from endoexplain_core.methods import CAM_METHODS  # noqa: E402
 
@@ -40,11 +43,15 @@ def test_a_case_named_with_dollars_and_backslashes_is_drawn_as_written(name):
     "math_$\\alpha^{$.png" stopped the figure with a mathtext error."""
     fig = case_figures.draw_figure3([_drawn_case("miss", name), _drawn_case("consensus", "plain.png")],
                                     top_fraction=0.2)
-    drawn = _drawn_strings(fig)
-    naming = [(shown, is_math) for shown, is_math in drawn if "plain.png" in shown]
-    assert len(naming) == 1, drawn                                  # the footer lists the cases
-    shown, is_math = naming[0]
-    assert not is_math and f"A = {name}" in shown.replace("\n", " ")
+    drawn = _drawn_strings(fig)                                     # draws without a mathtext error
+    assert not [shown for shown, is_math in drawn if is_math and "$" in name and name in shown]
+    # the case ids are in the caption beside the figure (Markdown): every markup character of
+    # the name escaped, so neither Markdown nor the notebook's MathJax reads "$5 and $6" as math
+    caption = case_figures.figure3_caption({"miss": name, "consensus": "plain.png"}, top_fraction=0.2)
+    shown = caption[caption.index("Cases: "):]
+    assert f"A = {presentation.markdown_literal(name)}; B = plain.png." in shown
+    assert not re.search(r"(?<!\\)\$", shown)                          # no unescaped dollar
+    assert re.sub(r"\\(.)", r"\1", shown[len("Cases: "):]).startswith(f"A = {name};")   # unescaped: as written
 
 
 def test_data_in_panel_titles_and_tick_labels_is_drawn_as_written():

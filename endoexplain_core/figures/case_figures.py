@@ -28,6 +28,7 @@ import pandas as pd
 
 from matplotlib.legend_handler import HandlerTuple
 
+from endoexplain_core import presentation
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS, METHOD_COLOURS, method_label
 from endoexplain_core.marks import EIGEN_FOOTNOTE
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
@@ -207,8 +208,8 @@ def _draw_case_row(subfigure, letter: str, case: dict, role: str, methods, not_v
 def figure3_caption(selection: dict[str, str | None], methods=MAP_METHODS, *, top_fraction: float) -> str:
     """Figure 3's caption, printed beside the image (never in it): the marks, the baselines, the
     scale, the notes its methods call for and the drawn cases' ids (``selection``: role ->
-    sample id or None, in row order)."""
-    ids = [f"{chr(ord('A') + index)} = {sample_id}"
+    sample id or None, in row order), in Markdown (an id's markup characters escaped)."""
+    ids = [f"{chr(ord('A') + index)} = {presentation.markdown_literal(sample_id)}"
            for index, sample_id in enumerate(selection.values()) if sample_id]
     return ("Figure 3. High-score cases chosen by rule (rows: a typical miss by most CAMs, "
             "discordant CAMs, consensus). "
