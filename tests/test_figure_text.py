@@ -19,6 +19,7 @@ from endoexplain_core import presentation  # noqa: E402
 from endoexplain_core.analysis import validity_gate  # noqa: E402
 from endoexplain_core.figures import calibration_figures, case_figures, style  # noqa: E402
 from tests import figure_inputs as inputs  # noqa: E402
+from tests.test_figures import _text_objects  # noqa: E402  (the drawn texts and their boxes)
 
 NOT_VALIDATED = ("xgradcam", "hirescam")
 TOLERANCE_PIXELS = 1.0     # boxes may touch; more than a pixel in both directions is an overlap
@@ -28,33 +29,10 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     """Pairs of drawn texts whose boxes overlap by more than ``TOLERANCE_PIXELS`` both ways, after
     drawing ``fig`` at its own size (empty, invisible and undrawn tick labels left out)."""
     fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    hidden = _undrawn_tick_labels(fig)
-    boxes = []
-    for text in fig.findobj(Text):
-        if not text.get_visible() or not text.get_text().strip() or id(text) in hidden:
-            continue
-        if text.axes is not None and not text.axes.get_visible():
-            continue
-        box = text.get_window_extent(renderer)
-        if box.width > 0 and box.height > 0:
-            boxes.append((text.get_text(), box))
+    boxes = [(text.get_text(), box) for text, box in _text_objects(fig)]
     return [(first, second) for (first, a), (second, b) in combinations(boxes, 2)
             if min(a.x1, b.x1) - max(a.x0, b.x0) > TOLERANCE_PIXELS
             and min(a.y1, b.y1) - max(a.y0, b.y0) > TOLERANCE_PIXELS]
-
-
-def _undrawn_tick_labels(fig) -> set[int]:
-    """ids of the tick labels Matplotlib keeps but does not draw (their tick outside the view)."""
-    hidden = set()
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            low, high = sorted(axis.get_view_interval())
-            margin = 1e-9 * (high - low)
-            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
-                if not low - margin <= tick.get_loc() <= high + margin:
-                    hidden.update({id(tick.label1), id(tick.label2)})
-    return hidden
 
 
 def _default_like_figures() -> dict:
