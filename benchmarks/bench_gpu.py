@@ -48,11 +48,11 @@ def training_images_per_second(model: nn.Module, images: torch.Tensor, steps: in
     targets = (torch.arange(len(images)) % 2).to(device)
     loader = [(images, targets, None)] * (steps + 1)
     loss = nn.CrossEntropyLoss()
-    training._train_one_epoch(model, loader[:1], 1, optimizer, scheduler, scaler, loss, device,
+    training.train_one_epoch(model, loader[:1], 1, optimizer, scheduler, scaler, loss, device,
                               mixed_precision)  # warm-up (allocator, autotuning)
     bench_kernels._sync(device)
     started = time.perf_counter()
-    training._train_one_epoch(model, loader, steps, optimizer, scheduler, scaler, loss, device,
+    training.train_one_epoch(model, loader, steps, optimizer, scheduler, scaler, loss, device,
                               mixed_precision)
     bench_kernels._sync(device)
     model.eval()

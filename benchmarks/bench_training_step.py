@@ -4,7 +4,7 @@ On a finished run's manifest and data (``--run-dir``, default ``runs/default``),
 architecture of ``--archs`` at the profile's input size, batch size and recipe
 (``--profile``, default ``default``), it times, interleaved, the minimum over ``--repeats``:
 
-  step      one optimiser step of the run's own epoch loop (``training._train_one_epoch``) fed
+  step      one optimiser step of the run's own epoch loop (``training.train_one_epoch``) fed
             by the run's DataLoader: decode (cached after the first pass, as in the run),
             augmentation, collation, forward, loss, backward, AdamW, schedule
   floor     the same loop on one resident batch (no loading, no augmentation): a bare forward
@@ -56,8 +56,8 @@ def measure(arch: str, manifest, data_root: Path, image_size: int, settings: tra
     model = networks.build_model(arch, num_classes=2)
     training.zero_init_head(model)
     device = torch.device("cpu")
-    per_epoch = training._steps_per_epoch(len(train_set), settings)
-    optimizer, scheduler, scaler = training._optimisation(model, settings, per_epoch, device, False)
+    per_epoch = training.epoch_steps(len(train_set), settings)
+    optimizer, scheduler, scaler = training.optimisation(model, settings, per_epoch, device, False)
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
 
     def loader():
@@ -66,7 +66,7 @@ def measure(arch: str, manifest, data_root: Path, image_size: int, settings: tra
                           **training.loader_options(device, settings.num_workers))
 
     resident = [next(iter(loader()))] * steps
-    epoch_loop = lambda batches: training._train_one_epoch(  # noqa: E731
+    epoch_loop = lambda batches: training.train_one_epoch(  # noqa: E731
         model, batches, steps, optimizer, scheduler, scaler, loss_function, device, False, channels_last)
     with training.deterministic_algorithms(device), training.optimiser_memory_format(model, channels_last):
         epoch_loop(loader())                      # warm: decode cache, allocations, kernel choice

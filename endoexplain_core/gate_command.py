@@ -32,7 +32,7 @@ from endoexplain_core.front_door import (GATE_RECORD_NAME, MAX_RECORD_BYTES, REC
 
 GATE_TABLE = "table_validity_gate"      # the name notebook 03 gives it; read_gate_table reads it
 GPU_ADVISED_SECONDS = 3600.0            # on the CPU above this estimate the command advises a GPU
-EXAMPLE_FRAME = 0                       # pool frame of the first replicate drawn in example_maps
+EXAMPLE_FRAME = 0                       # pool frame drawn in example_maps (of the first usable replicate)
 # The frame counts of the default profile (configs/default.yaml, stages.03_validity_gate): the
 # settings behind the measured between-draw spreads of docs/statistics_and_gate.md.
 DEFAULT_STEPS, DEFAULT_REPLICATES = 160, 3
@@ -285,8 +285,9 @@ def _gate_into(args: argparse.Namespace, out: Path, settings, methods, init_stat
     examples = {}
 
     def keep_examples(seed, models, pool, layer):
-        if not examples:   # the first replicate's models, drawn once it is audited
-            examples["figure"] = example_maps(models, pool[EXAMPLE_FRAME], layer, methods)
+        # every replicate's maps are drawn (cheap: one frame); the figure shows the first
+        # replicate whose models passed the accuracy rule, not a model that did not learn
+        examples[seed] = example_maps(models, pool[EXAMPLE_FRAME], layer, methods)
 
     style.apply()
     result = validity_gate.run_gate(
@@ -302,8 +303,11 @@ def _gate_into(args: argparse.Namespace, out: Path, settings, methods, init_stat
     for name, table in tables.items():
         written += artefacts.save_table(table, name, out)
     result["cases"].to_parquet(out / "gate_cases.parquet", index=False)
-    written += artefacts.save_figure(examples["figure"], "example_maps", out)
-    plt.close(examples["figure"])
+    shown_seed, title = example_replicate(validity_gate.usable_replicates(result["models"]), list(examples))
+    examples[shown_seed].suptitle(title, fontsize=8)
+    written += artefacts.save_figure(examples[shown_seed], "example_maps", out)
+    for figure in examples.values():
+        plt.close(figure)
     gate = tables[GATE_TABLE]
     record = {
         "command": "endoexplain gate", "endoexplain_version": endoexplain_core.__version__, "arch": args.arch,
@@ -328,6 +332,16 @@ def keep_methods(table, methods):
 
     keep = ~table["method"].isin(CAM_METHODS) | table["method"].isin(methods)
     return table[keep].reset_index(drop=True)
+
+
+def example_replicate(usable: list[int], drawn: list[int]) -> tuple[int, str]:
+    """(seed, figure title) of the replicate ``example_maps`` shows: the first of ``usable``
+    (replicates whose models all met their accuracy rule) among ``drawn``, else the first drawn,
+    titled so that a reader does not take a model that did not learn for the method's map."""
+    for seed in drawn:
+        if seed in usable:
+            return seed, f"replicate {seed}"
+    return drawn[0], f"replicate {drawn[0]}: its models did not all pass the accuracy rule (none did)"
 
 
 def example_maps(models: dict, frame: dict, layer_name: str, methods):
@@ -466,7 +480,8 @@ def read_gate_folder(folder: str | Path, *, arch: str, target_layer: str, image_
     if differences:
         raise CommandError(f"--gate {folder} was made at another " + "; ".join(differences)
                            + ": a gate validates the methods at its own architecture, layer and "
-                             "input size only; run endoexplain gate with this audit's")
+                             "input size only; run endoexplain gate with this audit's --arch, "
+                             "--image-size and --target-layer")
     gate = validity_gate.read_gate_table(folder)
     not_judged = [m for m in CAM_METHODS if m not in set(gate["method"])]
     if not_judged:

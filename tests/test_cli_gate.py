@@ -271,3 +271,13 @@ def test_gate_states_its_cost_then_writes_verdicts_that_audit_gate_marks(tmp_pat
     for method, label in zip(summary["method"], summary["label"]):
         if method in CAM_METHODS:
             assert label.endswith(DAGGER) == (record["verdicts"][method] != "passes")
+
+
+def test_example_maps_show_the_first_replicate_whose_models_learned():
+    """The default-size ResNet-18 gate at 128 px: replicate 1's shortcut model stayed at chance
+    and replicate 2's shuffled control reached 0.81, so its figure showed a model that did not
+    learn; now it shows replicate 3, and says so when no replicate learned."""
+    assert gate_command.example_replicate([3], [1, 2, 3]) == (3, "replicate 3")
+    assert gate_command.example_replicate([2, 3], [1, 2, 3]) == (2, "replicate 2")
+    seed, title = gate_command.example_replicate([], [1, 2])
+    assert seed == 1 and "did not all pass the accuracy rule" in title

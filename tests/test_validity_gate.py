@@ -628,3 +628,28 @@ def test_a_layer_the_gate_did_not_run_at_gets_no_verdict():
     dagger = validity_gate.DAGGER
     assert marked["label"].tolist() == ["Grad-CAM", f"Eigen-CAM{dagger}", f"Grad-CAM{dagger}",
                                         f"Eigen-CAM{dagger}", "Random heatmap"]
+
+
+def test_gate_at_layers_audits_the_same_models_at_each_layer(tmp_path):
+    """Two layers, one set of model draws: the model facts are one table, the first layer's gate
+    equals a plain run_gate at that layer (same seeds), and the second layer's maps sit on its
+    own (coarser or finer) grid."""
+    section = config.ValidityGateSettings.model_construct(   # tiny, below the profile minima
+        train_images=8, val_images=8, pool_images=4, steps=2, batch_size=4,
+        random_deletion_repetitions=1, replicate_seeds=[1, 2], untrained_initialisations=1,
+        shuffled_control_per_replicate=True)
+    settings = validity_gate.GateSettings(section, image_size=64, channels_last=False)
+    keywords = dict(arch="resnet18", settings=settings, batch_size=4, top_fraction=0.20)
+    layers = validity_gate.run_gate_at_layers(tmp_path / "layers", layer_names=["layer4.1", "layer3.1"],
+                                              **keywords)
+    plain = validity_gate.run_gate(tmp_path / "plain", layer_name="layer4.1", **keywords)
+    gate = layers["gate"]
+    assert gate["target_layer"].drop_duplicates().tolist() == ["layer4.1", "layer3.1"]
+    pd.testing.assert_frame_equal(gate[gate["target_layer"] == "layer4.1"].drop(columns="target_layer")
+                                  .reset_index(drop=True), plain["gate"])
+    assert len(layers["models"]) == len(plain["models"])
+    grids = {name: set(cases["feature_grid_height"]) for name, cases in layers["cases"].items()}
+    assert grids == {"layer4.1": {2}, "layer3.1": {4}}           # 64 px / 32 and / 16
+    assert (tmp_path / "layers" / "layer3.1" / "seed_2").is_dir()
+    with pytest.raises(ValueError, match="distinct layer names"):
+        validity_gate.run_gate_at_layers(tmp_path, layer_names=["layer4.1", "layer4.1"], **keywords)

@@ -912,6 +912,43 @@ def run_gate(output_dir: str | Path, *, arch: str, settings: GateSettings,
             "settings": {**asdict(settings), "section": settings.section.model_dump()}, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def run_gate_at_layers(output_dir: str | Path, *, arch: str, settings: GateSettings,
+                       layer_names: list[str], top_fraction: float, batch_size: int,
+                       progress=None, init_state: dict[str, torch.Tensor] | None = None,
+                       device: str = "cpu") -> dict:
+    """The gate at several target layers of ``arch`` on the same model draws.
+
+    A gate model's training does not depend on the CAM layer, so each replicate's models are
+    trained once (``run_gate`` at ``layer_names[0]``) and audited at every other layer before
+    they are dropped (tables under ``<output_dir>/<layer>/seed_<seed>/``): a difference between
+    layers is then the layer's, not another draw's. Returns ``{"gate": the gate tables stacked
+    with a ``target_layer`` column (layers in the given order), "models": model facts, "cases":
+    {layer: case rows}}``. Cost: one gate plus, per replicate and extra layer, the pool audits.
+    """
+    if not layer_names or len(set(layer_names)) != len(layer_names):
+        raise ValueError(f"run_gate_at_layers needs distinct layer names, got {layer_names}")
+    others = list(layer_names[1:])
+    extra_cases: dict[str, list[pd.DataFrame]] = {name: [] for name in others}
+
+    def audit_at_other_layers(seed, models, pool, _layer):
+        for name in others:
+            extra_cases[name].append(audit_gate_models(
+                models, pool, Path(output_dir) / name / f"seed_{seed}", arch=arch, layer_name=name,
+                settings=settings, seed=seed, top_fraction=top_fraction, batch_size=batch_size,
+                device=device))
+
+    result = run_gate(Path(output_dir) / layer_names[0], arch=arch, settings=settings,
+                      layer_name=layer_names[0], top_fraction=top_fraction, batch_size=batch_size,
+                      progress=progress, init_state=init_state, device=device,
+                      on_replicate=audit_at_other_layers)
+    cases = {result["layer"]: result["cases"]}
+    cases.update({name: pd.concat(found, ignore_index=True) for name, found in extra_cases.items()})
+    judged = {"margin": settings.section.margin, "level": settings.level}
+    gate = pd.concat([gate_table(of_layer, result["models"], **judged).assign(target_layer=name)
+                      for name, of_layer in cases.items()], ignore_index=True)
+    return {"gate": gate, "models": result["models"], "cases": cases}
+
+
 def failing_methods(gate: pd.DataFrame) -> list[str]:
     """CAM methods the gate does not validate (fails or inconclusive), in ``CAM_METHODS``
     order; baselines are not listed."""

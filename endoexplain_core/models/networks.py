@@ -84,7 +84,7 @@ def default_target_layer(arch: str) -> str:
     return {**TARGET_LAYERS, **AUDIT_ONLY_TARGET_LAYERS}[arch]
 
 
-def _replace_head(model: nn.Module, arch: str, num_classes: int) -> None:
+def replace_head(model: nn.Module, arch: str, num_classes: int) -> None:
     """Swap the final linear layer for a freshly initialised one with ``num_classes`` outputs."""
     if isinstance(model, torchvision.models.ResNet):
         model.fc = nn.Linear(model.fc.in_features, num_classes)
@@ -114,7 +114,7 @@ def build_model(arch: str, num_classes: int = 2, weights_path: str | Path | None
         model.load_state_dict(state)
     except Exception as error:  # unreadable or mismatched file: say which and why
         raise ValueError(f"{weights_path}: not an ImageNet state dict for {arch}: {error}") from error
-    _replace_head(model, arch, num_classes)
+    replace_head(model, arch, num_classes)
     return portable_random_masks(model)
 
 

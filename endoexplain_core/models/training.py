@@ -337,7 +337,7 @@ def recalibrate_batchnorm(model: nn.Module, loader: DataLoader, n_images: int,
     return seen
 
 
-def _train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optimizer, scheduler,
+def train_one_epoch(model: nn.Module, loader: DataLoader, max_steps: int, optimizer, scheduler,
                      scaler, loss_function, device: torch.device, mixed_precision: bool = False,
                      channels_last: bool = False) -> list[float]:
     """One epoch of optimiser steps (at most ``max_steps``); returns the per-step losses.
@@ -393,9 +393,9 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
     best_path = checkpoint_dir / f"{spec.checkpoint_id}{checkpoint_files.SUFFIX}"
     resume_path = checkpoint_dir / f"{spec.checkpoint_id}.resume{checkpoint_files.SUFFIX}"
 
-    steps_per_epoch = _steps_per_epoch(len(train_set), settings)
+    steps_per_epoch = epoch_steps(len(train_set), settings)
     model = model.to(device)
-    optimizer, scheduler, scaler = _optimisation(model, settings, steps_per_epoch, device,
+    optimizer, scheduler, scaler = optimisation(model, settings, steps_per_epoch, device,
                                                  mixed_precision)
     loss_function = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
     progress = {"epoch": 0, "best_epoch": 0, "best_auprc": -1.0, "epochs_since_best": 0,
@@ -418,7 +418,7 @@ def train_checkpoint(model: nn.Module, spec: CheckpointSpec, train_set: datasets
                                 **loader_options(device, settings.num_workers))
             try:
                 with optimiser_memory_format(model, channels_last):
-                    losses = _train_one_epoch(model, loader, steps_per_epoch, optimizer, scheduler,
+                    losses = train_one_epoch(model, loader, steps_per_epoch, optimizer, scheduler,
                                               scaler, loss_function, device, mixed_precision,
                                               channels_last)
             except NonFiniteLossError as error:
@@ -486,7 +486,7 @@ def _diverged(error: Exception, checkpoint_id: str, epoch: int, best_epoch: int,
         f"rate or raise warmup_steps in the profile's 01_training section.")
 
 
-def _steps_per_epoch(n_train: int, settings: TrainingSettings) -> int:
+def epoch_steps(n_train: int, settings: TrainingSettings) -> int:
     """Optimiser steps per epoch: full batches (one step for a set no larger than a batch),
     capped by ``max_steps_per_epoch``."""
     steps = n_train // settings.batch_size if n_train > settings.batch_size else 1
@@ -495,7 +495,7 @@ def _steps_per_epoch(n_train: int, settings: TrainingSettings) -> int:
     return steps
 
 
-def _optimisation(model: nn.Module, settings: TrainingSettings, steps_per_epoch: int,
+def optimisation(model: nn.Module, settings: TrainingSettings, steps_per_epoch: int,
                   device: torch.device, mixed_precision: bool):
     """AdamW, its cosine schedule with warm-up over every step of the run, and the gradient
     scaler (enabled for CUDA mixed precision only)."""
@@ -618,7 +618,8 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
                       acceleration: dict[str, Any] | None = None,
                       cache: datasets.ImageCache | None = None,
                       val_set: datasets.ManifestDataset | None = None,
-                      keep_epoch_snapshots: bool = False) -> dict[str, Any]:
+                      keep_epoch_snapshots: bool = False,
+                      initial_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Train (or resume, or reuse) one checkpoint of the matrix: one unit of work.
 
     Everything the run depends on is in the arguments (its own seed drives initialisation,
@@ -626,7 +627,9 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
     checkpoint in any process and in any order. ``cache`` and ``val_set`` may be shared between
     units of one process (``train_matrix``'s plain loop); a task builds its own.
     ``acceleration``: optional ``{"mixed_precision": bool (CUDA only), "channels_last": bool}``.
-    Returns the ``train_checkpoint`` summary.
+    ``initial_state``: a 2-class state dict of ``arch`` to fine-tune from (a shared trunk,
+    ``models.pretraining``), loaded strictly before the head is zeroed; it excludes
+    ``imagenet_weights`` other than ``"none"``. Returns the ``train_checkpoint`` summary.
     """
     device = resolve_device(device)
     cache = datasets.ImageCache() if cache is None else cache
@@ -640,13 +643,17 @@ def train_matrix_unit(manifest: pd.DataFrame, data_root: str | Path, run_dir: st
     train_set = datasets.ManifestDataset(train_rows, data_root, image_size, targets=targets,
                                          augment_seed=seed, cache=cache)
     weights_path = imagenet_weights_path(arch, imagenet_weights)
+    if initial_state is not None and weights_path is not None:
+        raise ValueError(f"{arch}: start from ImageNet weights or from a trunk, not both")
     seed_everything(seed)
     model = networks.build_model(arch, num_classes=2, weights_path=weights_path)
+    if initial_state is not None:
+        model.load_state_dict(initial_state, strict=True)
     zero_init_head(model)
     spec = CheckpointSpec(arch=arch, seed=seed, control=control, image_size=image_size,
                           manifest_digest=manifest_digest,
                           target_layer=networks.TARGET_LAYERS[arch],
-                          pretrained=weights_path is not None)
+                          pretrained=weights_path is not None or initial_state is not None)
     return train_checkpoint(model, spec, train_set, val_set, settings,
                             RunLayout(run_dir).checkpoints_dir, device, show_progress,
                             keep_epoch_snapshots=keep_epoch_snapshots, **(acceleration or {}))

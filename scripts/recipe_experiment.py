@@ -1,0 +1,153 @@
+"""Between-seed spread of the primary architecture under training recipes (issue 48, item 6).
+
+Trains ``--seeds`` EfficientNet-B0 checkpoints per recipe on a finished run's manifest and
+cohort, fits each one's temperature on validation, audits it on the masked pool and prints
+Table 4 panel A per seed and, per recipe and method, the mean and between-seed SD of the
+panel-A peak failure. Recipes:
+
+  scratch  the profile's recipe from random weights (the run's own checkpoints are reused when
+           the run directory is given as --reuse-from and their seeds are asked for)
+  trunk    the same fine-tuning from one shared trunk pretrained on the training split's
+           negative frames (``models.pretraining``), standing in for ImageNet
+
+Usage (a finished default run, CPU pin on; 6 seeds x 2 recipes is about 25 min on 2 cores):
+
+  python scripts/recipe_experiment.py --run runs/default --out runs/recipe_experiment \\
+      --seeds 1129 2089 3253 4001 5003 6007 --recipes scratch trunk
+
+Each seed is read twice: its best epoch (the profile's selection) and its last epoch (the end
+of the cosine schedule). Writes ``<out>/per_seed.csv`` (recipe, selection, seed, val_auprc,
+epoch, temperature, n, method, peak_failure) and ``<out>/spread.csv`` (recipe, selection,
+method, n_seeds, mean, seed_sd, min, max). A measurement, not a stage: nothing of the run is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from endoexplain_core import config
+from endoexplain_core.analysis import audit, audit_inputs, calibration, over_seeds
+from endoexplain_core.data import datasets
+from endoexplain_core.models import pretraining, training
+from endoexplain_core.numerics import resolve_device
+from endoexplain_core.run_layout import RunLayout
+
+ARCH = training.PRIMARY_ARCH
+TRUNK_SEED = 7   # the trunk's own seed: one fixed draw, as the paper's one set of ImageNet weights
+
+
+def _reuse(source_run: Path, target: Path, seeds: list[int]) -> None:
+    """Copy the source run's finished checkpoints of ``seeds`` into ``target`` (train_checkpoint
+    then skips them: same spec, settings and memory format)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        checkpoint_id = training.checkpoint_id(ARCH, seed)
+        names = [f"{checkpoint_id}{suffix}" for suffix in (".safetensors", ".resume.safetensors")]
+        names += [f"epochs/{path.name}" for _, path in
+                  training.epoch_snapshots(source_run / "checkpoints", checkpoint_id)]
+        for name in names:
+            if (source_run / "checkpoints" / name).is_file() and not (target / name).is_file():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source_run / "checkpoints" / name, target / name)
+
+
+def audit_weights(path: Path, name: str, layout: RunLayout, out: Path, *, manifest: pd.DataFrame,
+                  digest: str, shared: dict, settings) -> pd.DataFrame:
+    """Temperature on validation, then the masked-pool audit of one checkpoint file (written
+    as ``<out>/<name>.parquet``); its Table 4 panel-A rows (``over_seeds.table4_per_seed``)."""
+    model, metadata = training.load_model(path, digest, shared["image_size"])
+    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), layout.data,
+                                       shared["image_size"])
+    logits = training.predict_logits(model, val_set, settings.eval_batch_size, resolve_device("cpu"))
+    z = calibration.logit_difference(logits[:, 0], logits[:, 1])
+    temperature = calibration.fit_temperature(z, val_set.targets)
+    pool = audit_inputs.masked_pool(manifest)
+    table_path = out / f"{name}.parquet"
+    audit.audit_checkpoint(model, metadata, temperature,
+                           audit_inputs.manifest_cases(pool, layout.data, decode_size=shared["image_size"]),
+                           dataset="hyperkvasir", image_size=shared["image_size"], table_path=table_path,
+                           random_deletion_path=out / f"{name}_random.parquet",
+                           top_fraction=shared["top_fraction"], repetitions=1,
+                           batch_size=shared["audit_batch_size"], total=len(pool))
+    rows = over_seeds.table4_per_seed(pd.read_parquet(table_path), [metadata["checkpoint_id"]],
+                                      shared["score_threshold"])
+    return rows.assign(val_auprc=metadata["val_auprc"], epoch=metadata["epoch"],
+                       temperature=temperature)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, type=Path, help="a finished run directory (its manifest and cohort)")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (created)")
+    parser.add_argument("--profile", default="default")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1129, 2089, 3253, 4001, 5003, 6007])
+    parser.add_argument("--recipes", nargs="+", choices=["scratch", "trunk"], default=["scratch", "trunk"])
+    parser.add_argument("--trunk-epochs", type=int, default=None,
+                        help="pretraining epochs (default: the profile's training epochs)")
+    parser.add_argument("--learning-rate", type=float, default=None,
+                        help="fine-tuning peak learning rate of the trunk recipe (default: the profile's)")
+    parser.add_argument("--reuse-from", type=Path, default=None,
+                        help="run directory whose scratch checkpoints of the asked seeds are reused")
+    args = parser.parse_args()
+
+    profile = config.load_profile(args.profile)
+    shared = {**config.stage_parameters(profile, "04_spatial_audit"),
+              **config.stage_parameters(profile, "01_training")}
+    section = shared["training_settings"]
+    settings = training.settings_for(ARCH, section, shared.get("arch_overrides"))
+    layout = RunLayout(args.run)
+    manifest = datasets.load_manifest(layout.manifest)
+    digest = layout.manifest_digest()
+    acceleration = {"channels_last": bool(shared["channels_last"])}
+    rows = []
+    for recipe in args.recipes:
+        recipe_dir = args.out / recipe
+        initial_state, recipe_settings = None, settings
+        if recipe == "trunk":
+            trunk_settings = settings.model_copy(update={"epochs": args.trunk_epochs or settings.epochs})
+            trunk = pretraining.pretrain_trunk(manifest, layout.data, args.out / f"trunk_{ARCH}.safetensors",
+                                               manifest_digest=digest, image_size=shared["image_size"],
+                                               arch=ARCH, seed=TRUNK_SEED, settings=trunk_settings,
+                                               channels_last=acceleration["channels_last"])
+            print(f"trunk: {len(trunk['classes'])} classes, {trunk['n_images']} frames, "
+                  f"history {trunk['history']}, {trunk['seconds']} s")
+            initial_state = pretraining.load_trunk(trunk["path"], arch=ARCH, image_size=shared["image_size"],
+                                                   manifest_digest=digest)
+            if args.learning_rate is not None:
+                recipe_settings = settings.model_copy(update={"learning_rate": args.learning_rate})
+        elif args.reuse_from is not None:
+            _reuse(args.reuse_from, RunLayout(recipe_dir).checkpoints_dir, args.seeds)
+        for seed in args.seeds:
+            summary = training.train_matrix_unit(manifest, layout.data, recipe_dir, digest,
+                                                 shared["image_size"], ARCH, seed, training.CONTROL_NONE,
+                                                 recipe_settings, acceleration=acceleration,
+                                                 initial_state=initial_state,
+                                                 keep_epoch_snapshots=True)
+            # the best epoch (the profile's rule: first epoch of the highest validation AUPRC)
+            # and the last one (the end of the cosine schedule)
+            last = training.epoch_snapshot_path(RunLayout(recipe_dir).checkpoints_dir,
+                                                summary["checkpoint_id"], recipe_settings.epochs)
+            for selection, path in (("best", summary["path"]), ("last", last)):
+                per_seed = audit_weights(Path(path), f"{summary['checkpoint_id']}_{selection}", layout,
+                                         recipe_dir / "audit", manifest=manifest, digest=digest,
+                                         shared=shared, settings=settings)
+                rows.append(per_seed.assign(recipe=recipe, selection=selection))
+                print(per_seed[["checkpoint_id", "method", "n", "peak_failure", "val_auprc",
+                                "epoch", "temperature"]].to_string(index=False))
+    per_seed = pd.concat(rows, ignore_index=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_seed.to_csv(args.out / "per_seed.csv", index=False)
+    spread = (per_seed.groupby(["recipe", "selection", "method"], sort=False)["peak_failure"]
+              .agg(n_seeds="count", mean="mean", seed_sd=lambda v: float(np.std(v, ddof=1)),
+                   min="min", max="max").reset_index())
+    spread.to_csv(args.out / "spread.csv", index=False)
+    print(spread.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+if __name__ == "__main__":
+    main()
