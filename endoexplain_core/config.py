@@ -340,7 +340,7 @@ class ValidityGateSettings(StageSettings):
     warmup_steps: int = Field(6, ge=0, le=MAX_IMAGES, description="linear warm-up steps")
     margin: float = Field(0.25, gt=0, lt=1, description="rate above chance a method must clear")
     min_accuracy: float = Field(0.90, gt=0.5, le=1, description="held-out accuracy the lesion and shortcut models need")
-    max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="held-out accuracy the shuffled control must not exceed")
+    max_control_accuracy: float = Field(0.75, ge=0.5, le=1, description="the shuffled control's held-out accuracy must lie within 1 - this .. this")
     pool_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="images per CAM/deletion batch of the gate's pool audit (memory)")
     random_deletion_repetitions: int = Field(2, ge=1, le=MAX_REPETITIONS, description="random deletions per pool image")
     shuffled_control_per_replicate: bool = Field(

@@ -653,3 +653,11 @@ def test_gate_at_layers_audits_the_same_models_at_each_layer(tmp_path):
     assert (tmp_path / "layers" / "layer3.1" / "seed_2").is_dir()
     with pytest.raises(ValueError, match="distinct layer names"):
         validity_gate.run_gate_at_layers(tmp_path, layer_names=["layer4.1", "layer4.1"], **keywords)
+
+
+@pytest.mark.parametrize("held_out, met", [(0.50, True), (0.75, True), (0.25, True), (0.8125, False),
+                                           (0.104, False), (0.24, False)])
+def test_shuffled_control_must_stay_near_chance_on_both_sides(held_out, met):
+    """ResNet-18 at 128 px: replicate 2's control reached 0.81 (learnt the lesion), replicate 3's
+    0.10 (learnt it inverted; its maps follow the lesion just the same): neither is a control."""
+    assert validity_gate.control_accuracy_rule(held_out, 0.75) == ("0.25-0.75", met)
