@@ -117,6 +117,7 @@ def pretrain_trunk(manifest: pd.DataFrame, data_root: str | Path, out_path: str 
                                                   torch_device)
     networks.replace_head(model, arch, 2)
     training.zero_init_head(model)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint_files.save_tree({"identity": identity, "history": history,
                                 "state_dict": {k: v.detach().cpu().clone()
                                                for k, v in model.state_dict().items()}}, out_path)
