@@ -304,7 +304,8 @@ def _gate_into(args: argparse.Namespace, out: Path, settings, methods, init_stat
         written += artefacts.save_table(table, name, out)
     result["cases"].to_parquet(out / "gate_cases.parquet", index=False)
     shown_seed, title = example_replicate(validity_gate.usable_replicates(result["models"]), list(examples))
-    examples[shown_seed].suptitle(title, fontsize=8)
+    examples[shown_seed].suptitle(title, fontsize=9)
+    examples[shown_seed].tight_layout(rect=(0, 0, 1, 0.97))   # room for the title above the column heads
     written += artefacts.save_figure(examples[shown_seed], "example_maps", out)
     for figure in examples.values():
         plt.close(figure)
@@ -341,7 +342,7 @@ def example_replicate(usable: list[int], drawn: list[int]) -> tuple[int, str]:
     for seed in drawn:
         if seed in usable:
             return seed, f"replicate {seed}"
-    return drawn[0], f"replicate {drawn[0]}: its models did not all pass the accuracy rule (none did)"
+    return drawn[0], f"replicate {drawn[0]}: no replicate's models all passed the accuracy rule"
 
 
 def example_maps(models: dict, frame: dict, layer_name: str, methods):

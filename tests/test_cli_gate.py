@@ -280,4 +280,4 @@ def test_example_maps_show_the_first_replicate_whose_models_learned():
     assert gate_command.example_replicate([3], [1, 2, 3]) == (3, "replicate 3")
     assert gate_command.example_replicate([2, 3], [1, 2, 3]) == (2, "replicate 2")
     seed, title = gate_command.example_replicate([], [1, 2])
-    assert seed == 1 and "did not all pass the accuracy rule" in title
+    assert seed == 1 and "no replicate's models all passed the accuracy rule" in title
