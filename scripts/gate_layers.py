@@ -35,12 +35,16 @@ def main() -> None:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--arch", default=training.PRIMARY_ARCH)
     parser.add_argument("--layers", nargs="+", required=True, help="module paths; the first is audited by run_gate itself")
+    parser.add_argument("--replicate-seeds", type=int, nargs="+", default=None,
+                        help="gate replicate seeds (default: the profile's replicate_seeds)")
     parser.add_argument("--init-weights", type=Path, default=None,
                         help="a trunk (models.pretraining) the trained gate models are fine-tuned from")
     args = parser.parse_args()
 
     profile = config.load_profile(args.profile)
     parameters = config.stage_parameters(profile, "03_validity_gate")
+    if args.replicate_seeds:
+        parameters["replicate_seeds"] = args.replicate_seeds
     settings = validity_gate.GateSettings(config.stage_section("03_validity_gate", parameters),
                                           image_size=parameters["image_size"],
                                           channels_last=parameters["channels_last"])
