@@ -57,12 +57,12 @@ def _reuse(source_run: Path, target: Path, seeds: list[int]) -> None:
 
 
 def audit_weights(path: Path, name: str, layout: RunLayout, out: Path, *, manifest: pd.DataFrame,
-                  digest: str, shared: dict, settings) -> pd.DataFrame:
-    """Temperature on validation, then the masked-pool audit of one checkpoint file (written
-    as ``<out>/<name>.parquet``); its Table 4 panel-A rows (``over_seeds.table4_per_seed``)."""
+                  val_set: datasets.ManifestDataset, digest: str, shared: dict,
+                  settings) -> pd.DataFrame:
+    """Temperature on ``val_set`` (the validation images), then the masked-pool audit of one
+    checkpoint file (written as ``<out>/<name>.parquet``); its Table 4 panel-A rows
+    (``over_seeds.table4_per_seed``)."""
     model, metadata = training.load_model(path, digest, shared["image_size"])
-    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), layout.data,
-                                       shared["image_size"])
     logits = training.predict_logits(model, val_set, settings.eval_batch_size, resolve_device("cpu"))
     z = calibration.logit_difference(logits[:, 0], logits[:, 1])
     temperature = calibration.fit_temperature(z, val_set.targets)
@@ -104,6 +104,9 @@ def main() -> None:
     manifest = datasets.load_manifest(layout.manifest)
     digest = layout.manifest_digest()
     acceleration = {"channels_last": bool(shared["channels_last"])}
+    # decoded once for every checkpoint's temperature fit
+    val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), layout.data,
+                                       shared["image_size"], cache=datasets.ImageCache())
     rows = []
     for recipe in args.recipes:
         recipe_dir = args.out / recipe
@@ -134,8 +137,8 @@ def main() -> None:
                                                 summary["checkpoint_id"], recipe_settings.epochs)
             for selection, path in (("best", summary["path"]), ("last", last)):
                 per_seed = audit_weights(Path(path), f"{summary['checkpoint_id']}_{selection}", layout,
-                                         recipe_dir / "audit", manifest=manifest, digest=digest,
-                                         shared=shared, settings=settings)
+                                         recipe_dir / "audit", manifest=manifest, val_set=val_set,
+                                         digest=digest, shared=shared, settings=settings)
                 rows.append(per_seed.assign(recipe=recipe, selection=selection))
                 print(per_seed[["checkpoint_id", "method", "n", "peak_failure", "val_auprc",
                                 "epoch", "temperature"]].to_string(index=False))
