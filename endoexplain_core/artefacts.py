@@ -172,6 +172,14 @@ def read_table(folder: str | Path, name: str) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.is_file() else None
 
 
+def bool_column(table: pd.DataFrame, column: str, missing: bool = False) -> pd.Series:
+    """``table[column]`` as bools, whether it holds bools or the "True"/"False" strings a CSV
+    round trip leaves; a table without the column gives ``missing`` on every row."""
+    if column not in table.columns:
+        return pd.Series(missing, index=table.index, dtype=bool)
+    return table[column].map(lambda v: str(v).strip().lower() == "true").astype(bool)
+
+
 # The tables' marks as LaTeX commands: the manuscript compiles with pdflatex, no Unicode font.
 LATEX_SYMBOLS = {"\u2020": "\\dag{}", "\u2021": "\\ddag{}", "\u00a7": "\\S{}", "\u2212": "-", "\u2013": "--",
                  "\u2265": "$\\geq$", "\u2264": "$\\leq$", "\u00d7": "$\\times$"}

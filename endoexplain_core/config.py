@@ -198,6 +198,10 @@ class RolesSettings(StageSettings):
     n_development_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="byte copies of negative frames")
     n_development_near_duplicates: int = Field(1, ge=0, le=MAX_IMAGES, description="re-encoded negative copies")
     conspicuity: float = Field(0.85, ge=0.0, le=1.0, description="polyp visibility 0..1")
+    standard_conspicuity_floor: float = Field(
+        0.75, ge=0.0, le=1.0, description="standard (undyed) polyps' per-frame conspicuity factor "
+        "is uniform in [this, 1] (dyed-lifted polyps: [0.75, 1]); below 0.75 many standard polyps "
+        "are subtle and score low, as in the paper")
     dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
     lesion_area: FloatPair = Field((0.13, 0.80), description="polyp area share of the square on "
                                    "the shorter side: log-normal median and log standard deviation")

@@ -9,16 +9,19 @@ from endoexplain_core.analysis import over_seeds
 from endoexplain_core.methods import MAP_METHODS
 
 
-def _audit(checkpoint, seed, failures, n=12, high=None):
+def _audit(checkpoint, seed, failures, n=12, high=None, tied=None):
     """Audit-like rows: method m fails (peak outside) on the first failures[m] of n images; the
-    first ``high`` images (all by default) score 0.95, the rest 0.5 (outside panel A)."""
+    first ``high`` images (all by default) score 0.95, the rest 0.5 (outside panel A); method m's
+    maximum is tied over 4 pixels on the last tied[m] images."""
     high = n if high is None else high
+    tied = tied or {}
     rows = []
     for i in range(n):
         for method in MAP_METHODS:
             rows.append({"checkpoint_id": checkpoint, "seed": seed, "sample_id": f"s{i:02d}",
                          "method": method, "scaled_score": 0.95 if i < high else 0.5,
                          "constant_map": method == "eigencam" and i == n - 1,
+                         "max_multiplicity": 4 if i >= n - tied.get(method, 0) else 1,
                          "peak_outside_mask": i < failures.get(method, 0)})
     return pd.DataFrame(rows)
 
@@ -134,3 +137,44 @@ def test_no_seed_gives_one_row_per_map_method_and_no_numbers():
     over = over_seeds.table4_over_seeds(over_seeds.table4_per_seed(seeds_without_panel, ["a"], 0.9))
     assert (over["n_seeds"] == 0).all()
     assert "no learned seed" in over_seeds.describe(over, over_seeds.table4_per_seed(seeds_without_panel, ["a"], 0.9), "a")
+
+
+def test_per_seed_marks_a_cams_degenerate_maps_on_that_checkpoint_only():
+    # b's Grad-CAM ties its maximum on 7 of 12 maps (> half: degenerate), a's on 6 (not more
+    # than half); the rule reads every audited map, the 4 outside b's panel A included
+    tables = pd.concat([_audit("a", 1, {"gradcam": 6}, tied={"gradcam": 6, "random": 12}),
+                        _audit("b", 2, {"gradcam": 2}, high=8, tied={"gradcam": 7})])
+    per_seed = over_seeds.table4_per_seed(tables, ["a", "b"], 0.9, primary_id="a").set_index(
+        ["checkpoint_id", "method"])
+    assert per_seed.loc[("b", "gradcam"), "degenerate"]
+    assert "7 of 12 maps with tied maxima" in per_seed.loc[("b", "gradcam"), "degenerate_why"]
+    assert not per_seed.loc[("a", "gradcam"), "degenerate"]
+    # baselines are references, never checked (a's random map ties everywhere)
+    assert not per_seed.loc[("a", "random"), "degenerate"]
+    assert not per_seed.loc[("b", "xgradcam"), "degenerate"]
+
+
+def test_degenerate_seeds_are_left_out_of_a_methods_mean_and_counted():
+    per_seed = _per_seed({"gradcam": [0.2, 0.9, 0.3, 0.25], "centre": [0.5, 0.5, 0.5, 0.5]})
+    per_seed["degenerate"] = (per_seed["method"] == "gradcam") & (per_seed["checkpoint_id"] == "c1")
+    per_seed["degenerate_why"] = ""
+    # a CSV round trip turns the bools into strings; the reading must not change
+    for table in (per_seed, per_seed.assign(degenerate=per_seed["degenerate"].astype(str))):
+        over = over_seeds.table4_over_seeds(table).set_index("method")
+        assert over.loc["gradcam", ["n_seeds", "n_degenerate", "n_images"]].tolist() == [3, 1, 300]
+        assert over.loc["gradcam", "peak_failure"] == pytest.approx(0.25)
+        proper = over_seeds.table4_over_seeds(_per_seed({"gradcam": [0.2, 0.3, 0.25],
+                                                          "centre": [0.5, 0.5, 0.5]})).set_index("method")
+        assert over.loc["gradcam", "ci_high"] == pytest.approx(proper.loc["gradcam", "ci_high"])
+        assert over.loc["centre", ["n_seeds", "n_degenerate"]].tolist() == [4, 0]
+    text = over_seeds.describe_degenerate_seeds(per_seed)
+    assert "Grad-CAM on c1" in text
+
+
+def test_a_method_degenerate_on_every_seed_has_no_estimate():
+    per_seed = _per_seed({"hirescam": [0.9, 0.95], "centre": [0.5, 0.5]})
+    per_seed["degenerate"] = per_seed["method"] == "hirescam"
+    over = over_seeds.table4_over_seeds(per_seed).set_index("method")
+    assert over.loc["hirescam", ["n_seeds", "n_degenerate"]].tolist() == [0, 2]
+    assert np.isnan(over.loc["hirescam", "peak_failure"])
+    assert over.loc["hirescam", "versus_centre"] == "not estimable"

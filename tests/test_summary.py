@@ -125,7 +125,7 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     expected = summary._with_ci(gradcam["peak_failure"], gradcam["ci_low"], gradcam["ci_high"], 2)
     assert lines[2].startswith("**RQ1, high score, where does the map look?** Over the 3 learned seeds of the "
                                "primary's architecture, each on its own high-score images (120 images in all)")
-    assert f"Grad-CAM {expected}" in lines[2] and "Student t 95% CIs over the 3 seeds" in lines[2]
+    assert f"Grad-CAM {expected}" in lines[2] and "Student t 95% CIs over the seeds whose maps" in lines[2]
     assert "HiResCAM\u2020 bimodal over seeds (2 of 3 seeds below the centre baseline)" in lines[2]
     assert lines[2].index("Over the 3 learned seeds") < lines[2].index("One checkpoint's audit (the primary")
     assert lines[3].startswith(f"**RQ2, does it persist?** Over 3 learned seeds of the primary's architecture "
@@ -136,6 +136,15 @@ def test_the_brief_reads_each_verdict_from_its_table(tmp_path):
     headline = "\n".join(summary._over_seeds_lines(tmp_path))
     assert "**Table 4 over seeds** (panel A of each of the 3 learned seeds" in headline
     assert "bimodal: read by the share below centre" in headline
+    # degenerate seeds: left out of a method's mean, and named; none left: no estimate
+    per_seed["degenerate"] = (per_seed["method"] == "hirescam") | (
+        (per_seed["method"] == "gradcam") & (per_seed["checkpoint_id"] == "e1"))
+    table4_over_seeds(per_seed).to_csv(tmp_path / "table4_over_seeds.csv", index=False)
+    degenerate_lines = summary.verdict_lines(tmp_path, synthetic=True)
+    assert "(2 proper seeds; 1 degenerate left out)" in degenerate_lines[2]
+    assert "no estimate over seeds for HiResCAM\u2020 (maps degenerate on 3 of 3 seeds)" in degenerate_lines[2]
+    headline = "\n".join(summary._over_seeds_lines(tmp_path))
+    assert "| Grad-CAM | 2 (+1 degenerate) |" in headline
     (tmp_path / "table4_over_seeds.csv").unlink()
     assert ("filling in ordinary tissue of the same shape) is 7.20 (7.00 to 7.40) in units of the "
             "temperature-scaled logit difference z / T") in lines[4] and "(n 68 images)" in lines[4]

@@ -113,6 +113,20 @@ def test_a_per_seed_table_that_does_not_add_up_to_the_over_seeds_table_is_refuse
     assert "does not add up to table4_over_seeds for gradcam" in capsys.readouterr().err
 
 
+def test_a_degenerate_seed_left_out_of_the_mean_still_adds_up(tmp_path, capsys):
+    tables = _tables()
+    per_seed = tables["table4_per_seed"]
+    per_seed["degenerate"] = (per_seed["method"] == "gradcam") & (per_seed["checkpoint_id"] == "s0")
+    per_seed.loc[per_seed["degenerate"], "peak_failure"] = 0.97   # not in the mean
+    tables["table4_over_seeds"] = table4_over_seeds(per_seed)
+    reference = _write(tmp_path / "ref", _tables())
+    assert verdicts.main([str(_write(tmp_path / "run", tables)), str(reference)]) == 0
+    # the same rates without the flag do not add up to that table
+    tables["table4_per_seed"] = per_seed.drop(columns="degenerate")
+    assert verdicts.main([str(_write(tmp_path / "unflagged", tables)), str(reference)]) == 2
+    assert "does not add up to table4_over_seeds for gradcam" in capsys.readouterr().err
+
+
 def test_panel_a_within_ten_percent_agrees(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
     near = _tables(n_a=55)   # 8% fewer

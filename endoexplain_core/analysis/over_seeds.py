@@ -20,8 +20,8 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from endoexplain_core import artefacts
-from endoexplain_core.analysis import stats, summaries
-from endoexplain_core.methods import MAP_METHODS, method_label
+from endoexplain_core.analysis import map_diagnostics, stats, summaries
+from endoexplain_core.methods import CAM_METHODS, MAP_METHODS, method_label
 
 CENTRE = "centre"
 # A gap of at least this much between neighbouring sorted seed rates makes a method bimodal:
@@ -31,9 +31,9 @@ BIMODAL_GAP = 0.5
 # seed on its side (rule of succession) a share-read verdict needs to hold for a new seed.
 ONE_NEW_SEED_LEVEL = 0.80
 PER_SEED_COLUMNS = ("checkpoint_id", "seed", "is_primary", "method", "label", "n", "n_constant",
-                    "peak_failure")
+                    "peak_failure", "degenerate", "degenerate_why")
 OVER_SEEDS_COLUMNS = (
-    "method", "label", "n_seeds", "n_images", "peak_failure", "ci_low", "ci_high", "seed_sd",
+    "method", "label", "n_seeds", "n_degenerate", "n_images", "peak_failure", "ci_low", "ci_high", "seed_sd",
     "seed_min", "seed_max", "n_paired", "n_below_centre", "share_below_centre",
     "share_below_centre_ci_low", "share_below_centre_ci_high", "difference_from_centre",
     "difference_ci_low", "difference_ci_high", "one_new_seed_difference_low",
@@ -64,7 +64,10 @@ def table4_per_seed(tables: pd.DataFrame, checkpoint_ids, score_threshold: float
     checkpoint_id x method (the ``MAP_METHODS`` the audits hold, in that order): checkpoint_id,
     seed, is_primary, method, label, n (that checkpoint's panel-A images), n_constant,
     peak_failure (share of the n maps whose peak lies outside the lesion, a constant map counted
-    as a failure as in Table 4; NaN when n = 0)."""
+    as a failure as in Table 4; NaN when n = 0), degenerate and degenerate_why (a CAM's maps on
+    all of that checkpoint's audit images by ``map_diagnostics.degenerate_maps``' position and
+    tie rules; the sign rule needs the checkpoint's map-identity table, which only the primary
+    has; always False for the baselines)."""
     present = set(tables["method"]) if len(tables) else set()
     methods = [m for m in MAP_METHODS if m in present]
     rows = []
@@ -72,6 +75,7 @@ def table4_per_seed(tables: pd.DataFrame, checkpoint_ids, score_threshold: float
         table = tables[tables["checkpoint_id"] == checkpoint_id]
         if table.empty:
             raise ValueError(f"checkpoint {checkpoint_id} has no audit rows")
+        degeneracy = map_diagnostics.degenerate_maps(table).set_index("method")
         ids = set(summaries.high_score_ids(table, score_threshold))
         panel = table[table["sample_id"].isin(ids)]
         seeds = table["seed"].dropna() if "seed" in table.columns else pd.Series(dtype=float)
@@ -82,8 +86,18 @@ def table4_per_seed(tables: pd.DataFrame, checkpoint_ids, score_threshold: float
                          "is_primary": checkpoint_id == primary_id, "method": method,
                          "label": method_label(method), "n": len(of_method),
                          "n_constant": int(of_method["constant_map"].astype(bool).sum()),
-                         "peak_failure": summaries.failure_rate(of_method)})
+                         "peak_failure": summaries.failure_rate(of_method),
+                         "degenerate": bool(method in CAM_METHODS and method in degeneracy.index
+                                            and degeneracy.at[method, "degenerate"]),
+                         "degenerate_why": str(degeneracy.at[method, "why"])
+                         if method in degeneracy.index else ""})
     return pd.DataFrame(rows, columns=list(PER_SEED_COLUMNS))
+
+
+def is_degenerate(per_seed: pd.DataFrame) -> pd.Series:
+    """``table4_per_seed``'s degenerate column as bools (a CSV round trip gives strings; a
+    table written before the column existed counts every seed as proper)."""
+    return artefacts.bool_column(per_seed, "degenerate")
 
 
 def paired_difference_interval(rates, centre_rates, n_maps: int,
@@ -147,9 +161,12 @@ def table4_over_seeds(per_seed: pd.DataFrame, level: float = stats.CONFIDENCE_LE
     """Table 4 panel A as an expectation over training seeds, one row per map method.
 
     ``per_seed``: ``table4_per_seed`` (a seed without panel-A images, n = 0, is left out of
-    every number). Columns (rates are shares of maps whose peak lies outside the lesion):
+    every number, and so is a seed whose maps of the method are degenerate). Columns (rates are
+    shares of maps whose peak lies outside the lesion):
 
-    - method, label; n_seeds (seeds with a panel A), n_images (their panel-A images in all);
+    - method, label; n_seeds (seeds with a panel A and proper maps of the method), n_degenerate
+      (seeds with a panel A left out because the method's maps are degenerate there),
+      n_images (the n_seeds' panel-A images in all);
     - peak_failure: the mean of the seeds' rates, each seed on its own high-score images;
       ci_low, ci_high: Student t over the seeds (k - 1 df), standard error floored at the
       binomial error of n_images maps (``stats.draw_mean_interval``); seed_sd (ddof 1),
@@ -165,7 +182,9 @@ def table4_over_seeds(per_seed: pd.DataFrame, level: float = stats.CONFIDENCE_LE
       rates) is read by its share of seeds below the centre rather than by its mean.
 
     With no seed every number is NaN (n_seeds 0), one row per ``MAP_METHODS`` method."""
-    rows = per_seed[per_seed["n"] > 0] if len(per_seed) else per_seed
+    with_panel = per_seed[per_seed["n"] > 0] if len(per_seed) else per_seed
+    degenerate = is_degenerate(with_panel)
+    rows = with_panel[~degenerate]
     methods = list(dict.fromkeys(per_seed["method"])) if len(per_seed) else list(MAP_METHODS)
     centre = (rows[rows["method"] == CENTRE].set_index("checkpoint_id")["peak_failure"]
               if len(rows) else pd.Series(dtype=float))
@@ -176,6 +195,8 @@ def table4_over_seeds(per_seed: pd.DataFrame, level: float = stats.CONFIDENCE_LE
         n_images = int(of_method["n"].sum()) if len(of_method) else 0
         over = stats.draw_mean_interval(rates, n_maps=n_images, level=level)
         row = {"method": method, "label": method_label(method), "n_seeds": int(over["k"]),
+               "n_degenerate": int((degenerate & (with_panel["method"] == method)).sum())
+               if len(with_panel) else 0,
                "n_images": n_images, "peak_failure": over["mean"], "ci_low": over["low"],
                "ci_high": over["high"], "seed_sd": over["sd"],
                "seed_min": float(np.nanmin(rates)) if len(rates) else np.nan,
@@ -188,6 +209,9 @@ def table4_over_seeds(per_seed: pd.DataFrame, level: float = stats.CONFIDENCE_LE
                "versus_centre_rule": "", "note": ""}
         gap = largest_gap(rates)
         bimodal = gap >= BIMODAL_GAP
+        if method != CENTRE and not len(of_method) and row["n_degenerate"]:
+            row.update({"versus_centre": "not estimable",
+                        "versus_centre_rule": "maps degenerate on every seed with a panel A"})
         if method != CENTRE and len(of_method):
             centre_rates = of_method["checkpoint_id"].map(centre).to_numpy(dtype=float)
             paired = ~(np.isnan(rates) | np.isnan(centre_rates))
@@ -227,4 +251,18 @@ def describe(over_seeds: pd.DataFrame, per_seed: pd.DataFrame, primary_id: str) 
             f"each on its own panel A ({', '.join(f'{c}: {int(n)}' for c, n in sizes.items())} images); "
             "mean over seeds with a Student t 95% interval over them (never narrower than the binomial "
             "error of all their images); the centre baseline compared within each seed. Bimodal over seeds, "
-            f"read by the share of seeds below the centre: {', '.join(bimodal) or 'none'}.")
+            f"read by the share of seeds below the centre: {', '.join(bimodal) or 'none'}. "
+            + describe_degenerate_seeds(per_seed))
+
+
+def describe_degenerate_seeds(per_seed: pd.DataFrame) -> str:
+    """Which seeds' maps of which method ``table4_over_seeds`` leaves out as degenerate."""
+    used = per_seed[per_seed["n"] > 0]
+    flagged = used[is_degenerate(used)]
+    if flagged.empty:
+        return "No method's maps are degenerate on any of these seeds."
+    parts = [f"{method_label(method)} on {', '.join(group['checkpoint_id'])}"
+             for method, group in flagged.groupby("method", sort=False)]
+    return ("Left out of a method's mean as degenerate (border-ring peaks or tied maxima on the audit "
+            f"pool, map_diagnostics.degenerate_maps): {'; '.join(parts)}; their rates are in "
+            "table4_per_seed, not read as localisation.")

@@ -532,6 +532,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
         shutil.rmtree(partial)
     writer = _TreeWriter(partial, seed, "mirror" if layout == "downloaded" else layout)
     knobs = {"conspicuity": design.conspicuity, "dye_strength": design.dye_strength,
+             "standard_conspicuity_floor": design.standard_conspicuity_floor,
              "lesion_area": tuple(design.lesion_area), "lesion_offset_sd": design.lesion_offset_sd}
     frame_size = design.frame_size
     summary: dict[str, Any] = {"parameters": parameters}
@@ -596,6 +597,8 @@ def _marker_parameters(design: config.RolesSettings, seed: int) -> dict[str, Any
         "polypgen_empty_per_centre": design.polypgen_empty_per_centre,
         "polypgen_duplicates": design.polypgen_duplicates, "polypdb_per_cell": design.polypdb_per_cell,
     }
+    if design.standard_conspicuity_floor != CONSPICUITY_FLOOR:   # earlier markers keep their bytes
+        parameters["standard_conspicuity_floor"] = design.standard_conspicuity_floor
     if design.synthetic_layout != "embedded":   # the embedded marker keeps its earlier bytes
         parameters["layout"] = design.synthetic_layout
     return parameters
@@ -613,9 +616,17 @@ def _replace_directory(new: Path, target: Path) -> None:
         shutil.rmtree(old)
 
 
-def _polyp_knobs(rng: np.random.Generator, knobs: dict[str, Any]) -> dict[str, Any]:
-    """Per-frame polyp knobs: the shared conspicuity times a factor in [0.75, 1]."""
-    return {**knobs, "conspicuity": knobs["conspicuity"] * rng.uniform(0.75, 1.0)}
+# Per-frame conspicuity factor floor of dyed-lifted polyps (dye outlines a lifted polyp, so it
+# stays conspicuous) and of the external cohorts' polyps (their transfer audit reads IoU, not
+# scores). Standard HyperKvasir polyps use the design's ``standard_conspicuity_floor``.
+CONSPICUITY_FLOOR = 0.75
+
+
+def _polyp_knobs(rng: np.random.Generator, knobs: dict[str, Any],
+                 floor: float = CONSPICUITY_FLOOR) -> dict[str, Any]:
+    """Per-frame polyp knobs: the shared conspicuity times a factor uniform in [floor, 1]."""
+    knobs = {key: value for key, value in knobs.items() if key != "standard_conspicuity_floor"}
+    return {**knobs, "conspicuity": knobs["conspicuity"] * rng.uniform(floor, 1.0)}
 
 
 def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: dict[str, int],
@@ -632,7 +643,8 @@ def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: 
         count = n_segmented + n_development_polyps if category == "polyps" else counts.get(category, 0)
         frames = []
         for _ in range(count):
-            frame_knobs = _polyp_knobs(rng, knobs) if style.get("lesion") else {
+            floor = CONSPICUITY_FLOOR if style.get("dye") else knobs["standard_conspicuity_floor"]
+            frame_knobs = _polyp_knobs(rng, knobs, floor) if style.get("lesion") else {
                 "dye_strength": knobs["dye_strength"]}
             image, mask = render_frame(rng, frame_size, **{"lesion": False, **style},
                                        **frame_knobs,

@@ -179,7 +179,9 @@ def _over_seeds_lines(figures_dir: Path) -> list[str]:
                 "panel A: no estimate over seeds."]
     shown = pd.DataFrame({
         "map": over["label"],
-        "seeds": over["n_seeds"].astype(int).astype(str),
+        "seeds": [f"{int(r['n_seeds'])}" + (f" (+{int(r['n_degenerate'])} degenerate)"
+                                             if int(r.get("n_degenerate", 0) or 0) else "")
+                  for _, r in over.iterrows()],
         "peak outside lesion, mean over seeds": [
             "bimodal: read by the share below centre" if _is_bimodal(r) else _with_ci(r["peak_failure"], r["ci_low"], r["ci_high"])
             for _, r in over.iterrows()],
@@ -190,7 +192,8 @@ def _over_seeds_lines(figures_dir: Path) -> list[str]:
     return [f"**Table 4 over seeds** (panel A of each of the {seeds} learned seeds of the primary's "
             "architecture on its own high-score images; mean over seeds with a Student t 95% CI over "
             "them, never narrower than the binomial error of all their images; the centre baseline "
-            "compared within each seed):", "", presentation.markdown_table(shown)]
+            "compared within each seed; a seed whose maps of a method are degenerate is left out of "
+            "that method's row):", "", presentation.markdown_table(shown)]
 
 
 def _table5_lines(figures_dir: Path) -> list[str]:
@@ -285,7 +288,24 @@ def _over_seeds_list(rows: pd.DataFrame, labels: dict[str, str]) -> str:
                          f"{int(row['n_paired'])} seeds below the centre baseline)")
         else:
             parts.append(f"{label} {_with_ci(row['peak_failure'], row['ci_low'], row['ci_high'], 2)}")
+        degenerate = int(pd.to_numeric(row.get("n_degenerate", 0), errors="coerce") or 0)
+        if degenerate:
+            parts[-1] += f" ({int(row['n_seeds'])} proper seeds; {degenerate} degenerate left out)"
     return ", ".join(parts)
+
+
+def _no_estimate_list(over_seeds: pd.DataFrame, labels: dict[str, str]) -> str:
+    """"; no estimate over seeds for HiResCAM (maps degenerate on 3 seeds)" for the CAMs whose
+    degenerate seeds leave fewer than two; empty when there are none."""
+    seeds = pd.to_numeric(over_seeds["n_seeds"], errors="coerce").fillna(0)
+    degenerate = (pd.to_numeric(over_seeds["n_degenerate"], errors="coerce").fillna(0)
+                  if "n_degenerate" in over_seeds.columns else seeds * 0)
+    rows = over_seeds[over_seeds["method"].isin(CAM_METHODS) & (seeds < 2) & (degenerate > 0)]
+    if rows.empty:
+        return ""
+    parts = [f"{labels.get(r.method, r.method)} (maps degenerate on {int(d)} of {int(d) + int(n)} seeds)"
+             for r, d, n in zip(rows.itertuples(), degenerate[rows.index], seeds[rows.index])]
+    return "; no estimate over seeds for " + ", ".join(parts)
 
 
 def _over_seeds_clause(over_seeds: pd.DataFrame | None, labels: dict[str, str]) -> str:
@@ -300,8 +320,9 @@ def _over_seeds_clause(over_seeds: pd.DataFrame | None, labels: dict[str, str]) 
     return (f"Over the {seeds} learned seeds of the primary's architecture, each on its own "
             f"high-score images ({int(rows['n_images'].max())} images in all), the CAM peak falls "
             f"outside the lesion (a constant map, which has no peak, counted as a failure) for "
-            f"{_over_seeds_list(cams, labels)}{baselines} (mean over seeds, Student t 95% CIs over "
-            f"the {seeds} seeds; table4_over_seeds). ")
+            f"{_over_seeds_list(cams, labels)}{baselines}{_no_estimate_list(over_seeds, labels)} "
+            f"(mean over seeds, Student t 95% CIs over the seeds whose maps of the method are proper "
+            f"maps; table4_over_seeds). ")
 
 
 def _rq1_sentence(table4: pd.DataFrame, labels: dict[str, str],

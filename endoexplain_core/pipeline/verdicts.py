@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from endoexplain_core.artefacts import bool_column
 from endoexplain_core.config import REPO_ROOT
 from endoexplain_core.methods import CAM_METHODS
 
@@ -119,8 +120,10 @@ def check_table(name: str, table: pd.DataFrame) -> str:
 
 def per_seed_problem(over_seeds: pd.DataFrame, per_seed: pd.DataFrame) -> str:
     """What makes a folder's ``table4_per_seed`` disagree with its ``table4_over_seeds`` (per
-    method: the seeds with a panel A, their images and the mean of their rates), or ""."""
+    method: the seeds with a panel A and proper maps, their images and the mean of their
+    rates), or ""."""
     used = per_seed[pd.to_numeric(per_seed["n"], errors="coerce") > 0]
+    used = used[~bool_column(used, "degenerate")]  # left out of the means
     for row in over_seeds.itertuples():
         rates = pd.to_numeric(used.loc[used["method"] == row.method, "peak_failure"], errors="coerce")
         images = pd.to_numeric(used.loc[used["method"] == row.method, "n"], errors="coerce").sum()
