@@ -14,6 +14,7 @@ import pytest
 from endoexplain_core import marks
 from endoexplain_core.methods import CAM_METHODS, method_label
 from endoexplain_core.pipeline import summary
+from endoexplain_core.models import training as training_module
 
 GROUP = "Grad-CAM = Grad-CAM++ = Eigen-CAM*"
 
@@ -44,7 +45,7 @@ def run_tables(tmp_path):
     save("table_s1_training", {
         "checkpoint_id": ["eff_s1", "eff_s2", "eff_s3", "res_s1"], "arch": ["efficientnet_b0"] * 3 + ["resnet18"],
         "seed": [1129, 2089, 3253, 1129], "control": "none", "val_auprc": [1.0, 1.0, 0.998, 0.99],
-        "primary": [True, False, False, False], "n_test": 112, "test_auprc": 0.98, "test_auprc_ci_low": 0.95,
+        "val_nll": [0.02, 0.05, 0.02, float("nan")], "primary": [True, False, False, False], "n_test": 112, "test_auprc": 0.98, "test_auprc_ci_low": 0.95,
         "test_auprc_ci_high": 1.0, "test_accuracy_at_0.5": 0.9, "test_accuracy_at_0.5_ci_low": 0.85,
         "test_accuracy_at_0.5_ci_high": 0.95})
     methods = [*CAM_METHODS, "random", "centre", "random_deletion"]
@@ -114,11 +115,14 @@ def test_the_primary_selection_says_it_was_a_tie_and_how_it_was_broken(run_table
     primary = training[training["primary"]].iloc[0]
     tied = training[(training["arch"] == primary["arch"])
                     & (training["val_auprc"] >= training["val_auprc"].max() - summary.PRIMARY_TIE_AUPRC)]
-    assert primary["seed"] == tied["seed"].min()   # the stated tie-break is the one applied
+    # the stated tie-break is the one applied: lowest validation NLL, then lowest seed
+    assert primary["checkpoint_id"] == training_module.tie_break_order(tied).iloc[0]["checkpoint_id"]
     claim = next(line for line in brief.splitlines() if line.startswith("- **Classifier**"))
     assert f"selected in a tie: {len(tied)} seeds of EfficientNet-B0" in claim
     assert all(f"{r.checkpoint_id} {r.val_auprc:.3f}" in claim for r in tied.itertuples())
-    assert "broken by the lowest seed" in claim and "res_s1" not in claim
+    assert "broken by the lowest validation NLL (eff_s1 0.020, eff_s2 0.050, eff_s3 0.020" in claim
+    assert "res_s1" not in claim
+    assert "broken by the lowest seed" in summary._selection_clause(training.drop(columns="val_nll"))
     single = training.assign(val_auprc=[1.0, 0.95, 0.94, 0.99])
     assert "selected on validation AUPRC (1.000; the next, eff_s2, 0.950" in summary._selection_clause(single)
 

@@ -104,7 +104,7 @@ def test_selection_stability_counts_resamples_that_pick_the_primary():
     assert result["tied_share"] == 0.0                                  # won on AUPRC, never by the tie
     tied = stability.selection_stability(pd.concat([rows[0], rows[0].assign(checkpoint_id="twin", seed=0)]),
                                          "strong", replicates=50, seed=1, tie_auprc=0.01)
-    assert tied["share_same"] == 0.0 and tied["runner_up"] == "twin"   # ties go to the lowest seed
+    assert tied["share_same"] == 0.0 and tied["runner_up"] == "twin"   # same NLL: the lowest seed
     assert tied["tied_share"] == 1.0
     table = stability.stability_table(gate_stability=None, selection=tied, table4_over_seeds=None,
                                       table5={}, primary_id="twin")
@@ -115,3 +115,9 @@ def test_selection_stability_counts_resamples_that_pick_the_primary():
     within = stability.selection_stability(pd.concat([rows[0].assign(seed=5), near]), "near",
                                            replicates=50, seed=1, tie_auprc=0.01)
     assert within["share_same"] == 1.0
+    # a tie goes to the lower validation NLL on each resample: the same ranks, scores centred
+    # on the decision boundary (NLL 0.31 against 0.65 on all images)
+    centred = rows[0].assign(checkpoint_id="centred", seed=9, logit_pos=strong - 1.5)
+    by_nll = stability.selection_stability(pd.concat([rows[0], centred]), "centred",
+                                           replicates=50, seed=1, tie_auprc=0.01)
+    assert by_nll["tied_share"] == 1.0 and by_nll["share_same"] == 1.0

@@ -250,6 +250,25 @@ def test_shuffled_targets_are_fixed_and_keep_prevalence():
     shuffled = training.shuffled_targets(targets, 1129)
     assert shuffled.sum() == 10 and not np.array_equal(shuffled, targets)
     np.testing.assert_array_equal(shuffled, training.shuffled_targets(targets, 1129))
+    with pytest.raises(ValueError, match="0/1 labels"):
+        training.shuffled_targets(np.array([0, 2, 1]), 1)
+
+
+@pytest.mark.parametrize("n_positive,n", [(10, 40), (96, 192), (7, 23), (0, 5), (5, 5), (165, 519)])
+def test_shuffled_targets_are_balanced_across_the_true_classes(n_positive, n):
+    # each true class gets shuffled positives in proportion to its size (to one image), so the
+    # shuffled labels agree with the truth on the chance share p^2 + (1 - p)^2, for every seed
+    rng = np.random.default_rng(n)
+    targets = rng.permutation(np.array([1] * n_positive + [0] * (n - n_positive)))
+    p = n_positive / n
+    for seed in range(20):
+        shuffled = training.shuffled_targets(targets, seed)
+        assert shuffled.sum() == n_positive
+        for label in (0, 1):
+            members = targets == label
+            assert abs(shuffled[members].sum() - members.sum() * p) < 1
+    assert len({training.shuffled_targets(targets, s).tobytes() for s in range(5)}) == (
+        1 if n_positive in (0, n) else 5)
     assert training.checkpoint_id("efficientnet_b0", 1129, training.CONTROL_SHUFFLED) == \
         "efficientnet_b0_shuffled_s1129"
 
@@ -262,18 +281,30 @@ VALIDATION = pd.DataFrame({
     "control": ["none"] * 4 + ["shuffled_labels"],
     "val_auprc": [0.91, 0.95, 0.95, 0.99, 0.999],
     "val_map_share": [1.0, 1.0, 1.0, np.nan, np.nan],
+    "val_nll": [0.30, 0.20, 0.20, np.nan, np.nan],
 })
 
 
-def test_select_primary_best_efficientnet_ties_to_lowest_seed():
-    assert training.select_primary(VALIDATION) == "efficientnet_b0_s2089"
+def test_select_primary_best_efficientnet_ties_to_lowest_nll_then_lowest_seed():
+    assert training.select_primary(VALIDATION) == "efficientnet_b0_s2089"   # equal NLL: lowest seed
     reordered = VALIDATION.iloc[::-1].reset_index(drop=True)
     assert training.select_primary(reordered) == "efficientnet_b0_s2089"
+    sharper = VALIDATION.assign(val_nll=[0.30, 0.20, 0.05, np.nan, np.nan])
+    assert training.select_primary(sharper) == "efficientnet_b0_s3253"      # tied AUPRC, lower NLL
+
+
+def test_validation_nll_is_the_two_class_cross_entropy():
+    z = np.array([2.0, -1.0, 0.0, 30.0])
+    targets = np.array([1, 0, 1, 0])
+    logits = torch.tensor(np.stack([np.zeros(4), z], axis=1))
+    expected = torch.nn.functional.cross_entropy(logits, torch.tensor(targets)).item()
+    assert training.validation_nll(z, targets) == pytest.approx(expected, rel=1e-12)
+    assert training.validation_nll([0.0], [1]) == pytest.approx(np.log(2))
 
 
 def test_select_primary_treats_auprc_within_001_of_the_best_as_a_tie():
-    close = VALIDATION.assign(val_auprc=[0.993, 1.000, 0.998, 0.99, 0.999])
-    assert training.select_primary(close) == "efficientnet_b0_s1129"     # all within 0.01: lowest seed
+    close = VALIDATION.assign(val_auprc=[0.993, 1.000, 0.998, 0.99, 0.999], val_nll=0.2)
+    assert training.select_primary(close) == "efficientnet_b0_s1129"     # all within 0.01, same NLL: lowest seed
     apart = VALIDATION.assign(val_auprc=[0.985, 1.000, 0.998, 0.99, 0.999])
     assert training.select_primary(apart) == "efficientnet_b0_s2089"     # s1129 is 0.015 behind
 
@@ -286,7 +317,8 @@ def test_select_primary_prefers_checkpoints_whose_validation_maps_are_not_flat()
                                   val_map_share=[0.67, 1.0, 1.0, np.nan, np.nan])
     assert training.select_primary(flat_best) == "efficientnet_b0_s2089"
     none_learned = flat_best.assign(val_map_share=[0.67, 0.5, 0.9, np.nan, np.nan])
-    assert training.select_primary(none_learned) == "efficientnet_b0_s1129"
+    assert training.select_primary(none_learned) == "efficientnet_b0_s2089"   # tied on AUPRC, lower NLL
+    assert training.select_primary(none_learned.assign(val_nll=0.2)) == "efficientnet_b0_s1129"
     low_auprc = flat_best.assign(val_auprc=[0.995, 0.94, 0.96, 0.99, 0.999])   # s2089 below 0.95
     assert training.select_primary(low_auprc) == "efficientnet_b0_s3253"
 
@@ -307,10 +339,11 @@ def test_matrix_selection_and_logit_export_with_efficientnet(cohort, tmp_path):
         control_seed=1129, show_progress=False)
     assert [s["checkpoint_id"] for s in summaries] == ["efficientnet_b0_s1129",
                                                        "efficientnet_b0_shuffled_s1129"]
-    summaries = training.add_validation_map_shares(summaries, manifest, root, DIGEST, IMAGE_SIZE, batch_size=16)
+    summaries = training.add_selection_measures(summaries, manifest, root, DIGEST, IMAGE_SIZE, batch_size=16)
     validation = pd.DataFrame(summaries)[list(training.SELECTION_COLUMNS)]
     assert 0.0 <= validation["val_map_share"].iloc[0] <= 1.0          # measured on validation
     assert np.isnan(validation["val_map_share"].iloc[1])               # the control does not compete
+    assert validation["val_nll"].iloc[0] > 0 and np.isnan(validation["val_nll"].iloc[1])
     primary = training.select_primary(validation)
     registry = training.build_registry(summaries, primary, tmp_path)
     assert list(registry.columns) == training.REGISTRY_COLUMNS

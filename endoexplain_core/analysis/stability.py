@@ -19,7 +19,8 @@ from sklearn.metrics import average_precision_score
 from endoexplain_core import marks, presentation
 from endoexplain_core.analysis import adjusted_model, over_seeds, stats
 from endoexplain_core.methods import CAM_METHODS, method_label
-from endoexplain_core.models.training import PRIMARY_TIE_AUPRC, primary_candidates
+from endoexplain_core.models.training import (PRIMARY_TIE_AUPRC, primary_candidates, tie_break_order,
+                                              validation_nll)
 
 SELECTION_HOLDS_AT = 0.90   # share of validation resamples that must pick the same primary
 TABLE4_PART = "Table 4 panel A vs centre"
@@ -34,13 +35,14 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
     replacement ``replicates`` times (replicates without both classes are skipped). Returns
     {"primary", "share_same", "runner_up", "replicates_used", "tied_share"}; ``tied_share``: the
     share of resamples in which more than one checkpoint was within ``tie_auprc`` of the best, so
-    that the tie rule (lowest seed), not a higher AUPRC, made the pick.
+    that the tie rule (lowest validation NLL on the resample, then lowest seed), not a higher
+    AUPRC, made the pick.
     """
     wide = validation.assign(z=validation["logit_pos"] - validation["logit_neg"]).pivot(
         index="sample_id", columns="checkpoint_id", values="z")
     targets = validation.groupby("sample_id")["target"].first().reindex(wide.index).to_numpy()
     seeds = validation.groupby("checkpoint_id")["seed"].first()
-    order = sorted(wide.columns, key=lambda c: int(seeds[c]))   # ties: lowest seed wins
+    order = sorted(wide.columns, key=lambda c: int(seeds[c]))
     scores = wide[order].to_numpy()
     picks, tied = [], 0
     for rows in stats.bootstrap_indices(len(targets), replicates, seed):
@@ -48,10 +50,13 @@ def selection_stability(validation: pd.DataFrame, primary_id: str, *, replicates
         if sample_targets.min() == sample_targets.max():
             continue
         auprc = np.array([average_precision_score(sample_targets, scores[rows, j]) for j in range(len(order))])
-        # select_primary's rule: within tie_auprc of the best is a tie, the lowest seed wins
+        # select_primary's rule: within tie_auprc of the best is a tie, broken by the lowest
+        # validation NLL, then the lowest seed
         within = np.flatnonzero(auprc >= auprc.max() - tie_auprc)
         tied += len(within) > 1
-        picks.append(order[int(within[0])])
+        candidates = pd.DataFrame({"position": within, "seed": [int(seeds[order[j]]) for j in within],
+                                   "val_nll": [validation_nll(scores[rows, j], sample_targets) for j in within]})
+        picks.append(order[int(tie_break_order(candidates).iloc[0]["position"])])
     counts = pd.Series(picks).value_counts()
     others = counts.drop(primary_id, errors="ignore")
     return {"primary": primary_id, "share_same": float(counts.get(primary_id, 0) / len(picks)),

@@ -47,7 +47,7 @@ CONTROL_NONE = "none"
 CONTROL_SHUFFLED = "shuffled_labels"
 PRIMARY_ARCH = "efficientnet_b0"
 REGISTRY_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "epochs", "val_auprc",
-                    "val_map_share", "path", "sha256", "is_primary"]
+                    "val_map_share", "val_nll", "path", "sha256", "is_primary"]
 LOGIT_COLUMNS = ["checkpoint_id", "arch", "seed", "control", "sample_id", "role", "source",
                  "target", "logit_neg", "logit_pos"]
 
@@ -102,8 +102,30 @@ def checkpoint_id(arch: str, seed: int, control: str = CONTROL_NONE) -> str:
 
 
 def shuffled_targets(targets: np.ndarray, seed: int) -> np.ndarray:
-    """A fixed permutation of the training labels (same prevalence, no image information)."""
-    return np.random.default_rng(seed).permutation(np.asarray(targets))
+    """Labels of a shuffled-label control: the same number of each label as ``targets``,
+    assigned at random but balanced across the true classes, so they carry no information about
+    the images' true labels, not even by chance.
+
+    A plain permutation leaves the shuffled and the true labels agreeing on a random share of the
+    images (0.5 +- 0.036 for 192 balanced frames), and a control trained on labels that agree
+    with the truth on 57% of frames can learn the truth: the gate's shuffled control once reached
+    held-out accuracy 0.81. Here each true class gets shuffled positives in proportion to its size
+    (largest remainders, so the total is exact), placed at random within the class. ``targets``:
+    (N,) 0/1 labels; returns int64 (N,), fixed for a seed."""
+    targets = np.asarray(targets).astype(np.int64)
+    if targets.size and not np.isin(targets, (0, 1)).all():
+        raise ValueError("shuffled_targets needs 0/1 labels")
+    rng = np.random.default_rng(seed)
+    n_positive = int(targets.sum())
+    classes = [np.flatnonzero(targets == label) for label in (0, 1)]
+    exact = [len(members) * n_positive / max(len(targets), 1) for members in classes]
+    counts = [int(np.floor(value)) for value in exact]
+    for index in np.argsort([counts[i] - exact[i] for i in (0, 1)])[:n_positive - sum(counts)]:
+        counts[index] += 1                       # largest remainders first
+    shuffled = np.zeros_like(targets)
+    for members, count in zip(classes, counts):
+        shuffled[rng.permutation(members)[:count]] = 1
+    return shuffled
 
 
 # ----------------------------------------------------------------------------- randomness
@@ -708,11 +730,28 @@ def training_curves(summaries: list[dict[str, Any]]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- selection
 
 
-SELECTION_COLUMNS = ("checkpoint_id", "arch", "seed", "control", "val_auprc", "val_map_share")
-# Validation AUPRCs within this of the best are a tie (lowest seed wins): converged seeds differ
-# by a few rank swaps of the ~28 validation positives (0.001-0.004 each), which last-bit
-# differences between machines can move; such a difference is no reason to prefer a seed.
+SELECTION_COLUMNS = ("checkpoint_id", "arch", "seed", "control", "val_auprc", "val_map_share",
+                     "val_nll")
+# Validation AUPRCs within this of the best are a tie: converged seeds differ by a few rank
+# swaps of the ~28 validation positives (0.001-0.004 each), which last-bit differences between
+# machines can move; such a difference is no reason to prefer a seed. A tie goes to the lowest
+# validation NLL (``validation_nll``: how far the scores separate the classes, which AUPRC
+# near 1 no longer tells apart), then to the lowest seed.
 PRIMARY_TIE_AUPRC = 0.01
+
+
+def validation_nll(z: np.ndarray, targets: np.ndarray) -> float:
+    """Mean cross-entropy (nats per image, no label smoothing, no temperature) of a two-class
+    model with logit difference ``z`` = logit_pos - logit_neg against 0/1 ``targets``:
+    log(1 + exp(-z)) for a positive, log(1 + exp(z)) for a negative."""
+    z, targets = np.asarray(z, dtype=np.float64), np.asarray(targets)
+    return float(np.mean(np.logaddexp(0.0, np.where(targets == 1, -z, z))))
+
+
+def tie_break_order(tied: pd.DataFrame) -> pd.DataFrame:
+    """``tied`` candidate rows (val_nll, seed) in the order a tie is broken: lowest validation
+    NLL first, then lowest seed (a NaN NLL last)."""
+    return tied.sort_values(["val_nll", "seed"], kind="mergesort", na_position="last")
 
 
 def primary_candidates(validation_results: pd.DataFrame) -> pd.DataFrame:
@@ -734,7 +773,8 @@ def select_primary(validation_results: pd.DataFrame) -> str:
 
     ``validation_results`` holds exactly the columns ``SELECTION_COLUMNS``; anything else
     (e.g. a test metric) is refused, so selection cannot see test data. Ties: every run within
-    ``PRIMARY_TIE_AUPRC`` of the best is tied, and the lowest seed among them wins.
+    ``PRIMARY_TIE_AUPRC`` of the best is tied, and the one with the lowest validation NLL wins
+    (``tie_break_order``; equal NLLs: the lowest seed).
     """
     extra = sorted(set(validation_results.columns) - set(SELECTION_COLUMNS))
     missing = sorted(set(SELECTION_COLUMNS) - set(validation_results.columns))
@@ -745,7 +785,7 @@ def select_primary(validation_results: pd.DataFrame) -> str:
     if eligible.empty:
         raise ValueError(f"no non-control {PRIMARY_ARCH} checkpoint to select the primary from")
     tied = eligible[eligible["val_auprc"] >= eligible["val_auprc"].max() - PRIMARY_TIE_AUPRC]
-    return str(tied.sort_values("seed", kind="mergesort").iloc[0]["checkpoint_id"])
+    return str(tie_break_order(tied).iloc[0]["checkpoint_id"])
 
 
 def validation_map_share(model: nn.Module, arch: str, dataset: datasets.ManifestDataset,
@@ -764,21 +804,28 @@ def validation_map_share(model: nn.Module, arch: str, dataset: datasets.Manifest
     return float(min(shares)) if shares else float("nan")
 
 
-def add_validation_map_shares(summaries: list[dict[str, Any]], manifest: pd.DataFrame,
-                              data_root: str | Path, manifest_digest: str, image_size: int,
-                              *, device: str = "cpu", batch_size: int) -> list[dict[str, Any]]:
-    """``summaries`` with ``val_map_share`` (``validation_map_share`` on the validation
-    positives) for every non-control ``PRIMARY_ARCH`` checkpoint, NaN for the others (they do
-    not compete for primary)."""
+def add_selection_measures(summaries: list[dict[str, Any]], manifest: pd.DataFrame,
+                           data_root: str | Path, manifest_digest: str, image_size: int,
+                           *, device: str = "cpu", batch_size: int) -> list[dict[str, Any]]:
+    """``summaries`` with what ``select_primary`` reads besides AUPRC, for every non-control
+    ``PRIMARY_ARCH`` checkpoint (NaN for the others: they do not compete for primary):
+    ``val_map_share`` (``validation_map_share`` on the validation positives) and ``val_nll``
+    (``validation_nll`` on every validation image)."""
     device = resolve_device(device)
-    positives = manifest[(manifest["role"] == "val") & (manifest["target"] == 1)]
-    dataset = datasets.ManifestDataset(positives, data_root, image_size, cache=datasets.ImageCache())
+    cache = datasets.ImageCache()
+    validation = manifest[manifest["role"] == "val"]
+    everything = datasets.ManifestDataset(validation, data_root, image_size, cache=cache)
+    positives = datasets.ManifestDataset(validation[validation["target"] == 1], data_root,
+                                         image_size, cache=cache)
     for summary in summaries:
-        summary["val_map_share"] = float("nan")
+        summary["val_map_share"] = summary["val_nll"] = float("nan")
         if summary["arch"] == PRIMARY_ARCH and summary["control"] == CONTROL_NONE:
             model, _ = load_model(summary["path"], manifest_digest, image_size, device)
-            summary["val_map_share"] = validation_map_share(model, summary["arch"], dataset,
+            summary["val_map_share"] = validation_map_share(model, summary["arch"], positives,
                                                             batch_size, device)
+            logits = predict_logits(model, everything, batch_size, device)
+            summary["val_nll"] = validation_nll(logits[:, 1].astype(np.float64) - logits[:, 0],
+                                                everything.targets)
     return summaries
 
 
@@ -789,6 +836,7 @@ def build_registry(summaries: list[dict[str, Any]], primary_id: str, run_dir: st
     rows = [{"checkpoint_id": s["checkpoint_id"], "arch": s["arch"], "seed": s["seed"],
              "control": s["control"], "epochs": s["epochs"], "val_auprc": s["val_auprc"],
              "val_map_share": s.get("val_map_share", float("nan")),
+             "val_nll": s.get("val_nll", float("nan")),
              "path": Path(s["path"]).resolve().relative_to(run_dir.resolve()).as_posix(),
              "sha256": files.sha256_file(s["path"]), "is_primary": s["checkpoint_id"] == primary_id}
             for s in summaries]
@@ -880,5 +928,6 @@ def training_table(summaries: list[dict[str, Any]], primary_id: str,
                           "seed": s["seed"], "control": s["control"],
                           "pretrained": s["pretrained"], "best_epoch": s["epochs"],
                           "epochs_run": s["epochs_run"], "val_auprc": s["val_auprc"],
+                          "val_nll": s.get("val_nll", float("nan")),
                           "primary": s["checkpoint_id"] == primary_id} for s in summaries])
     return rows.merge(test_results, on="checkpoint_id", how="left")

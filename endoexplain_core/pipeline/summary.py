@@ -507,7 +507,8 @@ RQ_TITLES = {1: "**RQ1, high score, where does the map look?**",
 def _selection_clause(training: pd.DataFrame) -> str:
     """How the primary was chosen (``training.select_primary``): a tie when other non-control
     runs of its architecture are within ``PRIMARY_TIE_AUPRC`` of the best validation AUPRC,
-    broken by the lowest seed; otherwise the best AUPRC with the runner-up beside it."""
+    broken by the lowest validation NLL (the lowest seed for a table without ``val_nll``);
+    otherwise the best AUPRC with the runner-up beside it."""
     if not {"arch", "seed", "control", "val_auprc"} <= set(training.columns):
         return ""
     primary = _primary_row(training)
@@ -517,15 +518,20 @@ def _selection_clause(training: pd.DataFrame) -> str:
     tied = runs[runs["val_auprc"] >= best - PRIMARY_TIE_AUPRC]
     scores = ", ".join(f"{r.checkpoint_id} {_number(r.val_auprc)}" for r in tied.itertuples())
     if len(tied) > 1 and primary["checkpoint_id"] in set(tied["checkpoint_id"]):
+        if "val_nll" in tied.columns and tied["val_nll"].notna().all():
+            nlls = ", ".join(f"{r.checkpoint_id} {_number(r.val_nll)}" for r in tied.itertuples())
+            rule = f"broken by the lowest validation NLL ({nlls}; training.select_primary)"
+        else:
+            rule = "broken by the lowest seed (training.select_primary)"
         return (f" It was selected in a tie: {len(tied)} seeds of {ARCH_LABELS.get(primary['arch'], primary['arch'])} "
                 f"are within {PRIMARY_TIE_AUPRC:g} of the best validation AUPRC ({scores}), and the tie is "
-                "broken by the lowest seed (training.select_primary), so a validation resample selects it "
-                "whenever the tie persists, not because it scores higher.")
+                f"{rule}, so a validation resample selects it whenever the tie and its order persist, not "
+                "because its AUPRC is higher.")
     others = runs[runs["checkpoint_id"] != primary["checkpoint_id"]]
     runner_up = (f"; the next, {others.iloc[others['val_auprc'].argmax()]['checkpoint_id']}, "
                  f"{_number(others['val_auprc'].max())}" if len(others) else "")
     return (f" It was selected on validation AUPRC ({_number(primary['val_auprc'])}{runner_up}; "
-            f"runs within {PRIMARY_TIE_AUPRC:g} of the best tie, the lowest seed wins).")
+            f"runs within {PRIMARY_TIE_AUPRC:g} of the best tie, and a tie goes to the lowest validation NLL).")
 
 
 def _identity_sentence(identity: pd.DataFrame) -> str | None:
