@@ -202,6 +202,9 @@ class RolesSettings(StageSettings):
         0.75, ge=0.0, le=1.0, description="standard (undyed) polyps' per-frame conspicuity factor "
         "is uniform in [this, 1] (dyed-lifted polyps: [0.75, 1]); below 0.75 many standard polyps "
         "are subtle and score low, as in the paper")
+    standard_conspicuity_power: float = Field(
+        1.0, ge=0.5, le=4.0, description="standard polyps' factor is floor + (1 - floor) x U^power "
+        "(U uniform in [0, 1]): 1 spreads them evenly, 2 makes most of them subtle")
     dye_strength: float = Field(0.8, ge=0.0, le=1.0, description="blue dye opacity 0..1")
     lesion_area: FloatPair = Field((0.13, 0.80), description="polyp area share of the square on "
                                    "the shorter side: log-normal median and log standard deviation")

@@ -150,3 +150,31 @@ def test_generated_masks_have_the_papers_lesion_geometry(tmp_path):
     # off-centre: the lesion centroids spread over the field, not a central cluster
     rows = np.array([np.nonzero(m)[0].mean() for m in masks])
     assert rows.std() >= 0.12 * 96
+
+
+def test_standard_polyps_conspicuity_factor_follows_floor_and_power():
+    # the factor is floor + (1 - floor) x U^power; power 1 draws exactly as rng.uniform(floor, 1)
+    knobs = {"conspicuity": 1.0, "dye_strength": 0.8, "standard_conspicuity_floor": 0.1,
+             "standard_conspicuity_power": 2.0}
+    uniform = [synthetic._polyp_knobs(np.random.default_rng(s), knobs, 0.1, 1.0)["conspicuity"]
+               for s in range(2000)]
+    assert uniform == [np.random.default_rng(s).uniform(0.1, 1.0) for s in range(2000)]
+    skewed = np.array([synthetic._polyp_knobs(np.random.default_rng(s), knobs, 0.1, 2.0)["conspicuity"]
+                       for s in range(2000)])
+    assert skewed.min() >= 0.1 and skewed.max() <= 1.0
+    # median of U^2 is 0.25: most standard polyps lie near the floor
+    assert np.median(skewed) == pytest.approx(0.1 + 0.9 * 0.25, abs=0.03)
+    assert "standard_conspicuity_floor" not in synthetic._polyp_knobs(np.random.default_rng(0), knobs)
+
+
+def test_a_subtle_standard_polyp_design_is_recorded_and_keeps_dyed_polyps_conspicuous(tmp_path):
+    subtle = TINY.model_copy(update={"standard_conspicuity_floor": 0.0, "standard_conspicuity_power": 2.0})
+    parameters = synthetic.generate_cohort(tmp_path / "subtle", seed=7, design=subtle)["parameters"]
+    assert parameters["standard_conspicuity_floor"] == 0.0 and parameters["standard_conspicuity_power"] == 2.0
+    default = synthetic.generate_cohort(tmp_path / "default", seed=7, design=TINY)["parameters"]
+    assert "standard_conspicuity_floor" not in default and "standard_conspicuity_power" not in default
+    before, after = _tree_digests(tmp_path / "default"), _tree_digests(tmp_path / "subtle")
+    dyed = [p for p in before if "/dyed-lifted-polyps/" in p]
+    standard = [p for p in before if "/pathological-findings/polyps/" in p]
+    assert dyed and all(before[p] == after[p] for p in dyed)          # same draws, same frames
+    assert any(before[p] != after[p] for p in standard)

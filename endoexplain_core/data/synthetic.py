@@ -533,6 +533,7 @@ def generate_cohort(root: str | Path, *, seed: int, design: config.RolesSettings
     writer = _TreeWriter(partial, seed, "mirror" if layout == "downloaded" else layout)
     knobs = {"conspicuity": design.conspicuity, "dye_strength": design.dye_strength,
              "standard_conspicuity_floor": design.standard_conspicuity_floor,
+             "standard_conspicuity_power": design.standard_conspicuity_power,
              "lesion_area": tuple(design.lesion_area), "lesion_offset_sd": design.lesion_offset_sd}
     frame_size = design.frame_size
     summary: dict[str, Any] = {"parameters": parameters}
@@ -599,6 +600,8 @@ def _marker_parameters(design: config.RolesSettings, seed: int) -> dict[str, Any
     }
     if design.standard_conspicuity_floor != CONSPICUITY_FLOOR:   # earlier markers keep their bytes
         parameters["standard_conspicuity_floor"] = design.standard_conspicuity_floor
+    if design.standard_conspicuity_power != 1.0:
+        parameters["standard_conspicuity_power"] = design.standard_conspicuity_power
     if design.synthetic_layout != "embedded":   # the embedded marker keeps its earlier bytes
         parameters["layout"] = design.synthetic_layout
     return parameters
@@ -623,10 +626,13 @@ CONSPICUITY_FLOOR = 0.75
 
 
 def _polyp_knobs(rng: np.random.Generator, knobs: dict[str, Any],
-                 floor: float = CONSPICUITY_FLOOR) -> dict[str, Any]:
-    """Per-frame polyp knobs: the shared conspicuity times a factor uniform in [floor, 1]."""
-    knobs = {key: value for key, value in knobs.items() if key != "standard_conspicuity_floor"}
-    return {**knobs, "conspicuity": knobs["conspicuity"] * rng.uniform(floor, 1.0)}
+                 floor: float = CONSPICUITY_FLOOR, power: float = 1.0) -> dict[str, Any]:
+    """Per-frame polyp knobs: the shared conspicuity times a factor floor + (1 - floor) x U^power,
+    U uniform in [0, 1] (power 1: uniform in [floor, 1]; power 2: most factors near the floor)."""
+    knobs = {key: value for key, value in knobs.items() if not key.startswith("standard_conspicuity")}
+    factor = (rng.uniform(floor, 1.0) if power == 1.0 else   # power 1: the earlier cohorts' draws
+              floor + (1.0 - floor) * rng.random() ** power)
+    return {**knobs, "conspicuity": knobs["conspicuity"] * factor}
 
 
 def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: dict[str, int],
@@ -643,8 +649,9 @@ def _write_hyperkvasir(writer: _TreeWriter, seed: int, frame_size: int, counts: 
         count = n_segmented + n_development_polyps if category == "polyps" else counts.get(category, 0)
         frames = []
         for _ in range(count):
-            floor = CONSPICUITY_FLOOR if style.get("dye") else knobs["standard_conspicuity_floor"]
-            frame_knobs = _polyp_knobs(rng, knobs, floor) if style.get("lesion") else {
+            shape = ((CONSPICUITY_FLOOR, 1.0) if style.get("dye") else
+                     (knobs["standard_conspicuity_floor"], knobs["standard_conspicuity_power"]))
+            frame_knobs = _polyp_knobs(rng, knobs, *shape) if style.get("lesion") else {
                 "dye_strength": knobs["dye_strength"]}
             image, mask = render_frame(rng, frame_size, **{"lesion": False, **style},
                                        **frame_knobs,
