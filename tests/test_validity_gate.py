@@ -340,10 +340,20 @@ def test_learning_rule_needs_auprc_095_and_non_constant_maps():
     assert table["nonconstant_share"].round(3).tolist()[:3] == [0.8, 0.85, 1.0]
     assert table.loc["a", "flattest_method"] == "xgradcam"
     assert table["learned"].tolist() == [True, False, False, False]
-    assert table.loc["b", "not_learned_because"] == "Grad-CAM or Eigen-CAM maps constant on 15% of 40 images"
+    assert table.loc["b", "not_learned_because"] == ("Grad-CAM or Eigen-CAM maps constant on 15% of the "
+                                                     "40 audited images it calls positive")
     assert table.loc["c", "not_learned_because"] == "validation AUPRC 0.900 < 0.95"
     assert table.loc["d", "not_learned_because"] == "not audited"
     assert table.loc["a", "not_learned_because"] == ""
+    # only the images a checkpoint calls positive (z >= 0) are read: b's flat Grad-CAM maps are
+    # on the 6 images it calls negative (a subtle polyp it misses holds no positive evidence)
+    audit = pd.DataFrame(rows).assign(z=lambda t: np.where(t["sample_id"].isin([f"s{i}" for i in range(6)]), -1.0, 2.0))
+    called = with_map_check(learning, audit).set_index("checkpoint_id")
+    assert called.loc["b", ["map_check_share", "n_called_positive", "n_audited"]].tolist() == [1.0, 34, 40]
+    assert called.loc["b", "learned"]
+    none_called = with_map_check(learning, audit.assign(z=-1.0)).set_index("checkpoint_id")
+    assert not none_called.loc["a", "learned"]
+    assert none_called.loc["a", "not_learned_because"] == "calls none of its 40 audited images positive"
 
 
 # --- map priors -------------------------------------------------------------------------------

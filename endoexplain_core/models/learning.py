@@ -3,7 +3,10 @@ robustness and subgroup analyses (they are audited, listed and marked, never poo
 
 Learned = validation AUPRC >= ``MIN_VAL_AUPRC`` (``learning_table``) and Grad-CAM and Eigen-CAM
 (``MAP_CHECK_METHODS``) non-constant on at least ``MIN_NONCONSTANT_SHARE`` of the audited
-images (``with_map_check``); the other CAMs' constant maps are reported, never decide. Table
+images the checkpoint calls positive (logit difference z >= 0, whatever the temperature;
+``with_map_check``); the other CAMs' constant maps are reported, never decide. A positive-class
+map of an image the model calls negative may rightly hold no positive evidence anywhere (a
+subtle polyp it misses), so only the images it calls positive ask whether it can point. Table
 conventions: docs/architecture.md, "Audit validity".
 
 Design: docs/data_models_runs.md, "The learning rule".
@@ -22,7 +25,7 @@ MIN_NONCONSTANT_SHARE = 0.95
 MAP_CHECK_METHODS = ("gradcam", "eigencam")
 LEARNING_RULE = (f"a checkpoint learned when its validation AUPRC is at least {MIN_VAL_AUPRC:.2f} "
                  f"and its Grad-CAM and Eigen-CAM maps are non-constant on at least "
-                 f"{MIN_NONCONSTANT_SHARE:.0%} of its audited images")
+                 f"{MIN_NONCONSTANT_SHARE:.0%} of the audited images it calls positive")
 
 
 def learning_status(val_auprc) -> pd.Series:
@@ -53,23 +56,30 @@ def learning_table(registry: pd.DataFrame, manifest: pd.DataFrame) -> pd.DataFra
     return table
 
 
+SHARE_COLUMNS = ["checkpoint_id", "map_check_share", "nonconstant_share", "flattest_method",
+                 "n_audited", "n_called_positive"]
+
+
 def nonconstant_shares(audit_rows: pd.DataFrame) -> pd.DataFrame:
-    """Per checkpoint: the share of audited images whose map is not constant for the methods
+    """Per checkpoint, over the audited images it calls positive (``z`` >= 0; every audited
+    image when the rows have no ``z``): the share whose map is not constant for the methods
     that decide (``map_check_share``: the smaller of Grad-CAM's and Eigen-CAM's), the smallest
     share over all five CAMs (``nonconstant_share``) and the method that sets it
-    (``flattest_method``), and the number of audited images (``n_audited``). ``audit_rows``:
-    audit case rows (checkpoint_id, sample_id, method, constant_map)."""
+    (``flattest_method``); ``n_audited`` (all audited images) and ``n_called_positive``. The
+    shares are NaN when no image is called positive. ``audit_rows``: audit case rows
+    (checkpoint_id, sample_id, method, constant_map, z)."""
     cams = audit_rows[audit_rows["method"].isin(CAM_METHODS)]
-    share = (1.0 - cams.groupby(["checkpoint_id", "method"])["constant_map"].mean()).rename("share")
     rows = []
-    for checkpoint_id, shares in share.groupby(level="checkpoint_id"):
-        shares = shares.droplevel("checkpoint_id")
+    for checkpoint_id, of_checkpoint in cams.groupby("checkpoint_id", sort=True):
+        called = of_checkpoint[of_checkpoint["z"] >= 0] if "z" in of_checkpoint.columns else of_checkpoint
+        shares = 1.0 - called.groupby("method")["constant_map"].mean()
         rows.append({"checkpoint_id": checkpoint_id,
                      "map_check_share": float(shares.reindex(list(MAP_CHECK_METHODS)).min()),
-                     "nonconstant_share": float(shares.min()), "flattest_method": shares.idxmin(),
-                     "n_audited": int(cams.loc[cams["checkpoint_id"] == checkpoint_id, "sample_id"].nunique())})
-    return pd.DataFrame(rows, columns=["checkpoint_id", "map_check_share", "nonconstant_share",
-                                       "flattest_method", "n_audited"])
+                     "nonconstant_share": float(shares.min()) if len(shares) else np.nan,
+                     "flattest_method": shares.idxmin() if len(shares) else "",
+                     "n_audited": int(of_checkpoint["sample_id"].nunique()),
+                     "n_called_positive": int(called["sample_id"].nunique())})
+    return pd.DataFrame(rows, columns=SHARE_COLUMNS)
 
 
 @artefacts.computed_by
@@ -78,8 +88,7 @@ def with_map_check(learning: pd.DataFrame, audit_rows: pd.DataFrame) -> pd.DataF
     (``map_check_share`` >= ``MIN_NONCONSTANT_SHARE``; False when not audited) and ``learned``
     = ``auprc_ok`` and ``maps_ok``; ``not_learned_because`` says which check failed ("" when
     learned)."""
-    table = learning.drop(columns=["map_check_share", "nonconstant_share", "flattest_method", "n_audited",
-                                   "maps_ok", "not_learned_because"], errors="ignore")
+    table = learning.drop(columns=SHARE_COLUMNS[1:] + ["maps_ok", "not_learned_because"], errors="ignore")
     table = table.merge(nonconstant_shares(audit_rows), on="checkpoint_id", how="left")
     table["maps_ok"] = (table["map_check_share"] >= MIN_NONCONSTANT_SHARE).fillna(False).astype(bool)
     table["learned"] = table["auprc_ok"].astype(bool) & table["maps_ok"]
@@ -88,11 +97,13 @@ def with_map_check(learning: pd.DataFrame, audit_rows: pd.DataFrame) -> pd.DataF
         failed = []
         if not row.auprc_ok:
             failed.append(f"validation AUPRC {row.val_auprc:.3f} < {MIN_VAL_AUPRC:.2f}")
-        if np.isnan(row.map_check_share):
+        if pd.isna(row.n_audited):
             failed.append("not audited")
+        elif np.isnan(row.map_check_share):
+            failed.append(f"calls none of its {int(row.n_audited)} audited images positive")
         elif not row.maps_ok:
-            failed.append(f"Grad-CAM or Eigen-CAM maps constant on "
-                          f"{1 - row.map_check_share:.0%} of {int(row.n_audited)} images")
+            failed.append(f"Grad-CAM or Eigen-CAM maps constant on {1 - row.map_check_share:.0%} of "
+                          f"the {int(row.n_called_positive)} audited images it calls positive")
         reasons.append("; ".join(failed))
     table["not_learned_because"] = reasons
     return table

@@ -809,7 +809,8 @@ def add_selection_measures(summaries: list[dict[str, Any]], manifest: pd.DataFra
                            *, device: str = "cpu", batch_size: int) -> list[dict[str, Any]]:
     """``summaries`` with what ``select_primary`` reads besides AUPRC, for every non-control
     ``PRIMARY_ARCH`` checkpoint (NaN for the others: they do not compete for primary):
-    ``val_map_share`` (``validation_map_share`` on the validation positives) and ``val_nll``
+    ``val_map_share`` (``validation_map_share`` on the validation positives the model calls
+    positive, z >= 0; NaN when it calls none) and ``val_nll``
     (``validation_nll`` on every validation image)."""
     device = resolve_device(device)
     cache = datasets.ImageCache()
@@ -821,8 +822,12 @@ def add_selection_measures(summaries: list[dict[str, Any]], manifest: pd.DataFra
         summary["val_map_share"] = summary["val_nll"] = float("nan")
         if summary["arch"] == PRIMARY_ARCH and summary["control"] == CONTROL_NONE:
             model, _ = load_model(summary["path"], manifest_digest, image_size, device)
-            summary["val_map_share"] = validation_map_share(model, summary["arch"], positives,
-                                                            batch_size, device)
+            # the map check reads the positives the model calls positive (z >= 0), as 05 does
+            called = predict_logits(model, positives, batch_size, device)
+            called = positives.rows[(called[:, 1].astype(np.float64) - called[:, 0]) >= 0]
+            summary["val_map_share"] = validation_map_share(
+                model, summary["arch"], datasets.ManifestDataset(called, data_root, image_size, cache=cache),
+                batch_size, device) if len(called) else float("nan")
             logits = predict_logits(model, everything, batch_size, device)
             summary["val_nll"] = validation_nll(logits[:, 1].astype(np.float64) - logits[:, 0],
                                                 everything.targets)

@@ -91,7 +91,7 @@ def _training_lines(figures_dir: Path) -> list[str]:
     prevalence = learning["val_prevalence"].iloc[0]
     lines = [f"**Training** (validation prevalence {_number(prevalence)}; learned = validation AUPRC >= "
              f"{_number(learning['min_val_auprc'].iloc[0])} and Grad-CAM and Eigen-CAM non-constant on "
-             f">= 95% of the audited images; non-constant maps: the smaller of their two shares):", ""] + [presentation.markdown_table(table)]
+             f">= 95% of the audited images each calls positive; non-constant maps: the smaller of their two shares):", ""] + [presentation.markdown_table(table)]
     primary_id = _marked(primary["checkpoint_id"], primary["checkpoint_id"], unstable_methods(figures_dir, "primary"))
     lines += ["", f"**Primary** {primary_id}: test AUPRC "
               f"{_with_ci(primary['test_auprc'], primary['test_auprc_ci_low'], primary['test_auprc_ci_high'])}, "
