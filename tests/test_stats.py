@@ -241,6 +241,17 @@ def test_a_mean_of_fewer_than_ten_images_gets_students_t_interval_or_none(n):
     assert np.isnan(single["ci_high"]) and single["interval"] == stats.NO_INTERVAL
 
 
+def test_a_small_sample_mean_score_interval_stays_within_the_scores_range():
+    # five scores, two of them near 0: Student's t reaches past 1 (the default run's standard
+    # polyps on the test split: 0.025 to 1.120), clipped to [0, 1] when the range is given
+    scores = np.array([0.01, 0.02, 0.99, 0.99, 0.995])
+    plain = stats.bootstrap_mean_ci(scores, replicates=200, seed=SEED)
+    assert plain["ci_high"] > 1 and plain["ci_low"] < 0
+    clipped = stats.bootstrap_mean_ci(scores, replicates=200, seed=SEED, bounds=(0.0, 1.0))
+    assert (clipped["ci_low"], clipped["ci_high"]) == (0.0, 1.0)
+    assert clipped["estimate"] == pytest.approx(scores.mean())
+
+
 def test_separation_directions_agree_with_firthmodels_detector():
     from firthmodels import detect_separation
 

@@ -271,7 +271,7 @@ def source_category_audit(scores: pd.DataFrame, checkpoint_id: str, split: str, 
         total = total_fn if target == 1 else total_fp
         low, high = stats.wilson_interval(int(positive_call.sum()), len(group))
         mean_score = stats.bootstrap_mean_ci(group["scaled_score"].to_numpy(float),
-                                            replicates=replicates, seed=seed)
+                                            replicates=replicates, seed=seed, bounds=(0.0, 1.0))
         rows.append({"target": int(target), "source": source, "n": len(group),
                      "sensitivity": float(positive_call.mean()) if target == 1 else np.nan,
                      "sensitivity_ci_low": low if target == 1 else np.nan,

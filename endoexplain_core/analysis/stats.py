@@ -238,10 +238,13 @@ def weighted_pair_mean_ci(similarity, weights, replicates: int,
 
 
 def bootstrap_mean_ci(values, replicates: int, seed: int,
-                      level: float = CONFIDENCE_LEVEL) -> dict[str, np.ndarray | float]:
+                      level: float = CONFIDENCE_LEVEL,
+                      bounds: tuple[float, float] | None = None) -> dict[str, np.ndarray | float]:
     """Mean of ``values`` with an image-bootstrap percentile interval (from
     ``MIN_BOOTSTRAP_N`` images on; below it Student's t interval, and no interval for one image
-    or values without spread: ``interval`` names which).
+    or values without spread: ``interval`` names which). ``bounds``: the range the values live
+    in (e.g. (0, 1) for scores); Student's t interval is clipped to it, since a mean score's
+    interval past 1 is no statement about scores (a percentile interval never leaves it).
 
     ``values``: float array (n,) or (n, k) -- rows are images, columns are outcomes (e.g.
     methods) resampled with the same image indices. NaN is rejected: drop undefined rows
@@ -259,6 +262,8 @@ def bootstrap_mean_ci(values, replicates: int, seed: int,
         estimate, low, high = nan, nan, nan
     elif n < MIN_BOOTSTRAP_N:
         estimate, low, high, interval = _small_sample_t(array, level)
+        if bounds is not None:
+            low, high = np.clip(low, *bounds), np.clip(high, *bounds)
     else:
         # A replicate mean is (how often each image was drawn) @ values / n: one matrix
         # product (R, n) @ (n, k) instead of gathering an (R, n, k) array.
