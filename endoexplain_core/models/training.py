@@ -816,21 +816,18 @@ def add_selection_measures(summaries: list[dict[str, Any]], manifest: pd.DataFra
     cache = datasets.ImageCache()
     validation = manifest[manifest["role"] == "val"]
     everything = datasets.ManifestDataset(validation, data_root, image_size, cache=cache)
-    positives = datasets.ManifestDataset(validation[validation["target"] == 1], data_root,
-                                         image_size, cache=cache)
     for summary in summaries:
         summary["val_map_share"] = summary["val_nll"] = float("nan")
         if summary["arch"] == PRIMARY_ARCH and summary["control"] == CONTROL_NONE:
             model, _ = load_model(summary["path"], manifest_digest, image_size, device)
+            logits = predict_logits(model, everything, batch_size, device)   # one pass for both
+            z = logits[:, 1].astype(np.float64) - logits[:, 0]
+            summary["val_nll"] = validation_nll(z, everything.targets)
             # the map check reads the positives the model calls positive (z >= 0), as 05 does
-            called = predict_logits(model, positives, batch_size, device)
-            called = positives.rows[(called[:, 1].astype(np.float64) - called[:, 0]) >= 0]
+            called = everything.rows[(everything.targets == 1) & (z >= 0)]
             summary["val_map_share"] = validation_map_share(
                 model, summary["arch"], datasets.ManifestDataset(called, data_root, image_size, cache=cache),
                 batch_size, device) if len(called) else float("nan")
-            logits = predict_logits(model, everything, batch_size, device)
-            summary["val_nll"] = validation_nll(logits[:, 1].astype(np.float64) - logits[:, 0],
-                                                everything.targets)
     return summaries
 
 
