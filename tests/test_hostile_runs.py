@@ -293,8 +293,8 @@ def good_tables() -> dict[str, str]:
     table4 = pd.DataFrame({"panel": ["A", "A"], "method": ["gradcam", "random"], "n": [60, 60],
                            "peak_failure": [0.3, 0.85], "peak_failure_ci_low": [0.2, 0.75],
                            "peak_failure_ci_high": [0.4, 0.93]})
-    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "learned": [True, True],
-                             "is_primary": [True, False]})
+    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "arch": "effnet", "seed": [1, 2], "control": "none",
+                             "learned": [True, True], "is_primary": [True, False]})
     return {"table_validity_gate": gate.to_csv(index=False),
             "table4_spatial_audit": table4.to_csv(index=False),
             "table_checkpoint_learning": learning.to_csv(index=False)}
@@ -313,17 +313,18 @@ def with_table(name: str, text: str | bytes) -> dict[str, str | bytes]:
 
 
 LEARNING = "table_checkpoint_learning"
+LEARNING_HEADER = "checkpoint_id,arch,seed,control,learned,is_primary"
 BROKEN_TABLES = {
     "empty file": with_table("table_validity_gate", ""),
     "random bytes": with_table("table4_spatial_audit", random.Random(50).randbytes(3000)),
-    "header only": with_table(LEARNING, "checkpoint_id,learned,is_primary\n"),
+    "header only": with_table(LEARNING, f"{LEARNING_HEADER}\n"),
     "wrong columns": with_table("table_validity_gate", "name,outcome\ngradcam,passes\n"),
-    "every row primary": with_table(LEARNING, "checkpoint_id,learned,is_primary\na,True,True\nb,True,True\n"),
-    "no primary": with_table(LEARNING, "checkpoint_id,learned,is_primary\na,True,False\nb,True,False\n"),
+    "every row primary": with_table(LEARNING, f"{LEARNING_HEADER}\na,e,1,none,True,True\nb,e,2,none,True,True\n"),
+    "no primary": with_table(LEARNING, f"{LEARNING_HEADER}\na,e,1,none,True,False\nb,e,2,none,True,False\n"),
     "duplicated rows": with_table("table4_spatial_audit", good_tables()["table4_spatial_audit"]
                                   + good_tables()["table4_spatial_audit"].split("\n", 1)[1]),
-    "repeated checkpoint": with_table(LEARNING, "checkpoint_id,learned,is_primary\na,True,True\na,False,False\n"),
-    "not a boolean": with_table(LEARNING, "checkpoint_id,learned,is_primary\na,maybe,True\nb,True,False\n"),
+    "repeated checkpoint": with_table(LEARNING, f"{LEARNING_HEADER}\na,e,1,none,True,True\na,e,1,none,False,False\n"),
+    "not a boolean": with_table(LEARNING, f"{LEARNING_HEADER}\na,e,1,none,maybe,True\nb,e,2,none,True,False\n"),
     "not a number": with_table("table4_spatial_audit", "panel,method,n,peak_failure,peak_failure_ci_low,"
                                "peak_failure_ci_high\nA,gradcam,sixty,0.3,0.2,0.4\n"),
     "no panel A": with_table("table4_spatial_audit", "panel,method,n,peak_failure,peak_failure_ci_low,"

@@ -12,7 +12,7 @@ from endoexplain_core.pipeline import verdicts
 
 
 def _tables(verdict="passes", n_a=60, learned=(True, True), primary="a", seed_rates=(0.30, 0.40, 0.50),
-            over_seeds=True, verdicts_by_method=None):
+            over_seeds=True, verdicts_by_method=None, training_seeds=(1, 2), arches=("effnet", "effnet")):
     """Headline tables of a toy run; ``seed_rates``: every CAM's panel-A rate on each of three seeds
     (60 images each), from which its table4_per_seed and table4_over_seeds are built."""
     gate = pd.DataFrame({"method": list(CAM_METHODS),
@@ -20,7 +20,8 @@ def _tables(verdict="passes", n_a=60, learned=(True, True), primary="a", seed_ra
     table4 = pd.DataFrame({"panel": ["A", "A", "B"], "method": ["gradcam", "random", "gradcam"],
                            "n": [n_a, n_a, 90], "peak_failure": [0.3, 0.85, 0.5],
                            "peak_failure_ci_low": [0.2, 0.75, 0.4], "peak_failure_ci_high": [0.4, 0.93, 0.6]})
-    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "learned": list(learned),
+    learning = pd.DataFrame({"checkpoint_id": ["a", "b"], "arch": list(arches), "seed": list(training_seeds),
+                             "control": "none", "learned": list(learned),
                              "is_primary": [primary == "a", primary == "b"]})
     tables = {"table_validity_gate": gate, "table4_spatial_audit": table4, "table_checkpoint_learning": learning}
     if over_seeds:
@@ -127,6 +128,41 @@ def test_a_degenerate_seed_left_out_of_the_mean_still_adds_up(tmp_path, capsys):
     assert "does not add up to table4_over_seeds for gradcam" in capsys.readouterr().err
 
 
+def _reseeded(**changes):
+    """A toy run trained on other seeds: its checkpoints are named after them."""
+    tables = _tables(training_seeds=(7, 8), **changes)
+    tables["table_checkpoint_learning"]["checkpoint_id"] = ["a7", "b8"]
+    return tables
+
+
+def test_a_reseeded_run_is_compared_by_architecture_not_by_checkpoint_name(tmp_path):
+    reference = _write(tmp_path / "ref", _tables(arches=("effnet", "resnet")))
+    same = verdicts.compare_runs(_write(tmp_path / "same", _reseeded(arches=("effnet", "resnet"))),
+                                 reference).set_index("check")
+    assert same["ok"].all()
+    assert same.loc["primary", "detail"] == "reseeded, architecture effnet vs effnet (a7 vs a)"
+    assert same.loc["learned checkpoints", "detail"] == ("reseeded, learned per architecture: "
+                                                         "effnet 1, resnet 1 in both")
+    fewer = verdicts.compare_runs(_write(tmp_path / "fewer", _reseeded(arches=("effnet", "resnet"),
+                                                                       learned=(True, False))),
+                                  reference).set_index("check")
+    assert not fewer.loc["learned checkpoints", "ok"]
+    assert fewer.loc["learned checkpoints", "detail"].endswith("effnet 1 vs effnet 1, resnet 1")
+    other_arch = verdicts.compare_runs(_write(tmp_path / "other", _reseeded(arches=("effnet", "resnet"),
+                                                                            primary="b")),
+                                       reference).set_index("check")
+    assert not other_arch.loc["primary", "ok"] and other_arch.drop(index="primary")["ok"].all()
+
+
+def test_the_same_seeds_compare_checkpoints_by_name(tmp_path):
+    """Without a reseed the stronger check holds: the very checkpoints, not their counts."""
+    reference = _write(tmp_path / "ref", _tables(learned=(True, False)))
+    swapped = verdicts.compare_runs(_write(tmp_path / "run", _tables(learned=(False, True), primary="b")),
+                                    reference).set_index("check")
+    assert not swapped.loc["learned checkpoints", "ok"] and not swapped.loc["primary", "ok"]
+    assert swapped.loc["learned checkpoints", "detail"] == "differ: a, b"
+
+
 def test_panel_a_within_ten_percent_agrees(tmp_path):
     reference = _write(tmp_path / "ref", _tables())
     near = _tables(n_a=55)   # 8% fewer
@@ -138,3 +174,14 @@ def test_a_missing_table_is_named(tmp_path, capsys):
     run = _write(tmp_path / "run", {k: v for k, v in _tables().items() if k != "table_validity_gate"})
     assert verdicts.main([str(run), str(reference)]) == 2
     assert "table_validity_gate.csv is missing" in capsys.readouterr().err
+
+
+def test_a_missing_folder_or_a_run_folder_is_named_in_one_line(tmp_path, capsys):
+    reference = _write(tmp_path / "ref", _tables())
+    assert verdicts.main([str(tmp_path / "nowhere"), str(reference)]) == 2
+    assert capsys.readouterr().err.strip().endswith("is not a folder: give a run's figures folder, e.g. figures/default")
+    run_folder = tmp_path / "runs" / "default"
+    run_folder.mkdir(parents=True)
+    (run_folder / "provenance.json").write_text("{}")
+    assert verdicts.main([str(run_folder), str(reference)]) == 2
+    assert "is a run folder (runs/<profile>); the tables are in its figures folder" in capsys.readouterr().err

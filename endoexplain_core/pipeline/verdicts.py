@@ -4,7 +4,8 @@
 the ``HEADLINE_TABLES`` (and, where written, the ``OVER_SEEDS_TABLES``) against a reference
 (default ``tests/expected/default/``, the tables of a default run): compatible gate verdicts
 per CAM (never "passes" in one run and "fails" in the other), the same learned checkpoints, the
-same primary, panel A's size within ``PANEL_A_TOLERANCE``, and per CAM the two runs' means over
+same primary (after a reseed, ``reseeded``: as many learned per architecture and the primary's
+architecture), panel A's size within ``PANEL_A_TOLERANCE``, and per CAM the two runs' means over
 seeds (``table4_over_seeds``) closer than a Welch bound Bonferroni-corrected over the CAMs
 (``SEED_MEANS_ALPHA``). One checkpoint's Table 4 rates are not compared: they are one draw of
 a training run each, and an image-level interval says nothing about another draw.
@@ -44,7 +45,8 @@ SEED_MEANS_ALPHA = 0.05 / len(CAM_METHODS)
 # What the checks read from each table; the key columns name one row each.
 TABLE_COLUMNS = {"table_validity_gate": ("method", "verdict"),
                  "table4_spatial_audit": ("panel", "method", "n"),
-                 "table_checkpoint_learning": ("checkpoint_id", "learned", "is_primary"),
+                 "table_checkpoint_learning": ("checkpoint_id", "arch", "seed", "control", "learned",
+                                               "is_primary"),
                  "table4_over_seeds": ("method", "n_seeds", "n_images", "peak_failure", "seed_sd"),
                  "table4_per_seed": ("checkpoint_id", "method", "n", "peak_failure")}
 TABLE_KEYS = {"table_validity_gate": ("method",), "table4_spatial_audit": ("panel", "method"),
@@ -110,7 +112,7 @@ def check_table(name: str, table: pd.DataFrame) -> str:
         if not table[column].map(_is_boolean).all():
             return f"column {column} holds values other than True and False"
     if name == "table_checkpoint_learning":
-        primaries = int(table["is_primary"].map(lambda v: str(v).strip().lower() == "true").sum())
+        primaries = int(bool_column(table, "is_primary").sum())
         if primaries != 1:
             return f"{primaries} primary checkpoints (is_primary), not exactly one"
     if name == "table4_spatial_audit" and not table.loc[table["panel"] == "A", "n"].notna().any():
@@ -156,22 +158,49 @@ def gate_check(gate: pd.DataFrame, reference: pd.DataFrame) -> dict:
     return {"check": "gate verdicts", "ok": not clash, "detail": detail}
 
 
+def reseeded(learning: pd.DataFrame, reference: pd.DataFrame) -> bool:
+    """Were the two runs trained on different seeds (``shared.training_seeds`` changed)? Then
+    their checkpoints differ by name, and only what the recipe promises is compared: how many
+    checkpoints of each architecture learned and the primary's architecture."""
+    return set(learning["seed"].astype(str)) != set(reference["seed"].astype(str))
+
+
+def _learned_per_architecture(learning: pd.DataFrame) -> str:
+    """"efficientnet_b0 3, mobilenet_v3_large 2": the learned checkpoints counted by architecture
+    (a control named beside its architecture)."""
+    learned = learning[bool_column(learning, "learned")]
+    control = learned["control"].fillna("none").astype(str)
+    name = learned["arch"].astype(str).where(control == "none", learned["arch"].astype(str) + " (" + control + ")")
+    return ", ".join(f"{arch} {count}" for arch, count in sorted(name.value_counts().items())) or "none"
+
+
 def learned_check(learning: pd.DataFrame, reference: pd.DataFrame) -> dict:
-    """The same checkpoints learned."""
-    ours = set(learning.loc[learning["learned"].astype(bool), "checkpoint_id"])
-    theirs = set(reference.loc[reference["learned"].astype(bool), "checkpoint_id"])
+    """The same checkpoints learned; after a reseed (``reseeded``), as many of each
+    architecture."""
+    if reseeded(learning, reference):
+        ours, theirs = _learned_per_architecture(learning), _learned_per_architecture(reference)
+        detail = f"{ours} in both" if ours == theirs else f"{ours} vs {theirs}"
+        return {"check": "learned checkpoints", "ok": ours == theirs,
+                "detail": f"reseeded, learned per architecture: {detail}"}
+    ours = set(learning.loc[bool_column(learning, "learned"), "checkpoint_id"])
+    theirs = set(reference.loc[bool_column(reference, "learned"), "checkpoint_id"])
     differ = sorted(ours ^ theirs)
     return {"check": "learned checkpoints", "ok": not differ,
             "detail": (f"differ: {', '.join(differ)}" if differ else f"{len(ours)} learned in both")}
 
 
 def primary_check(learning: pd.DataFrame, reference: pd.DataFrame) -> dict:
-    """The same primary checkpoint (``is_primary`` of the learning table)."""
-    def primary(table: pd.DataFrame) -> str:
-        chosen = table.loc[table["is_primary"].map(lambda v: str(v).lower() == "true"), "checkpoint_id"]
-        return chosen.iloc[0] if len(chosen) else "none"
+    """The same primary checkpoint (``is_primary`` of the learning table); after a reseed
+    (``reseeded``) its architecture: which seed wins is itself a draw."""
+    def primary(table: pd.DataFrame) -> pd.Series:
+        return table.loc[bool_column(table, "is_primary")].iloc[0]
     ours, theirs = primary(learning), primary(reference)
-    return {"check": "primary", "ok": ours == theirs, "detail": f"{ours} vs {theirs}"}
+    if reseeded(learning, reference):
+        return {"check": "primary", "ok": ours["arch"] == theirs["arch"],
+                "detail": f"reseeded, architecture {ours['arch']} vs {theirs['arch']} "
+                          f"({ours['checkpoint_id']} vs {theirs['checkpoint_id']})"}
+    return {"check": "primary", "ok": ours["checkpoint_id"] == theirs["checkpoint_id"],
+            "detail": f"{ours['checkpoint_id']} vs {theirs['checkpoint_id']}"}
 
 
 def panel_a_check(table4: pd.DataFrame, reference: pd.DataFrame,
@@ -263,6 +292,16 @@ def _over_seeds_tables(folder: Path) -> pd.DataFrame | None:
     return over
 
 
+def _check_folder(folder: Path) -> None:
+    """``FileNotFoundError`` for a folder that is not there, and for a run folder
+    (``runs/<profile>``) given where its figures folder (``figures/<profile>``) belongs."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder: give a run's figures folder, e.g. figures/default")
+    if (folder / "provenance.json").is_file() and not (folder / f"{HEADLINE_TABLES[0]}.csv").is_file():
+        raise FileNotFoundError(f"{folder} is a run folder (runs/<profile>); the tables are in its "
+                                "figures folder, figures/<profile>")
+
+
 def compare_runs(figures_dir: str | Path, reference_dir: str | Path = DEFAULT_REFERENCE) -> pd.DataFrame:
     """One row per check (check, ok, skipped, detail) of a run's figures folder against a
     reference folder holding the ``HEADLINE_TABLES`` as CSV, and the ``OVER_SEEDS_TABLES``
@@ -271,6 +310,8 @@ def compare_runs(figures_dir: str | Path, reference_dir: str | Path = DEFAULT_RE
     table that breaks its invariants (``check_table``, ``per_seed_problem``) and for a folder
     compared with itself (every check would pass whatever it holds)."""
     figures_dir, reference_dir = Path(figures_dir), Path(reference_dir)
+    for folder in (figures_dir, reference_dir):
+        _check_folder(folder)
     if figures_dir.resolve() == reference_dir.resolve():
         raise TableInvalid(f"{figures_dir} is compared with itself ({reference_dir}): give the "
                            "reference run's folder")
