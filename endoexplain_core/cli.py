@@ -221,7 +221,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     order, each writing into the staging folder that is committed as a whole. ``gate``: (gate
     table, gate record) of ``--gate`` (``gate_command.read_gate_folder``), or None."""
     from endoexplain_core import artefacts
-    from endoexplain_core.analysis import audit_schema, validity_gate
+    from endoexplain_core.analysis import audit_schema, map_diagnostics, validity_gate
     from endoexplain_core.data.imageio import read_image_and_mask
     from endoexplain_core.figures import audit_report, style
     from endoexplain_core.numerics import resolve_device
@@ -233,12 +233,17 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
     device = resolve_device(args.device)
     style.apply()
     table = audit_schema.read_audit_table(table_path)
+    # The audited maps are checked too (position and tie rules; the sign rule needs the
+    # map-identity table of a run): a degenerate method's rates are not localisation.
+    degeneracy = map_diagnostics.degenerate_maps(table, methods=methods)
+    degenerate = map_diagnostics.degenerate_methods(degeneracy)
     report = audit_report.audit_summary(
         table, audit_schema.read_random_deletion(deletion_path), model, layer_name, arch=args.arch,
         score_threshold=args.score_threshold, replicates=args.bootstrap_replicates, seed=args.seed,
         # With --gate, the notebooks' marking (validity_gate.mark_table: a verdict column and a
         # dagger on every method that did not pass); without, no gate of its own: unmarked.
-        gate=gate[0] if gate else None, mark_gate=gate is not None, methods=methods)
+        gate=gate[0] if gate else None, mark_gate=gate is not None, methods=methods,
+        degeneracy=degeneracy)
     not_validated = tuple(validity_gate.failing_methods(gate[0])) if gate else ()
     by_id = {case.sample_id: case for case in cases}
     selection, figure, iou_check = audit_report.case_figure(
@@ -247,11 +252,12 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
                                               decode_size=args.image_size) for sid in ids},
         score_threshold=args.score_threshold, top_fraction=args.top_fraction,
         image_size=args.image_size, batch_size=args.batch_size, device=device,
-        not_validated=not_validated)
+        not_validated=not_validated, degenerate=degenerate)
     written = [table_path, deletion_path]
     written += artefacts.save_table(report.summary, "table4_summary", out)
     written += artefacts.save_table(report.formatted, "table4_summary_formatted", out)
     written += artefacts.save_table(report.ties, "map_ties", out)
+    written += artefacts.save_table(degeneracy, "map_degeneracy", out)
     written += artefacts.save_figure(figure, "case_figure", out,
                                      footer=validity_gate.FIGURE_GATE_NOTE if not_validated else "")
     written += artefacts.save_table(iou_check, "case_figure_iou_check", out, float_format="{:.4f}")
@@ -273,6 +279,7 @@ def _audit_into(args: argparse.Namespace, out: Path, methods, temperature: float
         "n_empty_masks_excluded": summary["n_empty_masks_excluded"],
         "excluded_sample_ids": summary["excluded_sample_ids"],
         "n_high_score": report.n_high_score, "selected_cases": selection,
+        "degenerate_methods": degenerate,
         "identical_by_construction": [list(g) for g in report.identical],
         "statement": report.identical_statement,
         "audit_seconds": summary["seconds"],
@@ -435,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "outputs in --out: case_table.parquet (one row per image and map),\n"
             "random_deletion.parquet, table4_summary.{csv,md,tex} (+ _formatted),\n"
-            "map_ties.*, case_figure.{png,pdf}, case_figure_iou_check.*, audit.json, report.html\n\n"
+            "map_ties.*, map_degeneracy.*, case_figure.{png,pdf}, case_figure_iou_check.*, audit.json, report.html\n\n"
             "example:\n"
             "  endoexplain audit --arch resnet18 --weights model.safetensors \\\n"
             "      --images frames/ --masks masks/ --mask-suffix _mask --out audit_out/\n\n"

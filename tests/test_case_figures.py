@@ -61,6 +61,45 @@ def render_figure3(table, selection, model, layer, cases, image_size, top_fracti
     return case_figures.draw_figure3(drawn, roles=tuple(selection), top_fraction=top_fraction), checks
 
 
+def test_a_degenerate_method_does_not_vote_in_the_selection():
+    """HiResCAM (fourth CAM) degenerate: its peak is a tie-break position, always "out" on this
+    checkpoint. Counted, no image would be a consensus; left out, e gives the consensus with 4
+    of 4 proper peaks inside, and the row titles count only the proper maps."""
+    table = selection_table()
+    hires = table["method"] == "hirescam"
+    table.loc[hires, "peak_outside_mask"] = True
+    table.loc[hires, "peak_lesion_distance"] = 40.0
+    assert case_figures.select_figure3_cases(table, 0.90, image_size=100)["consensus"] is None
+    selection = case_figures.select_figure3_cases(table, 0.90, image_size=100, degenerate=["hirescam"])
+    assert selection["consensus"] == "e"
+    own = table[table["sample_id"] == "e"].set_index("method")
+    info = {m: {"constant_map": False, "peak_outside_mask": bool(own.loc[m, "peak_outside_mask"])} for m in CAM_METHODS}
+    assert case_figures.row_title("consensus", info) == "Consensus: 1 of 5 CAM peaks outside the lesion"
+    assert case_figures.row_title("consensus", info, degenerate=["hirescam"]) == \
+        "Consensus: 0 of 4 CAM peaks outside the lesion"
+
+
+def test_a_degenerate_method_is_drawn_with_its_mark_and_the_caption_says_why():
+    from endoexplain_core.marks import DEGENERATE_MARK
+
+    size = 16
+    maps = {m: np.random.default_rng(i).random((size, size)) for i, m in enumerate(MAP_METHODS)}
+    rows = {m: {"iou": 0.2, "constant_map": False, "peak_outside_mask": False, "distance": 0.0}
+            for m in MAP_METHODS}
+    drawn = [{"role": "consensus", "sample_id": "e", "score": 0.95, "rgb": np.full((size, size, 3), 0.5),
+              "mask": np.ones((size, size), bool), "maps": maps, "rows": rows}]
+    fig = case_figures.draw_figure3(drawn, roles=("consensus",), top_fraction=0.2, degenerate=["hirescam"])
+    titles = [ax.get_title() for ax in fig.get_axes()]
+    assert "HiResCAM" + DEGENERATE_MARK in titles and "Grad-CAM" in titles
+    texts = " ".join(" ".join(t.get_text().split()) for t in fig.texts)   # the footnote is wrapped
+    assert case_figures.DEGENERATE_FIGURE_NOTE in texts
+    caption = case_figures.figure3_caption({"consensus": "e"}, top_fraction=0.2, degenerate=["hirescam"])
+    assert case_figures.DEGENERATE_FIGURE_NOTE in caption
+    assert case_figures.DEGENERATE_FIGURE_NOTE not in case_figures.figure3_caption({"consensus": "e"}, top_fraction=0.2)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def test_selection_with_no_eligible_case_returns_none():
     selection = case_figures.select_figure3_cases(selection_table(), score_threshold=0.999)
     assert selection == {"miss": None, "discordant": None, "consensus": None}
@@ -130,6 +169,32 @@ def test_figure4_draws_three_panels_with_each_checkpoints_random_deletion_contro
     assert sorted(line.get_ydata()[0] for line in references) == pytest.approx([-0.4, 0.75])
     labels = [t.get_text().replace("\n", "") for t in panel_c.get_xticklabels()]
     assert "Eigen-CAM*" in labels and "Randomdeletion" in labels and "HiResCAM\u2020" in labels
+
+
+def test_figure4_leaves_a_degenerate_seed_out_of_the_mean_and_draws_it_as_a_cross():
+    """Three EfficientNet-B0 seeds, HiResCAM degenerate on s3 (rate 1.0): its mean is that of s1
+    and s2 (0.1, 0.2), as table4_over_seeds has it, and s3 is a cross, named in the note."""
+    rows = [{"checkpoint_id": f"efficientnet_b0_s{seed}", "arch": "efficientnet_b0", "seed": seed,
+             "control": "none", "method": method,
+             "failure_own": 1.0 if (seed, method) == (3, "hirescam") else 0.1 * seed,
+             "failure_fixed": 0.2, "logit_drop_all": 0.5, "n_own": 10, "n_fixed": 10}
+            for seed in (1, 2, 3) for method in CAM_METHODS]
+    degeneracy = pd.DataFrame({"checkpoint_id": ["efficientnet_b0_s3", "efficientnet_b0_s3"],
+                               "method": ["hirescam", "gradcam"], "degenerate": [True, False]})
+    fig = case_figures.figure4(pd.DataFrame(rows), degeneracy=degeneracy)
+    panel_a = fig.axes[0]
+    hires_x = list(CAM_METHODS).index("hirescam")
+    means = [line for line in panel_a.get_lines() if line.get_marker() == "o" and len(line.get_xdata()) > 1]
+    mean_at = dict(zip(np.round(means[0].get_xdata()).astype(int), means[0].get_ydata()))
+    assert mean_at[hires_x] == pytest.approx(0.15) and mean_at[0] == pytest.approx(0.2)
+    crosses = [line for line in panel_a.get_lines() if line.get_marker() == "x"]
+    drawn = [(round(x), y) for line in crosses for x, y in zip(line.get_xdata(), line.get_ydata())
+             if np.isfinite(y)]
+    assert drawn == [(hires_x, 1.0)]
+    assert "Crosses: a seed whose maps of that method are degenerate" in fig._supxlabel.get_text().replace("\n", " ")
+    plain = case_figures.figure4(pd.DataFrame(rows))       # without the check every seed counts
+    means = [line for line in plain.axes[0].get_lines() if line.get_marker() == "o" and len(line.get_xdata()) > 1]
+    assert means[0].get_ydata()[hires_x] == pytest.approx((0.1 + 0.2 + 1.0) / 3)
 
 
 def test_figure4_says_when_a_panel_has_no_eligible_images():

@@ -51,7 +51,8 @@ def test_audit_writes_case_table_summary_figure_and_report(demo):
     out = demo["out"]
     for name in ("case_table.parquet", "random_deletion.parquet", "table4_summary.csv",
                  "table4_summary_formatted.md", "map_ties.csv", "case_figure.png",
-                 "case_figure.pdf", "case_figure_iou_check.csv", "audit.json", "report.html"):
+                 "case_figure.pdf", "case_figure_iou_check.csv", "map_degeneracy.csv", "audit.json",
+                 "report.html"):
         assert (out / name).is_file(), name
     table = audit_schema.read_audit_table(out / "case_table.parquet")
     assert len(table) == 20 * len(MAP_METHODS)
@@ -60,6 +61,10 @@ def test_audit_writes_case_table_summary_figure_and_report(demo):
     record = json.loads((out / "audit.json").read_text())
     assert record["n_audited"] == 20 and record["n_empty_masks_excluded"] == 0
     assert record["n_high_score"] > 0
+    # the audited maps are checked: the record names exactly the methods its table flags
+    degeneracy = pd.read_csv(out / "map_degeneracy.csv")
+    assert set(degeneracy["method"]) == set(CAM_METHODS)
+    assert record["degenerate_methods"] == list(degeneracy.loc[degeneracy["degenerate"], "method"])
     selected = [s for s in record["selected_cases"].values() if s]
     summary = pd.read_csv(out / "table4_summary.csv")
     assert set(summary["panel"]) == {"A", "B"}

@@ -133,18 +133,22 @@ def describe_case_figure(selection: dict[str, str | None], iou_check: pd.DataFra
 
 def case_figure(table: pd.DataFrame, model: torch.nn.Module, layer: torch.nn.Module,
                 read_cases: CaseReader, *, score_threshold: float, top_fraction: float,
-                image_size: int, batch_size: int, device: torch.device, not_validated=()
-                ) -> tuple[dict[str, str | None], object, pd.DataFrame]:
+                image_size: int, batch_size: int, device: torch.device, not_validated=(),
+                degenerate=()) -> tuple[dict[str, str | None], object, pd.DataFrame]:
     """(selection, figure, iou_check): the typical-miss, discordant and consensus cases
     (``case_figures.select_figure3_cases``; None where none qualifies), drawn with their maps
     recomputed in the audit's own batches (``batch_size``: the audit's, so the maps equal the
-    table's to the last bit), and per drawn map the table's IoU beside the redrawn one."""
-    selection = case_figures.select_figure3_cases(table, score_threshold, image_size=image_size)
+    table's to the last bit), and per drawn map the table's IoU beside the redrawn one.
+    ``degenerate``: methods whose maps are degenerate on this checkpoint (drawn, marked, no vote
+    in the selection)."""
+    selection = case_figures.select_figure3_cases(table, score_threshold, image_size=image_size,
+                                                  degenerate=degenerate)
     needed = {i for chosen in selection.values() if chosen
               for i in case_maps.audit_batch_ids(table, chosen, batch_size)}
     drawn, iou_check = case_maps.redraw_cases(table, selection, model.to(device), layer,
                                               read_cases(sorted(needed)), image_size, top_fraction,
                                               device=device, batch_size=batch_size)
     figure = case_figures.draw_figure3(drawn, roles=tuple(selection) or ("miss", "discordant", "consensus"),
-                                       top_fraction=top_fraction, not_validated=not_validated)
+                                       top_fraction=top_fraction, not_validated=not_validated,
+                                       degenerate=degenerate)
     return selection, figure, iou_check

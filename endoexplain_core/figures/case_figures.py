@@ -10,7 +10,11 @@ before anything is drawn, among high-score images (scaled score >= threshold), C
   min(#inside, #outside), then the across-CAM IoU range (max - min), then the score;
 - consensus: all five CAM peaks inside; maximise the mean IoU;
 - remaining ties: the smallest sample id.
-Each row's title counts its own CAM peaks outside the lesion (``row_title``).
+A method whose maps are degenerate on the checkpoint (``analysis.map_diagnostics``) is drawn,
+marked with ``marks.DEGENERATE_MARK``, but has no vote: its peak position is the tie-break of a
+flat or border-piled map, so counting it would leave no consensus case on a checkpoint where it
+always "misses". Each row's title counts its own proper CAM peaks outside the lesion
+(``row_title``).
 The drawn maps (five CAMs, centre baseline, random heatmap, salience baseline) are recomputed
 from the checkpoint and checked against the table by ``analysis.case_maps.redraw_cases``; this
 module only selects and draws.
@@ -30,7 +34,7 @@ from matplotlib.legend_handler import HandlerTuple
 
 from endoexplain_core import presentation
 from endoexplain_core.methods import BASELINE_METHODS, CAM_METHODS, MAP_METHODS, METHOD_COLOURS, method_label
-from endoexplain_core.marks import EIGEN_FOOTNOTE
+from endoexplain_core.marks import DEGENERATE_MARK, EIGEN_FOOTNOTE
 from endoexplain_core.figures.style import (ARCH_COLOURS, ARCH_LABELS, ARCH_MARKERS, CONTOUR_COLOUR,
                                             DOUBLE_COLUMN_INCHES, HEATMAP_CMAP, PEAK_COLOUR,
                                             RANDOM_REFERENCE, REFERENCE_LINESTYLE, as_written, checkpoint_label, footnote,
@@ -42,14 +46,16 @@ FIGURE3_WIDTH_INCHES = 7.2    # 183 mm, a journal's double column
 
 
 def select_figure3_cases(table: pd.DataFrame, score_threshold: float,
-                         image_size: int | None = None) -> dict[str, str | None]:
+                         image_size: int | None = None, degenerate=()) -> dict[str, str | None]:
     """Sample ids of the typical-miss, discordant and consensus cases (None when no case
     qualifies), in drawing order. ``table``: the primary checkpoint's audit rows on one
     dataset. ``image_size``: the input side behind ``peak_lesion_distance``; a clear miss is a
     defined CAM peak at least ``MISS_MARGIN_FRACTION`` of it outside the lesion (without it, or
-    in a table without distances, any peak outside the lesion counts).
+    in a table without distances, any peak outside the lesion counts). ``degenerate``: CAM
+    methods whose maps are degenerate on this checkpoint; they do not vote.
     """
-    cam_rows = table[table["method"].isin(CAM_METHODS) & (table["scaled_score"] >= score_threshold)]
+    voting = [m for m in CAM_METHODS if m not in degenerate]
+    cam_rows = table[table["method"].isin(voting) & (table["scaled_score"] >= score_threshold)]
     per_image = cam_rows.groupby("sample_id").agg(
         outside=("peak_outside_mask", "sum"), n_maps=("method", "size"),
         iou_min=("iou", "min"), iou_max=("iou", "max"), iou_mean=("iou", "mean"),
@@ -106,11 +112,12 @@ MISSING_ROW_REASONS = {
 }
 
 
-def row_title(role: str, rows: dict) -> str:
+def row_title(role: str, rows: dict, degenerate=()) -> str:
     """A Figure 3 row's title, read from the row's own maps: the role, then how many of its
-    CAM peaks lie outside the lesion (a constant map has no peak and is counted apart), e.g.
-    "High-score miss: 4 of 5 CAM peaks outside the lesion"."""
-    cams = [rows[m] for m in CAM_METHODS if m in rows]
+    CAM peaks lie outside the lesion (a constant map has no peak and is counted apart; a method
+    in ``degenerate`` is not counted), e.g. "High-score miss: 4 of 5 CAM peaks outside the
+    lesion"."""
+    cams = [rows[m] for m in CAM_METHODS if m in rows and m not in degenerate]
     constant = sum(bool(info["constant_map"]) for info in cams)
     outside = sum(bool(info["peak_outside_mask"]) and not info["constant_map"] for info in cams)
     title = (f"{ROLE_TITLES.get(role, role.capitalize())}: {outside} of {len(cams) - constant} "
@@ -123,6 +130,9 @@ def format_score(score: float) -> str:
     return ">0.999" if score > 0.999 else "<0.001" if score < 0.001 else f"{score:.3f}"
 
 
+DEGENERATE_FIGURE_NOTE = (f"{DEGENERATE_MARK} degenerate maps on this checkpoint "
+                          "(table_map_degeneracy): drawn, but not used to choose the cases or "
+                          "counted in the row titles.")
 PANEL_TITLES = {"random": "Random", "centre": "Centre", "salience": "Salience"}   # Figure 3's narrow columns
 
 
@@ -140,7 +150,7 @@ def _panel_note(info: dict, tied: int = 1) -> str:
 
 
 def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *,
-                 top_fraction: float, not_validated=()):
+                 top_fraction: float, not_validated=(), degenerate=()):
     """Draw Figure 3 from prepared rows (no model needed; tested from fixed arrays).
 
     ``drawn``: one dict per drawn case: role, sample_id, score, rgb (float (S, S, 3) in
@@ -155,9 +165,11 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
     (never clipped at the frame edge). The colour bar has its own column, so every row's panels
     line up. The caption (what the marks mean, the sample ids) is ``figure3_caption``, outside
     the image. 183 mm wide. Methods in ``not_validated`` (the validity gate's failing methods)
-    carry its mark.
+    carry its mark; methods in ``degenerate`` (maps degenerate on this checkpoint) carry
+    ``DEGENERATE_MARK`` and are left out of the row titles' counts.
     """
     by_role = {row["role"]: row for row in drawn}
+    degenerate = frozenset(degenerate)
     methods = [m for m in MAP_METHODS if any(m in row["maps"] for row in drawn)] or list(CAM_METHODS)
     heights = [1.0 if role in by_role else 0.18 for role in roles]
     fig = plt.figure(figsize=(FIGURE3_WIDTH_INCHES, 0.75 + 1.3 * sum(heights)), layout="constrained")
@@ -172,20 +184,23 @@ def draw_figure3(drawn: list[dict], roles=("miss", "discordant", "consensus"), *
                     f"not drawn \u2013 {MISSING_ROW_REASONS.get(role, 'no case meets the selection rule')}.",
                     transform=ax.transAxes, ha="left", va="center", fontsize=7)
             continue
-        _draw_case_row(subfigure, letter, by_role[role], role, methods, not_validated)
+        _draw_case_row(subfigure, letter, by_role[role], role, methods, not_validated, degenerate)
     if bar_part is not None:   # one colour scale for every map: its bar in its own column
         scale = matplotlib.cm.ScalarMappable(norm=matplotlib.colors.Normalize(0, 1), cmap=HEATMAP_CMAP)
         colour_bar = bar_part.colorbar(scale, cax=bar_part.add_axes([0.05, 0.3, 0.12, 0.4], label="<colorbar>"))
         colour_bar.set_label("map value", fontsize=6)
         colour_bar.ax.tick_params(labelsize=6)
-    if "eigencam" in methods:
-        footnote(fig, EIGEN_FOOTNOTE)
+    notes = ([EIGEN_FOOTNOTE] if "eigencam" in methods else []) + \
+        ([DEGENERATE_FIGURE_NOTE] if degenerate & set(methods) else [])
+    if notes:
+        footnote(fig, " ".join(notes))
     return fig
 
 
-def _draw_case_row(subfigure, letter: str, case: dict, role: str, methods, not_validated) -> None:
+def _draw_case_row(subfigure, letter: str, case: dict, role: str, methods, not_validated,
+                   degenerate=()) -> None:
     """One drawn row of Figure 3: its title, the frame, then each method's map."""
-    subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {row_title(role, case['rows'])} "
+    subfigure.suptitle(rf"$\mathbf{{{letter}}}$  {row_title(role, case['rows'], degenerate)} "
                        f"(scaled score {format_score(case['score'])})",
                        x=0.0, ha="left", fontsize=8, fontweight="bold")
     axes = subfigure.subplots(1, 1 + len(methods))
@@ -195,7 +210,8 @@ def _draw_case_row(subfigure, letter: str, case: dict, role: str, methods, not_v
     axes[0].contour(mask, levels=[0.5], colors=CONTOUR_COLOUR, linewidths=0.8)
     axes[0].set_title("Frame", fontsize=7)
     for ax, method in zip(axes[1:], methods):
-        ax.set_title(PANEL_TITLES.get(method, method_label(method, not_validated)), fontsize=7)
+        title = PANEL_TITLES.get(method, method_label(method, not_validated))
+        ax.set_title(title + (DEGENERATE_MARK if method in degenerate else ""), fontsize=7)
         if method in case["maps"]:
             _draw_map_panel(ax, method, case, grey, mask)
         else:
@@ -205,10 +221,12 @@ def _draw_case_row(subfigure, letter: str, case: dict, role: str, methods, not_v
         ax.set_yticks([])
 
 
-def figure3_caption(selection: dict[str, str | None], methods=MAP_METHODS, *, top_fraction: float) -> str:
+def figure3_caption(selection: dict[str, str | None], methods=MAP_METHODS, *, top_fraction: float,
+                    degenerate=()) -> str:
     """Figure 3's caption, printed beside the image (never in it): the marks, the baselines, the
-    scale, the notes its methods call for and the drawn cases' ids (``selection``: role ->
-    sample id or None, in row order), in Markdown (an id's markup characters escaped)."""
+    scale, the notes its methods call for (``degenerate``: methods with degenerate maps on this
+    checkpoint) and the drawn cases' ids (``selection``: role -> sample id or None, in row
+    order), in Markdown (an id's markup characters escaped)."""
     ids = [f"{chr(ord('A') + index)} = {presentation.markdown_literal(sample_id)}"
            for index, sample_id in enumerate(selection.values()) if sample_id]
     return ("Figure 3. High-score cases chosen by rule (rows: a typical miss by most CAMs, "
@@ -225,7 +243,9 @@ def figure3_caption(selection: dict[str, str | None], methods=MAP_METHODS, *, to
             "model): the baselines every CAM is judged against. Maps min-max normalised on one "
             "inferno scale (dark = 0, yellow = 1). "
             + (HIRESCAM_NOTE if "hirescam" in methods else "")
-            + EIGEN_FOOTNOTE + (" Cases: " + "; ".join(ids) + "." if ids else ""))
+            + EIGEN_FOOTNOTE
+            + (" " + DEGENERATE_FIGURE_NOTE if set(degenerate) & set(methods) else "")
+            + (" Cases: " + "; ".join(ids) + "." if ids else ""))
 
 
 def _draw_map_panel(ax, method: str, case: dict, grey: np.ndarray, mask: np.ndarray) -> None:
@@ -266,7 +286,7 @@ NOT_GATED = "not gated at this architecture"
 
 
 def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_validated=(), left_out=(),
-            gated_arch: str | None = None):
+            gated_arch: str | None = None, degeneracy: pd.DataFrame | None = None):
     """Figure 4: failure on own (A) and fixed (B) subsets, temperature-scaled logit drop over all
     images (C).
 
@@ -285,9 +305,12 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
     ``not_validated``: CAM methods whose labels carry the validity gate's mark; ``gated_arch``:
     the architecture the gate ran at (None: not said); every other architecture's legend entry
     reads ``NOT_GATED``, so the mark is never read as their verdict. ``left_out``: checkpoint
-    ids not drawn (they did not learn), named in the note. 183 mm wide.
+    ids not drawn (they did not learn), named in the note. ``degeneracy``:
+    ``map_diagnostics.degenerate_maps`` rows of the drawn checkpoints; a checkpoint x CAM whose
+    maps are degenerate is drawn as a cross and left out of its architecture's mean and whiskers,
+    as ``table4_over_seeds`` leaves it out (None: every map counts). 183 mm wide.
     """
-    matrix = robustness[robustness["control"] == "none"]
+    matrix = _mark_degenerate_rows(robustness[robustness["control"] == "none"], degeneracy)
     cams = matrix[matrix["method"].isin(CAM_METHODS)]
     baselines = [m for m in BASELINE_METHODS if m in set(matrix["method"])
                  and matrix.loc[matrix["method"] == m, ["failure_own", "failure_fixed"]].notna().any().any()]
@@ -308,6 +331,16 @@ def figure4(robustness: pd.DataFrame, *, n_images: int | None = None, not_valida
                                           left_out=left_out, scaled=scaled, baselines=baselines,
                                           gated_arch=gated_arch if not_validated else None)))
     return fig
+
+
+def _mark_degenerate_rows(matrix: pd.DataFrame, degeneracy: pd.DataFrame | None) -> pd.DataFrame:
+    """``matrix`` with a boolean ``degenerate_maps`` column: True for a checkpoint x method that
+    ``degeneracy`` (``map_diagnostics.degenerate_maps`` rows) flags."""
+    flagged = set()
+    if degeneracy is not None and len(degeneracy):
+        chosen = degeneracy[degeneracy["degenerate"].astype(bool)]
+        flagged = set(zip(chosen["checkpoint_id"], chosen["method"]))
+    return matrix.assign(degenerate_maps=[(c, m) in flagged for c, m in zip(matrix["checkpoint_id"], matrix["method"])])
 
 
 def _temperature_scaled(cams: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
@@ -391,9 +424,13 @@ def _centre_guide(ax, rows: pd.DataFrame, column: str) -> None:
 def _draw_architecture(ax, of_arch: pd.DataFrame, arch: str, column: str, offset: float,
                        methods: list[str], *, first: bool, has_identical: bool, has_random: bool) -> None:
     """One architecture in one Figure 4 panel: seed mean (filled, or open when identical by
-    construction) with min-max whiskers and a dot per seed for each of ``methods``; with
-    ``has_random`` (panel C) its random-deletion control."""
-    values = of_arch.groupby("method")[column].agg(["mean", "min", "max"]).reindex(methods)
+    construction) with min-max whiskers and a dot per seed for each of ``methods``; a seed whose
+    maps of a method are degenerate (``degenerate_maps``) is a cross, outside the mean and the
+    whiskers; with ``has_random`` (panel C) its random-deletion control."""
+    degenerate = (of_arch["degenerate_maps"].astype(bool) if "degenerate_maps" in of_arch.columns
+                  else pd.Series(False, index=of_arch.index))
+    proper = of_arch[~degenerate]
+    values = proper.groupby("method")[column].agg(["mean", "min", "max"]).reindex(methods)
     identical = (of_arch.groupby("method")["identical_with"].first().reindex(methods)
                  .fillna("") != "") if has_identical else pd.Series(False, index=methods)
     seeds = of_arch.loc[of_arch[column].notna(), "checkpoint_id"].nunique()
@@ -402,10 +439,11 @@ def _draw_architecture(ax, of_arch: pd.DataFrame, arch: str, column: str, offset
     marker = ARCH_MARKERS.get(arch, "o")
     ax.errorbar(x, values["mean"], yerr=error_extents(values["mean"], values["min"], values["max"]),
                 fmt="none", ecolor=colour, capsize=2, elinewidth=0.8, clip_on=False)
-    per_seed = of_arch.pivot_table(index="checkpoint_id", columns="method", values=column).reindex(columns=methods)
-    for _, seed_values in per_seed.iterrows():
-        ax.plot(x, seed_values.to_numpy(), linestyle="none", marker=".", ms=2.5, color=colour,
-                alpha=0.7, clip_on=False)
+    for rows, style in ((proper, dict(marker=".", ms=2.5, alpha=0.7)),
+                        (of_arch[degenerate], dict(marker="x", ms=3.5, mew=0.9, alpha=0.9))):
+        per_seed = rows.pivot_table(index="checkpoint_id", columns="method", values=column).reindex(columns=methods)
+        for _, seed_values in per_seed.iterrows():
+            ax.plot(x, seed_values.to_numpy(), linestyle="none", color=colour, clip_on=False, **style)
     for filled in (True, False):
         chosen = (~identical.to_numpy()) if filled else identical.to_numpy()
         if chosen.any():
@@ -470,6 +508,9 @@ def _figure4_notes(matrix: pd.DataFrame, *, has_random: bool, has_identical: boo
     unit, the random control, the gate's reach, the identical-by-construction groups, the
     left-out checkpoints and bound temperatures."""
     notes = ["Points: architecture mean over seeds; dots: seeds; whiskers: seed minimum to maximum."]
+    if "degenerate_maps" in matrix.columns and matrix["degenerate_maps"].any():
+        notes.append(f"Crosses: a seed whose maps of that method are degenerate ({DEGENERATE_MARK}, "
+                     "table_map_degeneracy rules), drawn but left out of the mean and whiskers.")
     if baselines:
         notes.append("A, B, right: the baselines each CAM is judged against, per checkpoint; dashed: "
                      "the centre baseline's mean across the CAMs.")
