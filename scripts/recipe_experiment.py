@@ -15,10 +15,15 @@ Usage (a finished default run, CPU pin on; 6 seeds x 2 recipes is about 25 min o
   python scripts/recipe_experiment.py --run runs/default --out runs/recipe_experiment \\
       --seeds 1129 2089 3253 4001 5003 6007 --recipes scratch trunk
 
-Each seed is read twice: its best epoch (the profile's selection) and its last epoch (the end
-of the cosine schedule). Writes ``<out>/per_seed.csv`` (recipe, selection, seed, val_auprc,
-epoch, temperature, n, method, peak_failure) and ``<out>/spread.csv`` (recipe, selection,
-method, n_seeds, mean, seed_sd, min, max). A measurement, not a stage: nothing of the run is changed.
+Each seed is read three times: its best epoch (the profile's selection), its last epoch (the
+end of the cosine schedule) and ``swa``, the plain average of the weights of epochs
+``--swa-from`` to the last (stochastic weight averaging along the trajectory, Izmailov et al.
+2018) with BatchNorm statistics recomputed on ``--swa-bn-images`` training images.
+
+Writes ``<out>/per_seed.csv`` (recipe, selection, seed, val_auprc measured on the file's
+weights, epoch (for swa: the last averaged epoch), temperature, n, method, peak_failure) and
+``<out>/spread.csv`` (recipe, selection, method, n_seeds, mean, seed_sd, min, max). A
+measurement, not a stage: nothing of the run is changed.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+from torch.utils.data import DataLoader
 
 from endoexplain_core import config
 from endoexplain_core.analysis import audit, audit_inputs, calibration, over_seeds
 from endoexplain_core.data import datasets
-from endoexplain_core.models import pretraining, training
+from endoexplain_core.models import checkpoint as checkpoint_files
+from endoexplain_core.models import networks, pretraining, training
 from endoexplain_core.numerics import resolve_device
 from endoexplain_core.run_layout import RunLayout
 
@@ -56,6 +64,42 @@ def _reuse(source_run: Path, target: Path, seeds: list[int]) -> None:
                 shutil.copy2(source_run / "checkpoints" / name, target / name)
 
 
+def average_snapshots(checkpoint_dir: Path, checkpoint_id: str, first_epoch: int, last_epoch: int,
+                      target: Path, *,
+                      train_set: datasets.ManifestDataset, digest: str, image_size: int,
+                      bn_images: int, batch_size: int) -> Path:
+    """Write ``target``: the mean of the floating-point weights of the epoch snapshots
+    ``first_epoch``..``last_epoch`` of ``checkpoint_id`` (integer buffers from the last one), with
+    every BatchNorm layer's statistics recomputed on ``bn_images`` training images (the averaged
+    weights have no running statistics of their own). The record keeps the last epoch's
+    metadata (``epoch``, ``val_auprc``) and adds ``averaged_epochs``."""
+    wanted = list(range(first_epoch, last_epoch + 1))
+    found = dict(training.epoch_snapshots(checkpoint_dir, checkpoint_id))
+    missing = [epoch for epoch in wanted if epoch not in found]
+    if not wanted or missing:
+        raise FileNotFoundError(f"{checkpoint_dir}: no epoch snapshot of {checkpoint_id} for epochs "
+                                f"{missing or wanted}; the average needs epochs {first_epoch}-{last_epoch}")
+    snapshots = [found[epoch] for epoch in wanted]
+    records = [training.load_checkpoint(path, digest, image_size) for path in snapshots]
+    last = records[-1]
+    model = networks.build_model(last["arch"], num_classes=2)
+    model.load_state_dict(training.average_state_dicts([record["state_dict"] for record in records]))
+    statistics_seed = int(last["seed"]) * 1000 + 999
+    generator = torch.Generator().manual_seed(statistics_seed)
+    # train-mode forwards draw stochastic-depth masks from the global generator: seed it here,
+    # so the file does not depend on what ran before in this process
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(statistics_seed)
+        training.recalibrate_batchnorm(model, DataLoader(train_set, batch_size=batch_size, shuffle=True,
+                                                         generator=generator), bn_images,
+                                       torch.device("cpu"))
+    record = {**{key: value for key, value in last.items() if key != "state_dict"},
+              "averaged_epochs": wanted,
+              "state_dict": {key: value.detach().clone() for key, value in model.state_dict().items()}}
+    checkpoint_files.save_tree(record, target)
+    return target
+
+
 def audit_weights(path: Path, name: str, layout: RunLayout, out: Path, *, manifest: pd.DataFrame,
                   val_set: datasets.ManifestDataset, digest: str, shared: dict,
                   settings) -> pd.DataFrame:
@@ -76,8 +120,9 @@ def audit_weights(path: Path, name: str, layout: RunLayout, out: Path, *, manife
                            batch_size=shared["audit_batch_size"], total=len(pool))
     rows = over_seeds.table4_per_seed(pd.read_parquet(table_path), [metadata["checkpoint_id"]],
                                       shared["score_threshold"])
-    return rows.assign(val_auprc=metadata["val_auprc"], epoch=metadata["epoch"],
-                       temperature=temperature)
+    # measured here, not read from the file: an averaged checkpoint carries its last epoch's record
+    return rows.assign(val_auprc=training.validation_auprc(logits, val_set.targets),
+                       epoch=metadata["epoch"], temperature=temperature)
 
 
 def main() -> None:
@@ -91,6 +136,10 @@ def main() -> None:
                         help="pretraining epochs (default: the profile's training epochs)")
     parser.add_argument("--learning-rate", type=float, default=None,
                         help="fine-tuning peak learning rate of the trunk recipe (default: the profile's)")
+    parser.add_argument("--swa-from", type=int, default=4,
+                        help="first epoch whose weights enter the swa average (default 4 of 6)")
+    parser.add_argument("--swa-bn-images", type=int, default=256,
+                        help="training images for the swa average's BatchNorm statistics")
     parser.add_argument("--reuse-from", type=Path, default=None,
                         help="run directory whose scratch checkpoints of the asked seeds are reused")
     args = parser.parse_args()
@@ -107,6 +156,14 @@ def main() -> None:
     # decoded once for every checkpoint's temperature fit
     val_set = datasets.ManifestDataset(datasets.rows_of_roles(manifest, ["val"]), layout.data,
                                        shared["image_size"], cache=datasets.ImageCache())
+    train_rows = datasets.rows_of_roles(manifest, ["train"])
+
+    def train_set(seed: int) -> datasets.ManifestDataset:
+        """The seed's augmented training set (as in training), for BatchNorm statistics."""
+        return datasets.ManifestDataset(train_rows, layout.data, shared["image_size"],
+                                        targets=train_rows["target"].to_numpy(), augment_seed=seed,
+                                        cache=val_set.cache)
+
     rows = []
     for recipe in args.recipes:
         recipe_dir = args.out / recipe
@@ -131,11 +188,18 @@ def main() -> None:
                                                  recipe_settings, acceleration=acceleration,
                                                  initial_state=initial_state,
                                                  keep_epoch_snapshots=True)
-            # the best epoch (the profile's rule: first epoch of the highest validation AUPRC)
-            # and the last one (the end of the cosine schedule)
-            last = training.epoch_snapshot_path(RunLayout(recipe_dir).checkpoints_dir,
-                                                summary["checkpoint_id"], recipe_settings.epochs)
-            for selection, path in (("best", summary["path"]), ("last", last)):
+            # the best epoch (the profile's rule: first epoch of the highest validation AUPRC),
+            # the last one (the end of the cosine schedule) and the average of the last epochs
+            checkpoints_dir = RunLayout(recipe_dir).checkpoints_dir
+            last = training.epoch_snapshot_path(checkpoints_dir, summary["checkpoint_id"],
+                                                recipe_settings.epochs)
+            swa = average_snapshots(checkpoints_dir, summary["checkpoint_id"], args.swa_from,
+                                    recipe_settings.epochs,
+                                    recipe_dir / "swa" / f"{summary['checkpoint_id']}.safetensors",
+                                    train_set=train_set(seed), digest=digest,
+                                    image_size=shared["image_size"], bn_images=args.swa_bn_images,
+                                    batch_size=recipe_settings.batch_size)
+            for selection, path in (("best", summary["path"]), ("last", last), ("swa", swa)):
                 per_seed = audit_weights(Path(path), f"{summary['checkpoint_id']}_{selection}", layout,
                                          recipe_dir / "audit", manifest=manifest, val_set=val_set,
                                          digest=digest, shared=shared, settings=settings)

@@ -464,3 +464,28 @@ def test_epoch_snapshots_are_kept_per_epoch_and_listed_in_order(cohort, tmp_path
     assert all(torch.equal(best["state_dict"][k], best_snapshot["state_dict"][k]) for k in best["state_dict"])
     assert not list(tmp_path.glob("*.epoch*"))  # snapshots stay out of the checkpoint folder itself
     assert training.epoch_snapshots(tmp_path, "other_id") == []
+
+
+def test_average_state_dicts_is_the_mean_of_floats_and_keeps_the_last_integers():
+    """Hand-checkable: two snapshots of a Linear + BatchNorm1d; weights and running statistics
+    are the element-wise mean, num_batches_tracked is the last snapshot's; mismatched keys and
+    an empty list are refused."""
+    model = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    second = {k: v.clone() for k, v in model.state_dict().items()}
+    first["0.weight"] = torch.tensor([[1.0, 2.0]])
+    second["0.weight"] = torch.tensor([[3.0, 6.0]])
+    first["1.running_mean"], second["1.running_mean"] = torch.tensor([0.0]), torch.tensor([1.0])
+    first["1.num_batches_tracked"] = torch.tensor(3)
+    second["1.num_batches_tracked"] = torch.tensor(7)
+    averaged = training.average_state_dicts([first, second])
+    torch.testing.assert_close(averaged["0.weight"], torch.tensor([[2.0, 4.0]]))
+    torch.testing.assert_close(averaged["1.running_mean"], torch.tensor([0.5]))
+    assert averaged["1.num_batches_tracked"].item() == 7
+    assert averaged["1.num_batches_tracked"].dtype == torch.int64
+    model.load_state_dict(averaged)    # same keys and shapes: loads strictly
+    assert training.average_state_dicts([first])["0.weight"].equal(first["0.weight"])
+    with pytest.raises(ValueError, match="different keys"):
+        training.average_state_dicts([first, {k: v for k, v in second.items() if k != "0.bias"}])
+    with pytest.raises(ValueError, match="at least one"):
+        training.average_state_dicts([])

@@ -328,6 +328,23 @@ def _checkpoint_record(spec: CheckpointSpec, settings: TrainingSettings, progres
             "state_dict": {k: v.detach().cpu().clone() for k, v in state_dict.items()}}
 
 
+def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Weight averaging (SWA along one trajectory): the element-wise mean of every
+    floating-point tensor over ``state_dicts`` (same keys and shapes, e.g. one seed's epoch
+    snapshots); integer tensors (BatchNorm's ``num_batches_tracked``) are taken from the last.
+    The averaged BatchNorm running statistics are not those of the averaged weights: recompute
+    them (``recalibrate_batchnorm``) before using the model."""
+    if not state_dicts:
+        raise ValueError("average_state_dicts needs at least one state dict")
+    keys = list(state_dicts[-1])
+    for state in state_dicts:
+        if list(state) != keys:
+            raise ValueError("average_state_dicts: the state dicts have different keys")
+    return {key: (torch.stack([state[key] for state in state_dicts]).mean(0)
+                  if state_dicts[-1][key].is_floating_point() else state_dicts[-1][key].clone())
+            for key in keys}
+
+
 @torch.no_grad()
 def recalibrate_batchnorm(model: nn.Module, loader: DataLoader, n_images: int,
                           device: torch.device) -> int:
