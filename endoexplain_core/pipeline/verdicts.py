@@ -33,6 +33,7 @@ from scipy import stats as scipy_stats
 from endoexplain_core.artefacts import bool_column
 from endoexplain_core.config import REPO_ROOT
 from endoexplain_core.methods import CAM_METHODS
+from endoexplain_core.run_layout import RunLayout
 
 HEADLINE_TABLES = ("table_validity_gate", "table4_spatial_audit", "table_checkpoint_learning")
 # Written by 05_robustness; a reference without them (an older default run) skips their check.
@@ -297,7 +298,7 @@ def _check_folder(folder: Path) -> None:
     (``runs/<profile>``) given where its figures folder (``figures/<profile>``) belongs."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder: give a run's figures folder, e.g. figures/default")
-    if (folder / "provenance.json").is_file() and not (folder / f"{HEADLINE_TABLES[0]}.csv").is_file():
+    if RunLayout(folder).provenance.is_file() and not (folder / f"{HEADLINE_TABLES[0]}.csv").is_file():
         raise FileNotFoundError(f"{folder} is a run folder (runs/<profile>); the tables are in its "
                                 "figures folder, figures/<profile>")
 
